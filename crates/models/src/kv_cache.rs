@@ -1,0 +1,83 @@
+//! The physical paged KV cache: per layer, one key and one value buffer of
+//! `[num_blocks, num_kv_heads, block_size, head_dim]` f32, allocated once. Block ids in a
+//! [`crate::ForwardBatch`] index the first dimension; which block belongs to which sequence is
+//! the scheduler's business, not the cache's.
+
+use crate::{ModelConfig, ModelError, Result};
+use ferrum_runtime::cpu::MAX_BLOCK_SIZE;
+
+/// Key and value storage for every layer.
+#[derive(Debug)]
+pub struct KvCache {
+    num_blocks: usize,
+    block_size: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl KvCache {
+    /// Bytes one block takes across all layers (keys and values).
+    pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        2 * config.num_hidden_layers
+            * config.num_key_value_heads
+            * block_size
+            * config.head_dim
+            * std::mem::size_of::<f32>()
+    }
+
+    /// A cache of `num_blocks` blocks of `block_size` token slots for `config`'s layers.
+    pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        if block_size == 0 || block_size > MAX_BLOCK_SIZE {
+            return Err(ModelError::Invalid(format!(
+                "block size {block_size} must be between 1 and {MAX_BLOCK_SIZE}"
+            )));
+        }
+        if num_blocks == 0 {
+            return Err(ModelError::Invalid(
+                "the KV cache needs at least one block".into(),
+            ));
+        }
+        let per_layer = num_blocks
+            .checked_mul(block_size * config.num_key_value_heads * config.head_dim)
+            .filter(|n| n.checked_mul(8 * config.num_hidden_layers).is_some())
+            .ok_or_else(|| {
+                ModelError::Invalid(format!("a KV cache of {num_blocks} blocks is too large"))
+            })?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| (vec![0f32; per_layer], vec![0f32; per_layer]))
+            .collect();
+        Ok(KvCache {
+            num_blocks,
+            block_size,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+            layers,
+        })
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether the cache was built for a model with these attention sizes.
+    pub fn fits(&self, config: &ModelConfig) -> bool {
+        self.layers.len() == config.num_hidden_layers
+            && self.num_kv_heads == config.num_key_value_heads
+            && self.head_dim == config.head_dim
+    }
+
+    /// Key and value buffers of one layer.
+    pub fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
+        let (k, v) = &mut self.layers[layer];
+        (k, v)
+    }
+}

@@ -1,0 +1,30 @@
+//! Model loading and execution: Hugging Face folders (config.json + safetensors) and GGUF files,
+//! typed model configs, the physical paged KV cache, and the model families (one file each)
+//! behind a registry keyed by architecture name.
+//!
+//! Entry points: [`load_model`] opens a path and returns a ready [`Model`]; [`Model::forward`]
+//! runs one [`ForwardBatch`] over a [`KvCache`]; [`inspect`] describes a model without building
+//! it.
+
+mod config;
+mod error;
+mod gguf;
+mod inspect;
+mod kv_cache;
+mod llama;
+mod loader;
+mod registry;
+mod safetensors;
+mod source;
+
+pub use config::ModelConfig;
+pub use error::{ModelError, Result};
+pub use ferrum_types::{ForwardBatch, SeqSlice};
+pub use gguf::{GgufFile, GgufValue};
+pub use inspect::{inspect, DTypeSummary, ModelInfo};
+pub use kv_cache::KvCache;
+pub use llama::LlamaModel;
+pub use loader::{load_model, LoadOptions, Model};
+pub use registry::{ArchSpec, Family};
+pub use safetensors::SafetensorsFile;
+pub use source::{ModelFormat, WeightSource};

@@ -1,0 +1,65 @@
+//! Opening a model path and building the right family for it.
+
+use crate::registry::Family;
+use crate::source::WeightSource;
+use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
+use ferrum_runtime::ThreadPool;
+use ferrum_types::ForwardBatch;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Compute threads; `None` uses every available core.
+    pub num_threads: Option<usize>,
+}
+
+/// A loaded model of any supported family.
+#[derive(Debug)]
+pub enum Model {
+    Llama(LlamaModel),
+}
+
+impl Model {
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Model::Llama(m) => m.config(),
+        }
+    }
+
+    /// See [`LlamaModel::forward`].
+    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        match self {
+            Model::Llama(m) => m.forward(batch, kv),
+        }
+    }
+}
+
+/// Reads the config of a model folder or GGUF file.
+pub fn load_config(src: &WeightSource) -> Result<ModelConfig> {
+    match src {
+        WeightSource::HfFolder { dir, .. } => ModelConfig::from_hf_file(&dir.join("config.json")),
+        WeightSource::Gguf(g) => ModelConfig::from_gguf(g),
+    }
+}
+
+/// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
+pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
+    let src = WeightSource::open(path)?;
+    let config = load_config(&src)?;
+    let pool = match opts.num_threads {
+        Some(0) => {
+            return Err(ModelError::Invalid(
+                "the number of threads must be at least 1".into(),
+            ))
+        }
+        Some(n) => ThreadPool::new(n),
+        None => ThreadPool::with_available_parallelism(),
+    }
+    .map_err(|e| ModelError::io(path, e))?;
+    let pool = Arc::new(pool);
+    match config.spec.family {
+        Family::Llama => Ok(Model::Llama(LlamaModel::load(config, &src, pool)?)),
+    }
+}

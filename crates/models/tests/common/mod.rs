@@ -1,0 +1,103 @@
+//! Shared helpers of the models crate's end-to-end tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use ferrum_models::{load_model, ForwardBatch, KvCache, LoadOptions, Model, SafetensorsFile};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+pub fn load(path: &Path) -> Model {
+    load_model(
+        path,
+        &LoadOptions {
+            num_threads: Some(2),
+        },
+    )
+    .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+pub fn reference_json(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+/// A float tensor of a reference safetensors file, as f32.
+pub fn reference_tensor(file: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let st = SafetensorsFile::open(file).unwrap();
+    let t = st.tensor(name).unwrap().unwrap();
+    (t.shape().to_vec(), t.to_f32_vec())
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A cache big enough for `max_tokens` tokens of one sequence, in blocks of `block_size`.
+pub fn cache(model: &Model, max_tokens: usize, block_size: usize) -> KvCache {
+    KvCache::new(
+        model.config(),
+        max_tokens.div_ceil(block_size) + 1,
+        block_size,
+    )
+    .unwrap()
+}
+
+/// Logits at every position of `prompt` in one pass: `[len, vocab]`.
+pub fn prompt_logits(model: &mut Model, prompt: &[u32]) -> Vec<f32> {
+    let bs = 16;
+    let mut kv = cache(model, prompt.len(), bs);
+    // A scrambled block table: attention must follow it, not assume contiguity.
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).rev().collect();
+    let mut b = ForwardBatch::new();
+    b.push_seq(prompt, 0, &table, bs, false).unwrap();
+    b.logits_indices = (0..prompt.len() as u32).collect();
+    model.forward(&b, &mut kv).unwrap().to_vec()
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy continuation: one prefill, then one decode step per token.
+pub fn greedy(model: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let bs = 16;
+    let mut kv = cache(model, prompt.len() + n, bs);
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut b = ForwardBatch::new();
+    b.push_seq(prompt, 0, &table, bs, true).unwrap();
+    let mut out = Vec::new();
+    let mut next = argmax(model.forward(&b, &mut kv).unwrap());
+    out.push(next);
+    while out.len() < n {
+        b.clear();
+        let done = prompt.len() + out.len() - 1;
+        b.push_seq(&[next], done, &table, bs, true).unwrap();
+        next = argmax(model.forward(&b, &mut kv).unwrap());
+        out.push(next);
+    }
+    out
+}
+
+/// Largest |a - b| and largest |b|.
+pub fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len());
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = b.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    (err, scale)
+}

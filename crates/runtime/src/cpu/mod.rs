@@ -1,0 +1,46 @@
+//! Portable CPU kernels. Every kernel is one function over plain slices (activations in f32,
+//! weights as [`crate::Tensor`]s in their stored format), so a SIMD or CUDA version replaces a
+//! single function. Parallel kernels split their output over the [`crate::ThreadPool`] by rows or
+//! (token, head) pairs; results never depend on the number of threads or on batch-mates.
+
+mod activation;
+mod attention;
+mod embedding;
+mod matmul;
+mod norm;
+mod rope;
+
+pub use activation::silu_mul;
+pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
+pub use embedding::embedding;
+pub use matmul::{add_bias, dot, matmul};
+pub use norm::rms_norm;
+pub use rope::{Rope, RopeScaling};
+
+/// A mutable slice shared by parallel tasks that write disjoint parts of it.
+struct DisjointMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: tasks only create non-overlapping sub-slices (each kernel documents its partition),
+// and the pool joins all tasks before the borrow of the underlying slice ends.
+unsafe impl<T: Send> Sync for DisjointMut<T> {}
+
+impl<T> DisjointMut<T> {
+    fn new(s: &mut [T]) -> Self {
+        DisjointMut {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+
+    /// # Safety
+    /// No two live slices obtained from `self` may overlap.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start <= self.len && len <= self.len - start);
+        // SAFETY: in bounds (checked above); disjointness is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

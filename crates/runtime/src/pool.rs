@@ -1,0 +1,266 @@
+//! The persistent compute pool.
+//!
+//! `num_threads - 1` workers live as long as the pool; the calling thread is the last worker.
+//! [`ThreadPool::parallel_for`] publishes one job (a borrowed closure and a task counter), every
+//! thread claims task indices from the shared counter until none are left, and the call returns
+//! only after every worker has let go of the job. That wait is what makes lending a stack
+//! closure to other threads sound. A panic in any task is re-raised in the caller after the wait.
+//! No threads are spawned per call; idle workers park on a condition variable.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Range;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+type TaskFn<'a> = dyn Fn(usize) + Sync + 'a;
+
+#[derive(Clone, Copy)]
+struct Job {
+    /// Erased borrow of the caller's closure; valid until the caller's wait ends.
+    f: *const TaskFn<'static>,
+    next: *const AtomicUsize,
+    num_tasks: usize,
+}
+
+// SAFETY: the pointers are only dereferenced between publication and the caller's wait for
+// `active == 0`, while the pointees are alive on the caller's stack; the closure is `Sync`.
+unsafe impl Send for Job {}
+
+struct State {
+    epoch: u64,
+    job: Option<Job>,
+    active: usize,
+    panic: Option<Box<dyn Any + Send>>,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    work_ready: Condvar,
+    work_done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A fixed set of compute threads shared by all kernels of a model.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    submit: Mutex<()>,
+}
+
+impl fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("num_threads", &self.num_threads())
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool of `num_threads` threads in all (the caller counts as one); at least one.
+    pub fn new(num_threads: usize) -> std::io::Result<ThreadPool> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                epoch: 0,
+                job: None,
+                active: 0,
+                panic: None,
+                shutdown: false,
+            }),
+            work_ready: Condvar::new(),
+            work_done: Condvar::new(),
+        });
+        let mut workers = Vec::new();
+        for i in 1..num_threads.max(1) {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("ferrum-compute-{i}"))
+                .spawn(move || worker_loop(&shared))?;
+            workers.push(handle);
+        }
+        Ok(ThreadPool {
+            shared,
+            workers,
+            submit: Mutex::new(()),
+        })
+    }
+
+    /// A pool sized to the machine's available parallelism.
+    pub fn with_available_parallelism() -> std::io::Result<ThreadPool> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ThreadPool::new(n)
+    }
+
+    /// Threads in the pool, the caller included.
+    pub fn num_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(i)` for every `i` in `0..num_tasks`, spread over the pool; returns when all are
+    /// done. Tasks run in no particular order and must not call back into the same pool.
+    pub fn parallel_for<F: Fn(usize) + Sync>(&self, num_tasks: usize, f: F) {
+        if num_tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || num_tasks == 1 {
+            (0..num_tasks).for_each(f);
+            return;
+        }
+        let _submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = AtomicUsize::new(0);
+        let f_ref: &TaskFn<'_> = &f;
+        // SAFETY: only the lifetime is erased; `wait_idle` below outlives every use.
+        let f_static: *const TaskFn<'static> = unsafe { std::mem::transmute(f_ref) };
+        let job = Job {
+            f: f_static,
+            next: &next,
+            num_tasks,
+        };
+        {
+            let mut st = self.shared.lock();
+            st.epoch = st.epoch.wrapping_add(1);
+            st.job = Some(job);
+            st.active = self.workers.len();
+            self.shared.work_ready.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(&f, &next, num_tasks)));
+        let worker_panic = {
+            let mut st = self.shared.lock();
+            while st.active > 0 {
+                st = self
+                    .shared
+                    .work_done
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            st.job = None;
+            st.panic.take()
+        };
+        if let Err(p) = mine {
+            resume_unwind(p);
+        }
+        if let Some(p) = worker_panic {
+            resume_unwind(p);
+        }
+    }
+
+    /// Splits `0..len` into contiguous ranges of at least `min_chunk` items, about four per
+    /// thread for balance, and runs `f` on each range in parallel.
+    pub fn parallel_ranges<F: Fn(Range<usize>) + Sync>(&self, len: usize, min_chunk: usize, f: F) {
+        if len == 0 {
+            return;
+        }
+        let target = (self.num_threads() * 4).max(1);
+        let chunk = len.div_ceil(target).max(min_chunk.max(1));
+        let num_chunks = len.div_ceil(chunk);
+        self.parallel_for(num_chunks, |c| {
+            let start = c * chunk;
+            f(start..(start + chunk).min(len));
+        });
+    }
+}
+
+fn run_tasks(f: &TaskFn<'_>, next: &AtomicUsize, num_tasks: usize) {
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= num_tasks {
+            break;
+        }
+        f(i);
+    }
+}
+
+fn worker_loop(shared: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut st = shared.lock();
+            while !st.shutdown && (st.epoch == seen || st.job.is_none()) {
+                st = shared
+                    .work_ready
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if st.shutdown {
+                return;
+            }
+            seen = st.epoch;
+            match st.job {
+                Some(job) => job,
+                None => continue,
+            }
+        };
+        // SAFETY: the submitting thread keeps the closure and counter alive until `active`
+        // drops to zero, which happens only after this block.
+        let result = catch_unwind(AssertUnwindSafe(|| unsafe {
+            run_tasks(&*job.f, &*job.next, job.num_tasks)
+        }));
+        let mut st = shared.lock();
+        if let Err(p) = result {
+            st.panic.get_or_insert(p);
+        }
+        st.active -= 1;
+        if st.active == 0 {
+            shared.work_done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work_ready.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once() {
+        let pool = ThreadPool::new(3).unwrap();
+        for n in [0usize, 1, 2, 7, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.parallel_for(n, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn ranges_cover_everything() {
+        let pool = ThreadPool::new(2).unwrap();
+        let sum = AtomicUsize::new(0);
+        pool.parallel_ranges(1001, 10, |r| {
+            sum.fetch_add(r.sum::<usize>(), Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 1000 * 1001 / 2);
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
+        let pool = ThreadPool::new(2).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.parallel_for(64, |i| assert!(i != 33, "task 33"));
+        }));
+        assert!(r.is_err());
+        let count = AtomicUsize::new(0);
+        pool.parallel_for(10, |_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 10);
+    }
+}

@@ -1,0 +1,159 @@
+//! A weight tensor: dtype, shape and storage, with row access in the stored format.
+//!
+//! Invariants checked at construction: the storage holds exactly the bytes the shape and dtype
+//! need, and the last dimension (a row) is a whole number of blocks. Shapes are row-major
+//! (`[rows, cols]` for a matrix: `cols` is the contiguous, innermost dimension).
+
+use crate::{quant, DType, Result, RuntimeError, Storage};
+
+/// An immutable tensor in its stored format.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    storage: Storage,
+}
+
+impl Tensor {
+    /// Wraps storage after checking its size against `shape` and `dtype`.
+    pub fn new(dtype: DType, shape: Vec<usize>, storage: Storage) -> Result<Tensor> {
+        let expected = Self::bytes_for(dtype, &shape)?;
+        if storage.len() != expected {
+            return Err(RuntimeError::StorageSize {
+                dtype,
+                shape,
+                expected,
+                actual: storage.len(),
+            });
+        }
+        Ok(Tensor {
+            dtype,
+            shape,
+            storage,
+        })
+    }
+
+    /// A float32 tensor from values.
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Result<Tensor> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(DType::F32, shape, Storage::owned(bytes))
+    }
+
+    /// Bytes needed to store `shape` as `dtype`, checking block alignment and overflow.
+    pub fn bytes_for(dtype: DType, shape: &[usize]) -> Result<usize> {
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = shape[..shape.len().saturating_sub(1)]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| RuntimeError::TooLarge(shape.to_vec()))?;
+        if cols % dtype.block_size() != 0 {
+            return Err(RuntimeError::PartialBlock {
+                dtype,
+                cols,
+                block: dtype.block_size(),
+            });
+        }
+        dtype
+            .row_bytes(cols)
+            .and_then(|rb| rb.checked_mul(rows))
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or_else(|| RuntimeError::TooLarge(shape.to_vec()))
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size in bytes as stored.
+    pub fn num_bytes(&self) -> usize {
+        self.storage.len()
+    }
+
+    /// Elements per row (the last dimension; 1 for a scalar).
+    pub fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Number of rows (the product of all but the last dimension).
+    pub fn rows(&self) -> usize {
+        self.shape[..self.shape.len().saturating_sub(1)]
+            .iter()
+            .product()
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.storage.len() / self.rows().max(1)
+    }
+
+    /// The stored bytes of row `i`. Panics if `i >= rows()`.
+    pub fn row(&self, i: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.storage.bytes()[i * rb..(i + 1) * rb]
+    }
+
+    /// Decodes row `i` into `out` (`out.len() == cols()`). Panics if `i >= rows()`.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
+        quant::dequantize_row(self.dtype, self.row(i), out);
+    }
+
+    /// The whole tensor decoded to f32. For small tensors (norm weights, biases) only.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.numel()];
+        quant::dequantize_row(self.dtype, self.storage.bytes(), &mut out);
+        out
+    }
+
+    /// A copy whose rows are reordered: row `i` of the result is row `order[i]` of `self`.
+    /// Blocks are moved whole, so the dtype is kept.
+    pub fn permute_rows(&self, order: &[usize]) -> Result<Tensor> {
+        if order.len() != self.rows() || order.iter().any(|&r| r >= self.rows()) {
+            return Err(RuntimeError::Shape(format!(
+                "row order of {} entries for a tensor of {} rows",
+                order.len(),
+                self.rows()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(self.num_bytes());
+        for &r in order {
+            bytes.extend_from_slice(self.row(r));
+        }
+        Tensor::new(self.dtype, self.shape.clone(), Storage::owned(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_size_is_checked() {
+        let err = Tensor::new(DType::F32, vec![2, 3], Storage::owned(vec![0; 20])).unwrap_err();
+        assert!(err.to_string().contains("needs 24 bytes"), "{err}");
+        let err = Tensor::new(DType::Q8_0, vec![2, 40], Storage::owned(vec![])).unwrap_err();
+        assert!(err.to_string().contains("whole number of blocks"), "{err}");
+        let err = Tensor::bytes_for(DType::F32, &[1 << 40, 1 << 40]).unwrap_err();
+        assert!(matches!(err, RuntimeError::TooLarge(_)));
+    }
+
+    #[test]
+    fn rows_permute() {
+        let t = Tensor::from_f32(vec![3, 2], &[0., 1., 2., 3., 4., 5.]).unwrap();
+        let p = t.permute_rows(&[2, 0, 1]).unwrap();
+        assert_eq!(p.to_f32_vec(), vec![4., 5., 0., 1., 2., 3.]);
+        assert!(t.permute_rows(&[0, 0]).is_err());
+    }
+}

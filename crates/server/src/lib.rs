@@ -1,0 +1,3 @@
+//! The OpenAI-compatible HTTP server.
+//!
+//! Nothing is implemented here yet; the server issue fills this crate.
