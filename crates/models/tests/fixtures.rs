@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use ferrum_models::GgufFile;
 use std::path::Path;
 
 fn check_fixture(dir: &Path, model_path: &Path, tolerance: f32) {
@@ -83,4 +84,78 @@ fn tiny_smollm_safetensors() {
 fn tiny_smollm_gguf_bf16() {
     let dir = fixtures().join("tiny-smollm");
     check_fixture(&dir, &dir.join("model-bf16.gguf"), 1e-4);
+}
+
+/// Relative RMS error of the Q8_0 weights against the same weights in bf16 (both GGUFs were
+/// written by llama.cpp from one checkpoint).
+fn q8_0_weight_error(dir: &Path) -> f64 {
+    let q = GgufFile::open(&dir.join("model-q8_0.gguf")).unwrap();
+    let b = GgufFile::open(&dir.join("model-bf16.gguf")).unwrap();
+    let (mut err, mut norm) = (0f64, 0f64);
+    for t in q.tensor_infos() {
+        let (x, y) = (q.tensor(&t.name).unwrap(), b.tensor(&t.name).unwrap());
+        for (a, b) in x.to_f32_vec().iter().zip(y.to_f32_vec()) {
+            err += ((a - b) as f64).powi(2);
+            norm += (b as f64).powi(2);
+        }
+    }
+    (err / norm).sqrt()
+}
+
+/// The Q8_0 GGUF against the bf16 reference. Q8_0 rounds each weight to a step of
+/// `d = max|w| / 127` per block of 32: an error uniform in `±d/2`, RMS `d / sqrt(12)`, about
+/// 0.5% of the weights' RMS (measured here as `eps`). A logit sees `n` independent such
+/// perturbations in series (the embedding, 7 projections per layer, the LM head), so its relative
+/// RMS error is about `sqrt(n) * eps` (~2%); that is the bound on the RMS error, and 1.5 times
+/// it the bound on the worst logit relative to the largest |logit|. The argmax must hold at 90%
+/// of positions (the untrained model's top logits are often closer than the error).
+#[test]
+fn tiny_smollm_gguf_q8_0_within_quantization_error() {
+    let dir = fixtures().join("tiny-smollm");
+    let mut model = load(&dir.join("model-q8_0.gguf"));
+    let reference = reference_json(&dir);
+    let vocab = model.config().vocab_size;
+    let eps = q8_0_weight_error(&dir);
+    let n = 7 * model.config().num_hidden_layers + 2;
+    let rms_bound = (n as f64).sqrt() * eps;
+    eprintln!("q8_0: weight RMS error {eps:.3e}, {n} quantized stages, RMS bound {rms_bound:.3e}");
+    let (mut positions, mut same_argmax) = (0, 0);
+    for case in reference["cases"].as_array().unwrap() {
+        let i = case["index"].as_u64().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let (_, want) =
+            reference_tensor(&dir.join("reference.safetensors"), &format!("logits_{i}"));
+        let got = prompt_logits(&mut model, &prompt);
+        let (err, scale) = max_err(&got, &want);
+        let rms = |v: &mut dyn Iterator<Item = f32>| {
+            let (s, n) = v.fold((0f64, 0usize), |(s, n), x| (s + (x as f64).powi(2), n + 1));
+            (s / n as f64).sqrt()
+        };
+        let rms_err = rms(&mut got.iter().zip(&want).map(|(a, b)| a - b));
+        let rms_ref = rms(&mut want.iter().copied());
+        eprintln!(
+            "q8_0 case {i}: max |logit err| {err:.3e}, max |logit| {scale:.3}, ratio {:.3e}; \
+             rms err / rms logit {:.3e}",
+            err / scale,
+            rms_err / rms_ref
+        );
+        assert!(
+            rms_err <= rms_bound * rms_ref,
+            "case {i}: RMS logit error {rms_err} vs {rms_ref}"
+        );
+        assert!(
+            err as f64 <= 1.5 * rms_bound * scale as f64,
+            "case {i}: logit error {err} vs largest logit {scale}"
+        );
+        for p in 0..prompt.len() {
+            positions += 1;
+            let row = p * vocab..(p + 1) * vocab;
+            same_argmax += usize::from(argmax(&got[row.clone()]) == argmax(&want[row]));
+        }
+    }
+    eprintln!("q8_0: {same_argmax} of {positions} positions keep the reference argmax");
+    assert!(
+        same_argmax * 10 >= positions * 9,
+        "only {same_argmax} of {positions} argmaxes agree"
+    );
 }

