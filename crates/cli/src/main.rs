@@ -1,1 +1,40 @@
-fn main() {}
+//! `ferrum`: the command-line front end. Flags are parsed by clap into typed arguments, checked,
+//! and handed to one function per subcommand. Errors reach the user as one clear message and a
+//! non-zero exit status.
+
+mod inspect;
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Ferrum: an LLM inference engine.
+#[derive(Debug, Parser)]
+#[command(name = "ferrum", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt.
+    Run(run::RunArgs),
+    /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(&args),
+        Command::Inspect(args) => inspect::inspect(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -389,7 +389,7 @@ impl ModelConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(err("rope_theta", "must be a positive number"));
         }
-        if self.layer_sliding_window.iter().any(|w| *w == Some(0)) {
+        if self.layer_sliding_window.contains(&Some(0)) {
             return Err(err("sliding_window", "must be positive"));
         }
         Ok(())

@@ -418,7 +418,7 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self, what: &str) -> Result<String> {
         let len = self.u64(what)?;
-        self.check_count(len, 1, what)?;
+        self.check_count(len, 1, &format!("{what} length"))?;
         let bytes = self.take(len as usize, what)?;
         String::from_utf8(bytes.to_vec())
             .map_err(|_| ModelError::format(self.path, format!("{what} is not valid UTF-8")))
@@ -466,7 +466,7 @@ impl<'a> Reader<'a> {
                         ))
                     }
                 };
-                self.check_count(len, min_size, key)?;
+                self.check_count(len, min_size, &format!("array `{key}` length"))?;
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(elem_ty, key, depth + 1)?);

@@ -1,0 +1,172 @@
+//! `ferrum inspect`: what a model is, without running it.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferrum_models::{ModelFormat, ModelInfo};
+use ferrum_runtime::cpu::RopeScaling;
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Model folder (config.json + safetensors) or .gguf file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn inspect(args: &InspectArgs) -> Result<()> {
+    let info = ferrum_models::inspect(&args.model)
+        .with_context(|| format!("inspecting {}", args.model.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&info))?);
+    } else {
+        print!("{}", to_table(args, &info));
+    }
+    Ok(())
+}
+
+fn format_name(info: &ModelInfo) -> String {
+    match (info.format, info.gguf_version) {
+        (ModelFormat::Gguf, Some(v)) => format!("GGUF v{v}"),
+        (ModelFormat::Gguf, None) => "GGUF".into(),
+        (ModelFormat::HfFolder, _) => "Hugging Face folder (safetensors)".into(),
+    }
+}
+
+fn rope_name(s: &RopeScaling) -> String {
+    match s {
+        RopeScaling::None => "none".into(),
+        RopeScaling::Linear { factor } => format!("linear x{factor}"),
+        RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
+    }
+}
+
+fn human(n: u64, unit: &str) -> String {
+    let f = n as f64;
+    match unit {
+        "B" if f >= 1024.0 * 1024.0 * 1024.0 => format!("{:.2} GiB", f / (1u64 << 30) as f64),
+        "B" if f >= 1024.0 * 1024.0 => format!("{:.2} MiB", f / (1u64 << 20) as f64),
+        "B" if f >= 1024.0 => format!("{:.1} KiB", f / 1024.0),
+        "B" => format!("{n} B"),
+        _ if f >= 1e9 => format!("{:.2}B", f / 1e9),
+        _ if f >= 1e6 => format!("{:.2}M", f / 1e6),
+        _ if f >= 1e3 => format!("{:.1}K", f / 1e3),
+        _ => n.to_string(),
+    }
+}
+
+fn windows(info: &ModelInfo) -> String {
+    let w = &info.config.layer_sliding_window;
+    match (w.first().copied().flatten(), w.iter().all(|x| *x == w[0])) {
+        (None, true) => "none".into(),
+        (Some(n), true) => format!("{n} (all layers)"),
+        _ => format!(
+            "{} of {} layers",
+            w.iter().filter(|x| x.is_some()).count(),
+            w.len()
+        ),
+    }
+}
+
+fn to_table(args: &InspectArgs, info: &ModelInfo) -> String {
+    let c = &info.config;
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let mut s = String::new();
+    let mut row = |k: &str, v: String| s.push_str(&format!("{k:<18}{v}\n"));
+    row("model", args.model.display().to_string());
+    row("format", format_name(info));
+    row(
+        "architecture",
+        format!("{} (runs as {})", c.architecture, c.spec.name),
+    );
+    row("layers", c.num_hidden_layers.to_string());
+    row("hidden size", c.hidden_size.to_string());
+    row("intermediate size", c.intermediate_size.to_string());
+    row(
+        "attention",
+        format!(
+            "{} heads, {} KV heads, head dim {}",
+            c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        ),
+    );
+    row("vocabulary", c.vocab_size.to_string());
+    row("context length", c.max_position_embeddings.to_string());
+    row(
+        "rope",
+        format!(
+            "theta {}, scaling {}",
+            c.rope_theta,
+            rope_name(&c.rope_scaling)
+        ),
+    );
+    row("rms norm eps", format!("{:e}", c.rms_norm_eps));
+    row("sliding window", windows(info));
+    row("tied embeddings", yes(c.tie_word_embeddings).into());
+    row("qkv bias", yes(c.attention_bias).into());
+    row("qk norm", yes(c.spec.qk_norm).into());
+    row(
+        "parameters",
+        format!("{} ({})", human(info.num_params, ""), info.num_params),
+    );
+    row(
+        "weights",
+        format!(
+            "{} in {} tensors",
+            human(info.num_bytes, "B"),
+            info.num_tensors
+        ),
+    );
+    for d in &info.dtypes {
+        let bytes = d
+            .num_bytes
+            .map_or("unsupported type".into(), |b| human(b, "B"));
+        row(
+            &format!("  {}", d.dtype),
+            format!(
+                "{:>4} tensors {:>9} params {:>11}",
+                d.num_tensors,
+                human(d.num_params, ""),
+                bytes
+            ),
+        );
+    }
+    row("tokenizer", yes(info.has_tokenizer).into());
+    row("chat template", yes(info.has_chat_template).into());
+    s
+}
+
+fn to_json(info: &ModelInfo) -> serde_json::Value {
+    let c = &info.config;
+    json!({
+        "format": format_name(info),
+        "architecture": c.architecture,
+        "family": c.spec.name,
+        "num_hidden_layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": rope_name(&c.rope_scaling),
+        "rms_norm_eps": c.rms_norm_eps,
+        "sliding_window": c.layer_sliding_window,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "num_params": info.num_params,
+        "num_bytes": info.num_bytes,
+        "num_tensors": info.num_tensors,
+        "dtypes": info.dtypes.iter().map(|d| json!({
+            "dtype": d.dtype,
+            "num_tensors": d.num_tensors,
+            "num_params": d.num_params,
+            "num_bytes": d.num_bytes,
+        })).collect::<Vec<_>>(),
+        "has_tokenizer": info.has_tokenizer,
+        "has_chat_template": info.has_chat_template,
+    })
+}
