@@ -299,6 +299,14 @@ impl ModelConfig {
                 ))
             }
         };
+        if let Some(rot) = uint("rope.dimension_count")? {
+            if rot != head_dim {
+                return Err(err(
+                    &format!("{arch}.rope.dimension_count"),
+                    format!("partial rotary ({rot} of {head_dim} dims) is not supported"),
+                ));
+            }
+        }
         let vocab_size = match uint("vocab_size")? {
             Some(v) => v,
             None => match g.tensor_info("token_embd.weight") {

@@ -5,18 +5,10 @@
 
 mod common;
 
-use common::fixtures;
+use common::{fixtures, scratch};
 use ferrum_models::{inspect, load_model, LoadOptions, ModelError};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-/// A fresh scratch folder for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrum-bad-input-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::path::Path;
 
 fn load_err(path: &Path) -> String {
     let err = load_model(
@@ -58,7 +50,7 @@ fn edited_llama(
 
 #[test]
 fn truncated_gguf_names_the_file_and_what_is_cut() {
-    let dir = scratch("trunc-gguf");
+    let dir = scratch("bad-trunc-gguf");
     let bytes = std::fs::read(fixtures().join("tiny-smollm/model-q8_0.gguf")).unwrap();
     let path = dir.join("cut.gguf");
     // Inside the magic, the header counts, the metadata (vocabulary), and the tensor data.
@@ -75,7 +67,7 @@ fn truncated_gguf_names_the_file_and_what_is_cut() {
 
 #[test]
 fn truncated_safetensors_names_the_file() {
-    let dir = scratch("trunc-st");
+    let dir = scratch("bad-trunc-st");
     let src = fixtures().join("tiny-llama");
     std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
@@ -91,7 +83,7 @@ fn truncated_safetensors_names_the_file() {
 
 #[test]
 fn missing_tensor_is_named() {
-    let dir = scratch("missing");
+    let dir = scratch("bad-missing");
     edited_llama(
         &dir,
         |_| {},
@@ -110,7 +102,7 @@ fn missing_tensor_is_named() {
 
 #[test]
 fn misshapen_tensor_is_named_with_both_shapes() {
-    let dir = scratch("shape");
+    let dir = scratch("bad-shape");
     edited_llama(
         &dir,
         |_| {},
@@ -129,7 +121,7 @@ fn misshapen_tensor_is_named_with_both_shapes() {
 
 #[test]
 fn shape_that_disagrees_with_data_size_is_refused() {
-    let dir = scratch("shape-size");
+    let dir = scratch("bad-shape-size");
     edited_llama(
         &dir,
         |_| {},
@@ -146,7 +138,7 @@ fn shape_that_disagrees_with_data_size_is_refused() {
 
 #[test]
 fn unknown_architecture_is_named_with_the_supported_ones() {
-    let dir = scratch("arch");
+    let dir = scratch("bad-arch");
     edited_llama(
         &dir,
         |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"]),
@@ -161,7 +153,7 @@ fn unknown_architecture_is_named_with_the_supported_ones() {
 
 #[test]
 fn config_key_of_the_wrong_type_is_named() {
-    let dir = scratch("key");
+    let dir = scratch("bad-key");
     edited_llama(
         &dir,
         |c| c["num_hidden_layers"] = serde_json::json!("two"),
@@ -186,7 +178,7 @@ fn config_key_of_the_wrong_type_is_named() {
 
 #[test]
 fn unsupported_safetensors_dtype_is_named() {
-    let dir = scratch("st-dtype");
+    let dir = scratch("bad-st-dtype");
     edited_llama(
         &dir,
         |_| {},
@@ -210,7 +202,7 @@ fn gguf_type_offset(bytes: &[u8], name: &str) -> usize {
 
 #[test]
 fn unknown_quant_type_is_named() {
-    let dir = scratch("quant");
+    let dir = scratch("bad-quant");
     let mut bytes = std::fs::read(fixtures().join("tiny-smollm/model-q8_0.gguf")).unwrap();
     let at = gguf_type_offset(&bytes, "blk.0.ffn_up.weight");
     bytes[at..at + 4].copy_from_slice(&10u32.to_le_bytes()); // Q2_K
@@ -235,7 +227,7 @@ fn unknown_quant_type_is_named() {
 
 #[test]
 fn huge_counts_in_a_gguf_header_are_refused_before_allocating() {
-    let dir = scratch("huge");
+    let dir = scratch("bad-huge");
     let path = dir.join("huge.gguf");
     let header = |tensors: u64, kvs: u64| {
         let mut b = b"GGUF".to_vec();
@@ -268,7 +260,7 @@ fn huge_counts_in_a_gguf_header_are_refused_before_allocating() {
 
 #[test]
 fn a_tensor_claiming_2_pow_60_elements_is_refused() {
-    let dir = scratch("huge-tensor");
+    let dir = scratch("bad-huge-tensor");
     let mut bytes = std::fs::read(fixtures().join("tiny-smollm/model-q8_0.gguf")).unwrap();
     let at = gguf_type_offset(&bytes, "output_norm.weight");
     // The 1-D tensor's only dimension sits just before its type.
@@ -281,7 +273,7 @@ fn a_tensor_claiming_2_pow_60_elements_is_refused() {
 
 #[test]
 fn not_a_model_path_is_explained() {
-    let dir = scratch("empty");
+    let dir = scratch("bad-empty");
     let msg = load_err(&dir);
     assert!(msg.contains("no *.safetensors"), "{msg}");
     let f = dir.join("notes.txt");

@@ -29,17 +29,45 @@ fn tables(lens: &[usize], extra: usize) -> (Vec<Vec<u32>>, usize) {
     (t, n * per_seq)
 }
 
-fn all_prompts_in_one_batch(name: &str) {
-    let dir = fixtures().join(name);
-    let mut model = load(&dir);
+struct Setup {
+    model: Model,
+    prompts: Vec<Vec<u32>>,
+    /// Each prompt's logits from a single pass of its own.
+    alone: Vec<Vec<f32>>,
+    lens: Vec<usize>,
+    tables: Vec<Vec<u32>>,
+    kv: KvCache,
+}
+
+fn setup(name: &str) -> Setup {
+    let mut model = load(&fixtures().join(name));
     let prompts = prompts(name);
-    let alone: Vec<Vec<f32>> = prompts
+    let alone = prompts
         .iter()
         .map(|p| prompt_logits(&mut model, p))
         .collect();
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let (tables, num_blocks) = tables(&lens, 0);
-    let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    let kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    Setup {
+        model,
+        prompts,
+        alone,
+        lens,
+        tables,
+        kv,
+    }
+}
+
+fn all_prompts_in_one_batch(name: &str) {
+    let Setup {
+        mut model,
+        prompts,
+        alone,
+        lens,
+        tables,
+        mut kv,
+    } = setup(name);
     let mut b = ForwardBatch::new();
     for (p, t) in prompts.iter().zip(&tables) {
         b.push_seq(p, 0, t, BS, false).unwrap();
@@ -62,16 +90,14 @@ fn all_prompts_in_one_batch(name: &str) {
 /// Runs every prompt as prefill chunks of `chunk` tokens, all sequences advancing together in
 /// each step, and compares every position's logits with the single-pass ones.
 fn chunked(name: &str, chunk: usize) {
-    let dir = fixtures().join(name);
-    let mut model: Model = load(&dir);
-    let prompts = prompts(name);
-    let alone: Vec<Vec<f32>> = prompts
-        .iter()
-        .map(|p| prompt_logits(&mut model, p))
-        .collect();
-    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (tables, num_blocks) = tables(&lens, 0);
-    let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
+    let Setup {
+        mut model,
+        prompts,
+        alone,
+        lens,
+        tables,
+        mut kv,
+    } = setup(name);
     let vocab = model.config().vocab_size;
     let mut done = vec![0usize; prompts.len()];
     let mut b = ForwardBatch::new();

@@ -24,6 +24,9 @@ pub fn matmul(pool: &ThreadPool, x: &[f32], w: &Tensor, out: &mut [f32]) -> Resu
             out.len()
         )));
     }
+    if m == 0 {
+        return Ok(());
+    }
     let out_shared = DisjointMut::new(out);
     pool.parallel_ranges(n, 4, |rows| {
         let mut wrow = vec![0f32; k];
