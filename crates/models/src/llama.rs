@@ -320,10 +320,8 @@ impl LlamaModel {
             }
             if let Some([nq, nk]) = &layer.qk_norm {
                 // Per head: rows of head_dim.
-                s.attn.copy_from_slice(&s.q);
-                cpu::rms_norm(&s.attn, nq, c.rms_norm_eps, &mut s.q);
-                s.gate[..t * kvd].copy_from_slice(&s.k);
-                cpu::rms_norm(&s.gate[..t * kvd], nk, c.rms_norm_eps, &mut s.k);
+                cpu::rms_norm_in_place(&mut s.q, nq, c.rms_norm_eps);
+                cpu::rms_norm_in_place(&mut s.k, nk, c.rms_norm_eps);
             }
             self.rope.apply(&mut s.q, &batch.positions);
             self.rope.apply(&mut s.k, &batch.positions);

@@ -20,9 +20,9 @@ fn prompts(name: &str) -> Vec<Vec<u32>> {
 }
 
 /// Block tables of disjoint, interleaved blocks: sequence `s` gets blocks `s, s + n, s + 2n, ...`.
-fn tables(lens: &[usize], extra: usize) -> (Vec<Vec<u32>>, usize) {
+fn tables(lens: &[usize]) -> (Vec<Vec<u32>>, usize) {
     let n = lens.len();
-    let per_seq = lens.iter().map(|l| (l + extra).div_ceil(BS)).max().unwrap();
+    let per_seq = lens.iter().map(|l| l.div_ceil(BS)).max().unwrap();
     let t = (0..n)
         .map(|s| (0..per_seq).map(|j| (s + j * n) as u32).collect())
         .collect();
@@ -47,7 +47,7 @@ fn setup(name: &str) -> Setup {
         .map(|p| prompt_logits(&mut model, p))
         .collect();
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (tables, num_blocks) = tables(&lens, 0);
+    let (tables, num_blocks) = tables(&lens);
     let kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
     Setup {
         model,
@@ -159,7 +159,7 @@ fn decodes_mixed_with_prefill_chunks() {
     full.extend_from_slice(&gen[..steps]);
     let want = prompt_logits(&mut model, &full);
     let vocab = model.config().vocab_size;
-    let (tables, num_blocks) = tables(&[full.len(), long.len()], 0);
+    let (tables, num_blocks) = tables(&[full.len(), long.len()]);
     let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
     let mut b = ForwardBatch::new();
     b.push_seq(short, 0, &tables[0], BS, true).unwrap();

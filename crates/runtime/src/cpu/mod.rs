@@ -14,7 +14,7 @@ pub use activation::silu_mul;
 pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 pub use embedding::embedding;
 pub use matmul::{add_bias, dot, matmul};
-pub use norm::rms_norm;
+pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeScaling};
 
 /// A mutable slice shared by parallel tasks that write disjoint parts of it.

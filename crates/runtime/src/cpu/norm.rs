@@ -12,6 +12,17 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// Normalizes every row of `x` (rows of `w.len()` values) in place.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let dim = w.len();
+    for xr in x.chunks_exact_mut(dim) {
+        let inv = 1.0 / (super::dot(xr, xr) / dim as f32 + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = g * (*v * inv);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -22,5 +33,8 @@ mod tests {
         let r = (12.5f32 + 1e-6).sqrt();
         assert!((y[0] - 3.0 / r).abs() < 1e-6 && (y[1] - 8.0 / r).abs() < 1e-6);
         assert_eq!(&y[2..], &[0.0, 0.0]);
+        let mut z = x;
+        super::rms_norm_in_place(&mut z, &[1.0, 2.0], 1e-6);
+        assert_eq!(z, y);
     }
 }
