@@ -56,6 +56,8 @@ pub enum ModelError {
     Runtime(#[from] ferrum_runtime::RuntimeError),
     #[error(transparent)]
     Batch(#[from] ferrum_types::TypesError),
+    #[error(transparent)]
+    Tokenizer(#[from] ferrum_tokenizer::TokenizerError),
 }
 
 /// Result alias for this crate.

@@ -16,6 +16,7 @@ mod loader;
 mod registry;
 mod safetensors;
 mod source;
+mod text;
 
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
@@ -28,3 +29,4 @@ pub use loader::{load_model, LoadOptions, Model};
 pub use registry::{ArchSpec, Family};
 pub use safetensors::SafetensorsFile;
 pub use source::{ModelFormat, WeightSource};
+pub use text::{gguf_vocab, load_text_assets};

@@ -1,3 +1,22 @@
-//! Tokenizers, chat templates, the incremental detokenizer and stop strings.
-//!
-//! Nothing is implemented here yet; the text issue fills this crate.
+//! Text for Ferrum: tokenizers (from `tokenizer.json` or GGUF metadata), special tokens, chat
+//! templates (minijinja with Hugging Face's extensions), the incremental detokenizer and stop
+//! strings. Nothing here knows about tensors or the engine.
+
+mod assets;
+mod chat;
+mod detokenizer;
+mod error;
+mod gguf_vocab;
+mod special;
+mod stop;
+mod template_fns;
+mod tokenizer;
+
+pub use assets::{find_chat_template, TextAssets};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use detokenizer::{IncrementalDetokenizer, CONTEXT_TOKENS, MAX_PENDING_TOKENS};
+pub use error::{Result, TokenizerError};
+pub use gguf_vocab::{GgufVocab, SUPPORTED_PRE};
+pub use special::SpecialTokens;
+pub use stop::{StopCheck, StopStrings};
+pub use tokenizer::{load_special_tokens, Tokenizer};

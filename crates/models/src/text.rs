@@ -1,0 +1,117 @@
+//! A model's text side: its tokenizer and chat template, from a Hugging Face folder
+//! (`tokenizer.json` and friends) or from a GGUF file's own `tokenizer.*` metadata.
+
+use crate::gguf::{GgufFile, GgufValue};
+use crate::source::WeightSource;
+use crate::{ModelError, Result};
+use ferrum_tokenizer::{GgufVocab, TextAssets};
+use std::path::Path;
+
+/// Loads the tokenizer and chat template of a model folder or `.gguf` file.
+pub fn load_text_assets(path: &Path) -> Result<TextAssets> {
+    match WeightSource::open(path)? {
+        WeightSource::HfFolder { dir, .. } => Ok(TextAssets::from_folder(&dir)?),
+        WeightSource::Gguf(g) => {
+            let vocab = gguf_vocab(&g)?;
+            let tokenizer = vocab.build().map_err(|e| ModelError::Format {
+                path: g.path().to_owned(),
+                msg: e.to_string(),
+            })?;
+            let template = opt_str(&g, "tokenizer.chat_template")?;
+            Ok(TextAssets::new(tokenizer, template)?)
+        }
+    }
+}
+
+/// Reads the `tokenizer.ggml.*` metadata of a GGUF file.
+pub fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
+    let model = opt_str(g, "tokenizer.ggml.model")?.ok_or_else(|| ModelError::Config {
+        path: g.path().to_owned(),
+        key: "tokenizer.ggml.model".into(),
+        msg: "missing: this GGUF file carries no tokenizer".into(),
+    })?;
+    Ok(GgufVocab {
+        model: model.to_owned(),
+        pre: opt_str(g, "tokenizer.ggml.pre")?.map(str::to_owned),
+        tokens: array(g, "tokenizer.ggml.tokens", |v| {
+            v.as_str().map(str::to_owned)
+        })?,
+        scores: array(g, "tokenizer.ggml.scores", |v| v.as_f64().map(|f| f as f32))?,
+        token_types: array(g, "tokenizer.ggml.token_type", |v| match v {
+            GgufValue::I32(t) => Some(*t),
+            other => other.as_u64().and_then(|t| i32::try_from(t).ok()),
+        })?,
+        merges: array(g, "tokenizer.ggml.merges", |v| {
+            v.as_str().map(str::to_owned)
+        })?,
+        bos_token_id: opt_id(g, "tokenizer.ggml.bos_token_id")?,
+        eos_token_id: opt_id(g, "tokenizer.ggml.eos_token_id")?,
+        eot_token_id: opt_id(g, "tokenizer.ggml.eot_token_id")?,
+        eom_token_id: opt_id(g, "tokenizer.ggml.eom_token_id")?,
+        unknown_token_id: opt_id(g, "tokenizer.ggml.unknown_token_id")?,
+        padding_token_id: opt_id(g, "tokenizer.ggml.padding_token_id")?,
+        add_bos_token: opt_bool(g, "tokenizer.ggml.add_bos_token")?,
+        add_eos_token: opt_bool(g, "tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: opt_bool(g, "tokenizer.ggml.add_space_prefix")?,
+    })
+}
+
+fn wrong_type(g: &GgufFile, key: &str, want: &str, v: &GgufValue) -> ModelError {
+    ModelError::Config {
+        path: g.path().to_owned(),
+        key: key.into(),
+        msg: format!("expected {want}, found {}", v.type_name()),
+    }
+}
+
+fn opt_str<'a>(g: &'a GgufFile, key: &str) -> Result<Option<&'a str>> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_str()
+            .map(Some)
+            .ok_or_else(|| wrong_type(g, key, "a string", v)),
+    }
+}
+
+fn opt_bool(g: &GgufFile, key: &str) -> Result<Option<bool>> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| wrong_type(g, key, "a bool", v)),
+    }
+}
+
+fn opt_id(g: &GgufFile, key: &str) -> Result<Option<u32>> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| wrong_type(g, key, "a token id", v)),
+    }
+}
+
+/// An optional array whose every element converts with `f`; absent gives an empty vector.
+fn array<T>(g: &GgufFile, key: &str, f: impl Fn(&GgufValue) -> Option<T>) -> Result<Vec<T>> {
+    let Some(v) = g.get(key) else {
+        return Ok(Vec::new());
+    };
+    let items = v
+        .as_array()
+        .ok_or_else(|| wrong_type(g, key, "an array", v))?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            f(item).ok_or_else(|| ModelError::Config {
+                path: g.path().to_owned(),
+                key: format!("{key}[{i}]"),
+                msg: format!("unexpected element type {}", item.type_name()),
+            })
+        })
+        .collect()
+}

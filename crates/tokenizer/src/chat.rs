@@ -1,0 +1,218 @@
+//! Chat templates: the model's Jinja template rendered with minijinja the way transformers'
+//! `apply_chat_template` renders it (trim_blocks, lstrip_blocks, no trailing newline kept, the
+//! special tokens and `add_generation_prompt` in the context, HF's extension functions).
+//!
+//! Rendering is bounded: templates run with a fuel limit and minijinja's recursion limit, so a
+//! hostile template fails with an error instead of hanging.
+
+use crate::template_fns::{raise_exception, strftime_now, tojson};
+use crate::{Result, SpecialTokens, TokenizerError};
+use minijinja::{Environment, Value};
+
+/// Instructions a single render may execute.
+const FUEL: u64 = 20_000_000;
+const TEMPLATE_NAME: &str = "chat";
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+    pad_token: Option<String>,
+    unk_token: Option<String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; syntax errors are reported here, not at the first request.
+    pub fn new(source: &str, special: &SpecialTokens) -> Result<ChatTemplate> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        let cleaned = strip_generation_tags(source);
+        env.add_template_owned(TEMPLATE_NAME, cleaned)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_owned(),
+            bos_token: special.bos_token.clone().unwrap_or_default(),
+            eos_token: special.eos_token.clone().unwrap_or_default(),
+            pad_token: special.pad_token.clone(),
+            unk_token: special.unk_token.clone(),
+        })
+    }
+
+    /// The template text as the model ships it.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders a conversation to the prompt text.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_iter([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        let mut ctx = vec![
+            ("messages", Value::from(msgs)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("bos_token", Value::from(self.bos_token.as_str())),
+            ("eos_token", Value::from(self.eos_token.as_str())),
+        ];
+        if let Some(p) = &self.pad_token {
+            ctx.push(("pad_token", Value::from(p.as_str())));
+        }
+        if let Some(u) = &self.unk_token {
+            ctx.push(("unk_token", Value::from(u.as_str())));
+        }
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        tmpl.render(Value::from_iter(ctx))
+            .map_err(|e| TokenizerError::Template(describe(&e)))
+    }
+}
+
+/// An error message with minijinja's cause chain and location.
+fn describe(e: &minijinja::Error) -> String {
+    let mut msg = match e.line() {
+        Some(line) => format!("{e} (line {line})"),
+        None => e.to_string(),
+    };
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    msg
+}
+
+/// Removes transformers' `{% generation %}` / `{% endgeneration %}` markers (they only track
+/// assistant spans for training masks and render nothing).
+fn strip_generation_tags(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(start) = rest.find("{%") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("%}") else {
+            break;
+        };
+        let inner = after[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..start]);
+        if inner != "generation" && inner != "endgeneration" {
+            out.push_str(&rest[start..start + 2 + end + 2]);
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn special() -> SpecialTokens {
+        SpecialTokens {
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+            ..Default::default()
+        }
+    }
+
+    fn render(src: &str, msgs: &[ChatMessage]) -> Result<String> {
+        ChatTemplate::new(src, &special())?.render(msgs, true)
+    }
+
+    #[test]
+    /// Expected strings were produced by Python jinja2 with transformers' settings.
+    fn hf_whitespace_rules_and_special_tokens() {
+        let src = "{{ bos_token }}\n{% for m in messages %}\n  {{ m.role }}: {{ m.content }}\n{% endfor %}\n{% if add_generation_prompt %}A:{% endif %}\n";
+        let out = render(src, &[ChatMessage::new("user", "hi")]).unwrap();
+        assert_eq!(out, "<s>\n  user: hi\nA:"); // as Python jinja2 renders it
+    }
+
+    #[test]
+    fn raise_exception_surfaces_the_message() {
+        let src = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}";
+        let err = render(src, &[ChatMessage::new("assistant", "x")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("Conversation roles must alternate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn python_methods_and_tojson() {
+        let src = "{{ messages[0].content.strip().upper() }}|{{ messages[0].content.startswith(' a') }}|{{ messages | tojson }}|{{ {'a': [1, 2.5, none]} | tojson(indent=2) }}";
+        let out = render(src, &[ChatMessage::new("user", " a<b>\"é\" ")]).unwrap();
+        assert_eq!(
+            out,
+            "A<B>\"É\"|True|[{\"role\": \"user\", \"content\": \" a<b>\\\"é\\\" \"}]|{\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}"
+        );
+    }
+
+    #[test]
+    fn generation_markers_render_nothing() {
+        let src = "{% for m in messages %}{%- generation -%}{{ m.content }}{%- endgeneration -%}{% endfor %}";
+        assert_eq!(
+            render(src, &[ChatMessage::new("assistant", "ok")]).unwrap(),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_and_runaway_templates_are_errors() {
+        assert!(ChatTemplate::new("{% for %}", &special()).is_err());
+        let looping =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let err = render(looping, &[]).unwrap_err();
+        assert!(err.to_string().contains("fuel"), "{err}");
+        let recursive = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        assert!(render(recursive, &[]).is_err());
+    }
+
+    #[test]
+    fn strftime_now_is_available() {
+        let out = render("{{ strftime_now('%Y') }}", &[]).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!(out.starts_with('2'));
+    }
+}
