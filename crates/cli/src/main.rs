@@ -2,8 +2,12 @@
 //! and handed to one function per subcommand. Errors reach the user as one clear message and a
 //! non-zero exit status.
 
+mod chat;
+mod common;
 mod inspect;
+mod model_path;
 mod run;
+mod tokenize;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -18,8 +22,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Generate a continuation of a prompt.
+    /// Generate a continuation of a prompt, streaming the text.
     Run(run::RunArgs),
+    /// Chat with a model interactively, using its chat template.
+    Chat(chat::ChatArgs),
+    /// Print the token ids of a text as {"ids": [...]}.
+    Tokenize(tokenize::TokenizeArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
     Inspect(inspect::InspectArgs),
 }
@@ -28,6 +36,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
+        Command::Chat(args) => chat::chat(&args),
+        Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Inspect(args) => inspect::inspect(&args),
     };
     match result {

@@ -79,29 +79,19 @@ fn inspect_describes_a_gguf() {
 fn bad_flags_get_clear_errors() {
     let model = fixtures().join("tiny-llama");
     let m = model.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let smol = fixtures().join("tiny-smollm");
+    let s = smol.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            &["run", "--model", m, "--prompt-ids", "1,x"],
+            vec!["run", "--model", m, "--prompt-ids", "1,x"],
             "invalid value 'x'",
         ),
         (
-            &[
-                "run",
-                "--model",
-                m,
-                "--prompt-ids",
-                "1,2",
-                "--temperature",
-                "0.7",
-            ],
-            "--temperature 0.7",
-        ),
-        (
-            &["run", "--model", m, "--prompt-ids", "1,99999"],
+            vec!["run", "--model", m, "--prompt-ids", "1,99999"],
             "token 99999 is outside the vocabulary",
         ),
         (
-            &[
+            vec![
                 "run",
                 "--model",
                 m,
@@ -113,12 +103,57 @@ fn bad_flags_get_clear_errors() {
             "--max-tokens",
         ),
         (
-            &["run", "--model", "/nonexistent/model", "--prompt-ids", "1"],
+            vec!["run", "--model", m, "--prompt-ids", "1", "--top-p", "1.5"],
+            "--top-p",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--temperature",
+                "-1",
+            ],
+            "--temperature",
+        ),
+        (
+            vec!["run", "--model", "/nonexistent/model", "--prompt-ids", "1"],
             "/nonexistent/model",
+        ),
+        (vec!["run", "--model", m], "give a prompt"),
+        (
+            vec!["run", "--model", m, "--prompt", "hi"],
+            "no usable tokenizer",
+        ),
+        (
+            vec!["run", "--model", m, "--prompt-ids", "1", "--stop", "x"],
+            "stop strings need a tokenizer",
+        ),
+        (
+            vec!["run", "--model", s, "--prompt", "", "--max-tokens", "2"],
+            "the prompt is empty",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                s,
+                "--prompt",
+                "hi",
+                "--max-model-len",
+                "999999",
+            ],
+            "max model length",
+        ),
+        (
+            vec!["tokenize", "--model", m, "--text", "hi"],
+            "tokenizer.json",
         ),
     ];
     for (args, want) in cases {
-        let out = ferrum(args);
+        let out = ferrum(&args);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
         assert!(
@@ -127,4 +162,183 @@ fn bad_flags_get_clear_errors() {
             stderr(&out)
         );
     }
+}
+
+fn run_json(args: &[&str]) -> Value {
+    let out = ferrum(args);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn tokenize_prints_the_hf_ids_from_a_folder_and_a_gguf() {
+    let folder = fixtures().join("tiny-smollm");
+    let gguf = folder.join("model-q8_0.gguf");
+    for m in [&folder, &gguf] {
+        let v = run_json(&[
+            "tokenize",
+            "--model",
+            m.to_str().unwrap(),
+            "--text",
+            "Hello, world!",
+        ]);
+        assert_eq!(v["ids"], serde_json::json!([19556, 28, 905, 17]));
+    }
+}
+
+#[test]
+fn text_prompts_stream_and_stop_strings_cut_the_output() {
+    let m = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let base = [
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "Once upon a time",
+        "--temperature",
+        "0",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--max-tokens", "24", "--ignore-eos", "--json"]);
+    let full = run_json(&args);
+    let text = full["text"].as_str().unwrap().to_string();
+    assert_eq!(full["finish_reason"], "length");
+    assert_eq!(full["token_ids"].as_array().unwrap().len(), 24);
+    assert!(text.chars().count() > 8, "{text:?}");
+
+    // Streaming prints the same text (plus a final newline).
+    let mut args = base.to_vec();
+    args.extend(["--max-tokens", "24", "--ignore-eos"]);
+    let out = ferrum(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8(out.stdout.clone()).unwrap(),
+        format!("{text}\n")
+    );
+    assert!(stderr(&out).contains("tok/s") && stderr(&out).contains("first token"));
+
+    // A stop string taken from the middle of that text ends generation just before it.
+    let chars: Vec<char> = text.chars().collect();
+    let cut = chars.len() / 2;
+    let stop: String = chars[cut..cut + 3].iter().collect();
+    let before: String = text[..text.find(&stop).unwrap()].to_string();
+    let mut args = base.to_vec();
+    args.extend([
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--json",
+        "--stop",
+        &stop,
+    ]);
+    let v = run_json(&args);
+    assert_eq!(v["text"].as_str().unwrap(), before);
+    assert_eq!(v["finish_reason"], "stop");
+}
+
+#[test]
+fn same_seed_same_text() {
+    let m = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let go = |seed: &str| {
+        run_json(&[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "Hello",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ])["token_ids"]
+            .clone()
+    };
+    assert_eq!(go("5"), go("5"));
+    assert_ne!(go("5"), go("6"));
+}
+
+#[test]
+fn chat_needs_a_template_and_says_so() {
+    let src = fixtures().join("tiny-smollm");
+    let dir = std::env::temp_dir().join(format!("ferrum-cli-notemplate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let out = ferrum(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--chat",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no chat template"),
+        "{}",
+        stderr(&out)
+    );
+    // Raw prompts still work without a template.
+    let v = run_json(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert_eq!(v["token_ids"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn chat_runs_several_turns_from_stdin() {
+    use std::io::Write;
+    let m = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args([
+            "chat",
+            "--model",
+            m.to_str().unwrap(),
+            "--max-tokens",
+            "5",
+            "--seed",
+            "1",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hi there\nAnd again\n/reset\nThird\n/exit\nnever read\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(
+        stdout.matches('\n').count(),
+        3,
+        "one answer line per turn: {stdout:?}"
+    );
+    assert!(stderr(&out).contains("conversation cleared"));
 }

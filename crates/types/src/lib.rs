@@ -1,11 +1,16 @@
-//! Plain data shared by every Ferrum layer: ids, the forward batch, and later sampling
-//! parameters, requests, events and engine configuration. No tensors and no I/O live here.
+//! Plain data shared by every Ferrum layer: ids, the forward batch, sampling parameters and
+//! finish reasons (later requests, events and engine configuration). No tensors and no I/O
+//! live here.
 
 pub mod batch;
 mod error;
+mod finish;
+mod sampling;
 
 pub use batch::{ForwardBatch, SeqSlice};
 pub use error::{Result, TypesError};
+pub use finish::FinishReason;
+pub use sampling::{SamplingParams, MAX_LOGPROBS};
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -1,0 +1,150 @@
+//! Flags and loading shared by the commands that generate: the model, its text assets, the
+//! generator and the sampling flags.
+
+use crate::model_path;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ferrum_engine::{Generator, GeneratorConfig};
+use ferrum_models::{load_model, load_text_assets, LoadOptions};
+use ferrum_tokenizer::TextAssets;
+use ferrum_types::{SamplingParams, TypesError};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Where the model is and how to run it.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// Model folder (config.json + safetensors + tokenizer.json), .gguf file, or Hugging Face
+    /// id (org/name, or org/name:file.gguf).
+    #[arg(long)]
+    pub model: String,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Context limit in tokens (default: the model's).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+}
+
+/// Sampling flags. The defaults are a balanced chat setting; `--temperature 0` is greedy.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
+    /// Tokens to generate at most (default: to the end of the context).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Keep the K most likely tokens (0 disables).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Seed for reproducible sampling (default: random).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when the output contains this string (repeatable; not included in the output).
+    #[arg(long = "stop", value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    /// The validated sampling parameters for a model with `vocab_size` tokens.
+    pub fn params(&self, vocab_size: usize) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: (self.top_k > 0).then_some(self.top_k),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            ..SamplingParams::default()
+        };
+        match p.validate(vocab_size) {
+            Ok(()) => {}
+            // Name the flag as the user typed it.
+            Err(TypesError::InvalidParam { param, msg }) => {
+                bail!("--{}: {msg}", param.replace('_', "-"))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(p)
+    }
+}
+
+/// A loaded model ready to generate, with its text assets when it has a tokenizer.
+#[derive(Debug)]
+pub struct Loaded {
+    pub generator: Generator,
+    /// The tokenizer and template, or why the model has none.
+    pub text: std::result::Result<TextAssets, String>,
+    pub load_time: Duration,
+}
+
+/// The text assets, or an error that explains why this model has none.
+pub fn need_text(text: &std::result::Result<TextAssets, String>) -> Result<&TextAssets> {
+    match text {
+        Ok(t) => Ok(t),
+        Err(why) => bail!("this model has no usable tokenizer ({why}); pass --prompt-ids instead"),
+    }
+}
+
+/// Resolves, loads and wraps the model; prints progress when loading takes a while.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let start = Instant::now();
+    let path: PathBuf = model_path::resolve(&args.model)?;
+    let interactive = std::io::stderr().is_terminal();
+    if interactive {
+        eprint!("loading {} ... ", path.display());
+    }
+    let model = load_model(
+        &path,
+        &LoadOptions {
+            num_threads: args.threads,
+        },
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
+    let text = load_text_assets(&path).map_err(|e| e.to_string());
+    let generator = Generator::new(
+        model,
+        GeneratorConfig {
+            max_model_len: args.max_model_len,
+            ..GeneratorConfig::default()
+        },
+    )?;
+    let load_time = start.elapsed();
+    if interactive {
+        eprintln!("done in {:.2}s", load_time.as_secs_f64());
+    }
+    Ok(Loaded {
+        generator,
+        text,
+        load_time,
+    })
+}
+
+/// A seed for requests that set none: different every run.
+pub fn fresh_seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
