@@ -52,7 +52,8 @@ pub struct SamplingArgs {
     /// Seed for reproducible sampling (default: random).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Stop when the output contains this string (repeatable; not included in the output).
+    /// Stop when the output contains this string (repeatable; not included in the output;
+    /// `\n`, `\t` and `\\` are read as newline, tab and backslash).
     #[arg(long = "stop", value_name = "STR")]
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
@@ -73,7 +74,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
-            stop: self.stop.clone(),
+            stop: self.stop.iter().map(|s| unescape(s)).collect(),
             ignore_eos: self.ignore_eos,
             ..SamplingParams::default()
         };
@@ -147,4 +148,35 @@ pub fn fresh_seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Reads `\n`, `\t` and `\\` in a flag value as newline, tab and backslash.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stop_flags_read_escapes() {
+        assert_eq!(super::unescape(r"a\n\tb\\c\x\"), "a\n\tb\\c\\x\\");
+    }
 }

@@ -342,3 +342,26 @@ fn chat_runs_several_turns_from_stdin() {
     );
     assert!(stderr(&out).contains("conversation cleared"));
 }
+
+#[test]
+fn hub_ids_without_network_get_a_clear_error() {
+    let home = std::env::temp_dir().join(format!("ferrum-hf-home-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args([
+            "tokenize",
+            "--model",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "--text",
+            "hi",
+        ])
+        // A closed local port stands in for a network that is not there.
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HF_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("could not fetch config.json"), "{err}");
+    assert!(err.contains("Without network access"), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+}
