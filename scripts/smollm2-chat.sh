@@ -12,7 +12,10 @@ model="$(bash scripts/fetch-smollm2.sh)"
 echo "smollm2-chat: building ferrum (release; the first build takes a few minutes)..." >&2
 cargo build --release --bin ferrum
 if [ "$#" -gt 0 ]; then
-  exec ./target/release/ferrum run --model "$model" --chat --prompt "$*" --max-tokens 256
+  # Greedy: a 135M model answers factual questions best without sampling.
+  exec ./target/release/ferrum run --model "$model" --chat --prompt "$*" --max-tokens 256 \
+    --temperature 0
 else
-  exec ./target/release/ferrum chat --model "$model"
+  # Temperature 0.2 and top-p 0.9 are the settings SmolLM2's model card suggests.
+  exec ./target/release/ferrum chat --model "$model" --temperature 0.2 --top-p 0.9
 fi
