@@ -1,4 +1,20 @@
-//! The pure scheduler: sequences, the block pool and the scheduling policy.
+//! The pure scheduler: which tokens of which sequences run in the next forward pass, and
+//! where their K/V live. No tensors, threads or I/O: the engine calls [`Scheduler::schedule`],
+//! runs the batch it describes, and reports sampled tokens back with [`Scheduler::update`].
 //!
-//! Nothing is implemented here yet; the continuous-batching issue fills this crate. It stays free
-//! of tensors, threads and I/O so that it can be tested without a model.
+//! - [`BlockPool`]: ref-counted KV blocks, an LRU free queue, chained hashes of full blocks
+//!   for prefix reuse.
+//! - [`Scheduler`]: vLLM V1's policy: decodes first, then prefill chunks, then admissions
+//!   (priority, then first come first served), within `max_num_batched_tokens` and
+//!   `max_num_seqs`; recompute preemption of the lowest-priority, most recently admitted
+//!   sequence when blocks run out.
+
+mod block_hash;
+mod block_pool;
+mod error;
+mod scheduler;
+
+pub use block_hash::{hash_block, BlockHash};
+pub use block_pool::BlockPool;
+pub use error::{Result, SchedulerError};
+pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats};

@@ -15,5 +15,8 @@ pub use sampling::{SamplingParams, MAX_LOGPROBS};
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;
 
+/// Identifies one sequence being generated (each of a request's `n` samples has its own).
+pub type RequestId = u64;
+
 /// Index of a block in the paged KV cache.
 pub type BlockId = u32;

@@ -1,0 +1,256 @@
+//! Property tests of the pure scheduler: random arrivals, prompt lengths (with shared prefixes),
+//! output lengths, priorities, aborts, tiny block pools and token budgets. A simulated KV
+//! cache records which (token, position) every slot holds, so each step also proves that a
+//! sequence's computed prefix (reused blocks included) holds exactly its own tokens.
+#![allow(clippy::unwrap_used)]
+
+use ferrum_scheduler::{Scheduler, SchedulerConfig};
+use ferrum_types::{ForwardBatch, RequestId, TokenId};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+#[derive(Debug, Clone)]
+struct Req {
+    arrive_at: usize,
+    prefix: usize,
+    tail: Vec<TokenId>,
+    max_out: usize,
+    priority: i32,
+    abort_at: Option<usize>,
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    (
+        0..40usize,
+        0..24usize,
+        prop::collection::vec(0..50u32, 1..16),
+        1..16usize,
+        0..2i32,
+        prop::option::weighted(0.15, 0..60usize),
+    )
+        .prop_map(
+            |(arrive_at, prefix, tail, max_out, priority, abort_at)| Req {
+                arrive_at,
+                prefix,
+                tail,
+                max_out,
+                priority,
+                abort_at,
+            },
+        )
+}
+
+fn config() -> impl Strategy<Value = SchedulerConfig> {
+    (
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        0..12usize,
+        1..48usize,
+        1..6usize,
+        any::<bool>(),
+    )
+        .prop_map(|(bs, extra, budget, seqs, cache)| SchedulerConfig {
+            // The longest sequence (39 prompt + 15 output tokens) must fit alone.
+            num_blocks: 54usize.div_ceil(bs) + extra,
+            block_size: bs,
+            max_num_batched_tokens: budget,
+            max_num_seqs: seqs,
+            enable_prefix_caching: cache,
+        })
+}
+
+/// Token a simulated model samples: depends only on the sequence and position.
+fn sampled(id: RequestId, pos: usize) -> TokenId {
+    ((id as usize * 31 + pos * 7) % 1000) as TokenId + 100
+}
+
+fn simulate(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
+    let bs = cfg.block_size;
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut kv: Vec<Option<(TokenId, usize)>> = vec![None; cfg.num_blocks * bs];
+    let mut out_count: HashMap<RequestId, usize> = HashMap::new();
+    let mut done: HashMap<RequestId, bool> = HashMap::new();
+    let mut admitted: Vec<RequestId> = Vec::new();
+    let mut batch = ForwardBatch::new();
+    let mut step = 0;
+    while step < 5000 {
+        for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
+            let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
+            prompt.extend(&r.tail);
+            s.add(i as RequestId, &prompt, r.priority).unwrap();
+            done.insert(i as RequestId, false);
+        }
+        if step > 40 && !s.has_unfinished() {
+            break;
+        }
+        let out = s.schedule();
+        prop_assert!(out.num_batched_tokens <= cfg.max_num_batched_tokens);
+        prop_assert!(out.seqs.len() <= cfg.max_num_seqs);
+        prop_assert!(s.num_running() <= cfg.max_num_seqs);
+        prop_assert_eq!(
+            out.num_batched_tokens,
+            out.seqs.iter().map(|x| x.num_tokens).sum::<usize>()
+        );
+        s.check().map_err(TestCaseError::fail)?;
+        s.fill_batch(&out, &mut batch).unwrap();
+        prop_assert_eq!(batch.num_tokens(), out.num_batched_tokens);
+        let mut samples = Vec::new();
+        for x in &out.seqs {
+            prop_assert!(x.num_tokens > 0);
+            if !admitted.contains(&x.id) {
+                admitted.push(x.id);
+            }
+            let toks = s.tokens(x.id).unwrap();
+            let table = s.block_table(x.id).unwrap();
+            for p in 0..x.start + x.num_tokens {
+                let slot = table[p / bs] as usize * bs + p % bs;
+                if p < x.start {
+                    prop_assert_eq!(
+                        kv[slot],
+                        Some((toks[p], p)),
+                        "seq {} pos {}: stale K/V",
+                        x.id,
+                        p
+                    );
+                } else {
+                    prop_assert_eq!(
+                        s.pool().ref_count(table[p / bs]),
+                        1,
+                        "write into a shared block"
+                    );
+                    kv[slot] = Some((toks[p], p));
+                }
+            }
+            if x.samples {
+                samples.push((x.id, sampled(x.id, x.start + x.num_tokens)));
+            }
+        }
+        s.update(&out, &samples);
+        for (id, _) in samples {
+            let c = out_count.entry(id).or_insert(0);
+            *c += 1;
+            if *c == reqs[id as usize].max_out {
+                s.remove(id);
+                done.insert(id, true);
+            }
+        }
+        for (i, r) in reqs.iter().enumerate() {
+            if r.abort_at == Some(step) && done.get(&(i as RequestId)) == Some(&false) {
+                s.remove(i as RequestId);
+                s.remove(i as RequestId); // twice is harmless
+                done.insert(i as RequestId, true);
+            }
+        }
+        step += 1;
+    }
+    prop_assert!(!s.has_unfinished(), "requests left after {} steps", step);
+    prop_assert!(done.values().all(|&d| d));
+    s.check().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(s.pool().num_free(), cfg.num_blocks, "blocks leaked");
+    // First come, first served among equal priorities, and never a lower priority first while
+    // a higher one waited since earlier.
+    let arrival = |id: RequestId| (reqs[id as usize].arrive_at, id);
+    for (a_pos, &a) in admitted.iter().enumerate() {
+        for &b in &admitted[a_pos + 1..] {
+            let (ra, rb) = (&reqs[a as usize], &reqs[b as usize]);
+            if ra.priority == rb.priority {
+                prop_assert!(
+                    arrival(a) < arrival(b),
+                    "{} admitted before {} against FCFS",
+                    a,
+                    b
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn budgets_hold_nothing_leaks_everything_finishes(cfg in config(), reqs in prop::collection::vec(req(), 1..24)) {
+        simulate(cfg, reqs)?;
+    }
+}
+
+#[test]
+fn a_prompt_that_can_never_fit_is_refused() {
+    let cfg = SchedulerConfig {
+        num_blocks: 4,
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        enable_prefix_caching: true,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let err = s.add(1, &[7; 16], 0).unwrap_err().to_string();
+    assert!(err.contains("holds at most 16 tokens"), "{err}");
+    assert!(s.add(2, &[], 0).is_err());
+    s.add(3, &[7; 15], 0).unwrap();
+    assert!(s.add(3, &[7], 0).is_err(), "duplicate ids are refused");
+}
+
+#[test]
+fn prefix_reuse_skips_cached_blocks_and_long_prompts_are_chunked() {
+    let cfg = SchedulerConfig {
+        num_blocks: 64,
+        block_size: 4,
+        max_num_batched_tokens: 8,
+        max_num_seqs: 8,
+        enable_prefix_caching: true,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let prompt: Vec<TokenId> = (0..18).collect();
+    s.add(1, &prompt, 0).unwrap();
+    // 18 tokens in chunks of 8, 8, 2 while nothing else runs.
+    let mut starts = Vec::new();
+    loop {
+        let out = s.schedule();
+        let x = &out.seqs[0];
+        starts.push((x.start, x.num_tokens, x.samples));
+        let sample: Vec<_> = if x.samples { vec![(1, 99)] } else { vec![] };
+        s.update(&out, &sample);
+        if x.samples {
+            break;
+        }
+    }
+    assert_eq!(starts, vec![(0, 8, false), (8, 8, false), (16, 2, true)]);
+    // A second prompt sharing the first 16 tokens reuses 4 full blocks.
+    let mut p2: Vec<TokenId> = (0..16).collect();
+    p2.extend([50, 51, 52]);
+    s.add(2, &p2, 0).unwrap();
+    let out = s.schedule();
+    let x = out.seqs.iter().find(|x| x.id == 2).unwrap();
+    assert_eq!((x.start, x.num_tokens), (16, 3));
+    assert_eq!(s.stats().prefix_hits, 16);
+    // Decodes go first: sequence 1 decodes in the same step.
+    assert_eq!(out.seqs[0].id, 1);
+    assert_eq!(out.seqs[0].num_tokens, 1);
+}
+
+#[test]
+fn preemption_evicts_the_lowest_priority_latest_admitted() {
+    let cfg = SchedulerConfig {
+        num_blocks: 4,
+        block_size: 2,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(1, &[1, 2, 3], 0).unwrap();
+    s.add(2, &[4, 5, 6], 0).unwrap();
+    let out = s.schedule();
+    assert_eq!(out.seqs.len(), 2);
+    s.update(&out, &[(1, 9), (2, 9)]);
+    // Both now hold 4 tokens in 2 blocks each; the pool is empty. Sequence 1 needs a third
+    // block for its fifth token: sequence 2 (admitted last) is preempted.
+    let out = s.schedule();
+    s.update(&out, &[(1, 9)]);
+    let out = s.schedule();
+    assert_eq!(out.preempted, vec![2]);
+    assert_eq!(out.seqs.iter().map(|x| x.id).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(s.stats().preemptions, 1);
+    assert_eq!(s.num_waiting(), 1);
+}
