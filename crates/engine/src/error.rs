@@ -12,6 +12,12 @@ pub enum EngineError {
     Params(#[from] ferrum_types::TypesError),
     #[error("{0}")]
     Invalid(String),
+    /// Too many requests are queued; try again later.
+    #[error("the engine is at its limit of {0} queued and running requests")]
+    Overloaded(usize),
+    /// The engine is shutting down or has stopped.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,15 +1,25 @@
 //! Generation: the sampling chain ([`sampler`]), per-sequence output processing (text deltas,
-//! stop conditions), and a single-sequence [`Generator`] over a model and its KV cache. The
-//! continuous-batching step loop, the async handle and metrics build on these.
+//! stop conditions), the continuous-batching engine loop on its own thread behind
+//! [`EngineHandle`] (streams of [`Event`]s, abort, graceful shutdown, [`Metrics`]), and a
+//! single-sequence [`Generator`] for the interactive command line.
 
+mod config;
+mod engine;
 mod error;
 mod generate;
+mod handle;
+pub mod metrics;
 mod output;
+mod request;
 mod rng;
 pub mod sampler;
 
+pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
 pub use generate::{Generation, Generator, GeneratorConfig, TokenEvent};
+pub use handle::{EngineHandle, EventStream};
+pub use metrics::Metrics;
 pub use output::{OutputProcessor, TokenOutput};
+pub use request::{Event, GenerateRequest, Usage};
 pub use rng::Rng;
 pub use sampler::{SampleOutput, Sampler};

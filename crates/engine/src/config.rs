@@ -1,0 +1,92 @@
+//! Engine configuration, validated against the model before anything is allocated.
+
+use crate::{EngineError, Result};
+
+/// How big the KV cache is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheSize {
+    /// Exactly this many blocks.
+    Blocks(usize),
+    /// At most this many bytes.
+    Bytes(u64),
+    /// This fraction of the memory available when the engine starts.
+    FractionOfFree(f64),
+}
+
+/// Settings of the batching engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    pub kv_cache: KvCacheSize,
+    /// Context limit; `None` is the model's (capped by what the KV cache holds).
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+    /// Requests queued beyond the running ones before `generate` refuses new ones.
+    pub max_waiting: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_cache: KvCacheSize::Bytes(2 << 30),
+            max_model_len: None,
+            enable_prefix_caching: true,
+            max_waiting: 1024,
+        }
+    }
+}
+
+/// Bytes of memory available now (Linux `MemAvailable`), if known.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl EngineConfig {
+    /// Checks the limits and works out the number of KV blocks for `bytes_per_block`.
+    pub fn num_blocks(&self, bytes_per_block: usize) -> Result<usize> {
+        let bad = |m: String| Err(EngineError::Invalid(m));
+        if self.max_num_seqs == 0 {
+            return bad("--max-num-seqs must be at least 1".into());
+        }
+        if self.max_num_batched_tokens == 0 {
+            return bad("--max-num-batched-tokens must be at least 1".into());
+        }
+        if !(1..=256).contains(&self.block_size) {
+            return bad(format!(
+                "--block-size {} is outside 1..=256",
+                self.block_size
+            ));
+        }
+        let bytes = match self.kv_cache {
+            KvCacheSize::Blocks(0) => return bad("--num-kv-blocks must be at least 1".into()),
+            KvCacheSize::Blocks(n) => return Ok(n),
+            KvCacheSize::Bytes(b) => b,
+            KvCacheSize::FractionOfFree(f) => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return bad(format!("--kv-cache-memory fraction {f} is outside (0, 1]"));
+                }
+                let avail = available_memory().ok_or_else(|| {
+                    EngineError::Invalid(
+                        "cannot read the available memory; give --kv-cache-memory in bytes".into(),
+                    )
+                })?;
+                (avail as f64 * f) as u64
+            }
+        };
+        let n = (bytes / bytes_per_block.max(1) as u64) as usize;
+        if n == 0 {
+            return bad(format!(
+                "--kv-cache-memory {bytes} bytes is less than one KV block ({bytes_per_block} bytes)"
+            ));
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,397 @@
+//! The engine loop, on its own thread: take commands, schedule, build the batch into reused
+//! buffers, forward, sample, process outputs, emit events, repeat.
+//!
+//! Invariants:
+//! - every sequence in the scheduler has a [`SeqState`] and belongs to a live request;
+//! - a request's stream gets `Finished` for each of its samples and then exactly one `Done`
+//!   (or one `Error`), after which the request and its sequences are gone and their blocks
+//!   are free;
+//! - `n > 1`: sample 0 is scheduled first; the other samples join once its prompt is
+//!   computed, so they reuse its full prompt blocks from the prefix cache.
+
+use crate::metrics::Metrics;
+use crate::output::OutputProcessor;
+use crate::request::{Event, GenerateRequest, Usage};
+use crate::sampler::Sampler;
+use crate::{EngineError, Result};
+use ferrum_models::{ForwardBatch, KvCache, Model};
+use ferrum_scheduler::Scheduler;
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::{RequestId, TokenId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Messages from handles to the engine thread.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Add {
+        id: RequestId,
+        request: Box<GenerateRequest>,
+        seed: u64,
+        tx: UnboundedSender<Event>,
+        arrived: Instant,
+    },
+    Abort(RequestId),
+    Shutdown,
+}
+
+struct SeqState {
+    request: RequestId,
+    index: usize,
+    sampler: Sampler,
+    output: OutputProcessor,
+    last_token_at: Option<Instant>,
+}
+
+struct ReqState {
+    request: GenerateRequest,
+    seed: u64,
+    tx: UnboundedSender<Event>,
+    arrived: Instant,
+    /// Sequence ids of the samples started so far.
+    seqs: Vec<RequestId>,
+    unfinished: usize,
+    children_started: bool,
+    usage: Usage,
+}
+
+pub(crate) struct EngineCore {
+    model: Model,
+    kv: KvCache,
+    sched: Scheduler,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<TokenId>,
+    max_model_len: usize,
+    metrics: Arc<Mutex<Metrics>>,
+    /// Requests accepted and not yet done (shared with handles for the queue limit).
+    in_flight: Arc<AtomicUsize>,
+    batch: ForwardBatch,
+    sampled: Vec<(RequestId, TokenId)>,
+    finished: Vec<RequestId>,
+    reqs: HashMap<RequestId, ReqState>,
+    seqs: HashMap<RequestId, SeqState>,
+    next_seq: RequestId,
+    shutting_down: bool,
+}
+
+impl std::fmt::Debug for ReqState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReqState")
+            .field("seqs", &self.seqs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineCore {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        model: Model,
+        kv: KvCache,
+        sched: Scheduler,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<TokenId>,
+        max_model_len: usize,
+        metrics: Arc<Mutex<Metrics>>,
+        in_flight: Arc<AtomicUsize>,
+    ) -> EngineCore {
+        EngineCore {
+            model,
+            kv,
+            sched,
+            tokenizer,
+            eos,
+            max_model_len,
+            metrics,
+            in_flight,
+            batch: ForwardBatch::new(),
+            sampled: Vec::new(),
+            finished: Vec::new(),
+            reqs: HashMap::new(),
+            seqs: HashMap::new(),
+            next_seq: 0,
+            shutting_down: false,
+        }
+    }
+
+    /// Runs until shut down (after in-flight requests finish), all handles are gone, or a
+    /// step fails (then every request gets the error and the engine reports unhealthy).
+    pub(crate) fn run(mut self, rx: Receiver<Command>) {
+        loop {
+            if !self.sched.has_unfinished() && self.reqs.is_empty() {
+                if self.shutting_down {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break,
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
+            }
+            if !self.sched.has_unfinished() {
+                // Aborts may have emptied the pool: show it before waiting for work.
+                self.publish_metrics();
+                continue;
+            }
+            if let Err(e) = self.step() {
+                let msg = format!("engine step failed: {e}");
+                for (_, r) in self.reqs.drain() {
+                    let _ = r.tx.send(Event::Error(msg.clone()));
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Ok(mut m) = self.metrics.lock() {
+                    m.healthy = false;
+                }
+                return;
+            }
+            self.publish_metrics();
+        }
+        self.publish_metrics();
+        if let Ok(mut m) = self.metrics.lock() {
+            m.healthy = false;
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add {
+                id,
+                request,
+                seed,
+                tx,
+                arrived,
+            } => {
+                let mut r = ReqState {
+                    usage: Usage {
+                        prompt_tokens: request.prompt.len(),
+                        ..Usage::default()
+                    },
+                    unfinished: request.params.n,
+                    request: *request,
+                    seed,
+                    tx,
+                    arrived,
+                    seqs: Vec::new(),
+                    children_started: false,
+                };
+                if let Err(e) = self.start_sample(id, &mut r, 0) {
+                    let _ = r.tx.send(Event::Error(e.to_string()));
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    return;
+                }
+                if let Ok(mut m) = self.metrics.lock() {
+                    m.prompt_tokens += r.request.prompt.len() as u64;
+                }
+                self.reqs.insert(id, r);
+            }
+            Command::Abort(id) => self.abort(id),
+            Command::Shutdown => self.shutting_down = true,
+        }
+    }
+
+    /// Adds sample `index` of request `id` to the scheduler.
+    fn start_sample(&mut self, id: RequestId, r: &mut ReqState, index: usize) -> Result<()> {
+        let p = &r.request.params;
+        let seed = p.seed.unwrap_or(r.seed).wrapping_add(index as u64);
+        let params = ferrum_types::SamplingParams {
+            seed: Some(seed),
+            ..p.clone()
+        };
+        let tok = self.tokenizer.as_deref();
+        let output = OutputProcessor::new(
+            &params,
+            &r.request.prompt,
+            tok,
+            &self.eos,
+            self.max_model_len,
+        )?;
+        let vocab = self.model.config().vocab_size;
+        let sampler = Sampler::new(&params, &r.request.prompt, vocab, seed);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sched
+            .add(seq, &r.request.prompt, r.request.priority)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.seqs.insert(
+            seq,
+            SeqState {
+                request: id,
+                index,
+                sampler,
+                output,
+                last_token_at: None,
+            },
+        );
+        r.seqs.push(seq);
+        Ok(())
+    }
+
+    fn abort(&mut self, id: RequestId) {
+        let Some(r) = self.reqs.remove(&id) else {
+            return;
+        };
+        let tok = self.tokenizer.clone();
+        for seq in &r.seqs {
+            self.sched.remove(*seq);
+            if let Some(mut s) = self.seqs.remove(seq) {
+                if let Ok(o) = s.output.abort(tok.as_deref()) {
+                    let _ = r.tx.send(Event::Finished {
+                        index: s.index,
+                        reason: o.finish.unwrap_or(ferrum_types::FinishReason::Abort),
+                        text: o.text,
+                    });
+                }
+            }
+        }
+        let _ = r.tx.send(Event::Done { usage: r.usage });
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn step(&mut self) -> Result<()> {
+        let out = self.sched.schedule();
+        if out.seqs.is_empty() {
+            return Err(EngineError::Invalid(
+                "the scheduler could not schedule any of the pending sequences".into(),
+            ));
+        }
+        self.sched.fill_batch(&out, &mut self.batch)?;
+        let vocab = self.model.config().vocab_size;
+        let logits = self.model.forward(&self.batch, &mut self.kv)?;
+        let now = Instant::now();
+        self.sampled.clear();
+        self.finished.clear();
+        let tok = self.tokenizer.as_deref();
+        let mut new_tokens = 0u64;
+        let mut child_starts: Vec<RequestId> = Vec::new();
+        for (row, s) in out.seqs.iter().filter(|s| s.samples).enumerate() {
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            let Some(seq) = self.seqs.get_mut(&s.id) else {
+                continue;
+            };
+            let Some(r) = self.reqs.get_mut(&seq.request) else {
+                continue;
+            };
+            let sample = seq.sampler.sample(l);
+            self.sampled.push((s.id, sample.token));
+            new_tokens += 1;
+            if let Ok(mut m) = self.metrics.lock() {
+                match seq.last_token_at {
+                    None if seq.index == 0 => {
+                        m.time_to_first_token
+                            .observe((now - r.arrived).as_secs_f64());
+                    }
+                    Some(t) => m.inter_token_latency.observe((now - t).as_secs_f64()),
+                    None => {}
+                }
+            }
+            if seq.index == 0 && seq.last_token_at.is_none() {
+                r.usage.cached_tokens = s.start.min(r.request.prompt.len());
+                if r.request.params.n > 1 && !r.children_started {
+                    child_starts.push(seq.request);
+                }
+            }
+            seq.last_token_at = Some(now);
+            r.usage.completion_tokens += 1;
+            let step = seq.output.push(tok, sample.token)?;
+            let send_ok =
+                r.tx.send(Event::Token {
+                    index: seq.index,
+                    token: sample.token,
+                    text: step.text,
+                    logprob: sample.logprob,
+                    top_logprobs: sample.top_logprobs,
+                })
+                .is_ok();
+            if let Some(reason) = step.finish {
+                let _ = r.tx.send(Event::Finished {
+                    index: seq.index,
+                    reason,
+                    text: String::new(),
+                });
+                self.finished.push(s.id);
+            } else if !send_ok {
+                // The caller is gone; its stream's drop sends an abort as well.
+                self.finished.push(s.id);
+            }
+        }
+        self.sched.update(&out, &self.sampled);
+        if let Ok(mut m) = self.metrics.lock() {
+            m.generation_tokens += new_tokens;
+        }
+        for id in child_starts {
+            if let Some(mut r) = self.reqs.remove(&id) {
+                r.children_started = true;
+                let mut failed = None;
+                for i in 1..r.request.params.n {
+                    if let Err(e) = self.start_sample(id, &mut r, i) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                self.reqs.insert(id, r);
+                if let Some(e) = failed {
+                    self.fail(id, &e.to_string());
+                }
+            }
+        }
+        let finished = std::mem::take(&mut self.finished);
+        for &seq in &finished {
+            self.finish_seq(seq, now);
+        }
+        self.finished = finished;
+        Ok(())
+    }
+
+    /// Ends a request with an error: its sequences and blocks are released.
+    fn fail(&mut self, id: RequestId, msg: &str) {
+        let Some(r) = self.reqs.remove(&id) else {
+            return;
+        };
+        for seq in &r.seqs {
+            self.sched.remove(*seq);
+            self.seqs.remove(seq);
+        }
+        let _ = r.tx.send(Event::Error(msg.to_owned()));
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn finish_seq(&mut self, seq: RequestId, now: Instant) {
+        self.sched.remove(seq);
+        let Some(s) = self.seqs.remove(&seq) else {
+            return;
+        };
+        let Some(r) = self.reqs.get_mut(&s.request) else {
+            return;
+        };
+        r.unfinished -= 1;
+        if r.unfinished == 0 {
+            if let Some(r) = self.reqs.remove(&s.request) {
+                let _ = r.tx.send(Event::Done { usage: r.usage });
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                if let Ok(mut m) = self.metrics.lock() {
+                    m.e2e_latency.observe((now - r.arrived).as_secs_f64());
+                    m.requests_finished += 1;
+                }
+            }
+        }
+    }
+
+    fn publish_metrics(&self) {
+        let st = self.sched.stats();
+        if let Ok(mut m) = self.metrics.lock() {
+            m.num_running = st.num_running;
+            m.num_waiting = st.num_waiting;
+            m.kv_blocks_total = st.blocks_total;
+            m.kv_blocks_free = st.blocks_free;
+            m.kv_blocks_cached = st.blocks_cached;
+            m.prefix_cache_queries = st.prefix_queries;
+            m.prefix_cache_hits = st.prefix_hits;
+            m.preemptions = st.preemptions;
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! [`EngineHandle`]: the cloneable, thread-safe front of the engine thread, and
+//! [`EventStream`], a request's events (blocking or async). Dropping a stream aborts its
+//! request.
+
+use crate::config::EngineConfig;
+use crate::engine::{Command, EngineCore};
+use crate::metrics::Metrics;
+use crate::request::{Event, GenerateRequest};
+use crate::{EngineError, Result};
+use ferrum_models::{KvCache, Model};
+use ferrum_scheduler::{Scheduler, SchedulerConfig};
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::RequestId;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+struct Shared {
+    tx: Mutex<Sender<Command>>,
+    metrics: Arc<Mutex<Metrics>>,
+    next_id: AtomicU64,
+    in_flight: Arc<AtomicUsize>,
+    accepting: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    vocab_size: usize,
+    max_model_len: usize,
+    max_in_flight: usize,
+    seed_base: u64,
+}
+
+/// Submits requests to the engine thread. Clone it freely; it is `Send + Sync`.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("max_model_len", &self.shared.max_model_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request's events. `blocking_next` for threads, `next` for async code.
+#[derive(Debug)]
+pub struct EventStream {
+    id: RequestId,
+    rx: UnboundedReceiver<Event>,
+    tx: Sender<Command>,
+    done: bool,
+}
+
+impl EventStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    fn mark(&mut self, ev: &Option<Event>) {
+        if matches!(ev, None | Some(Event::Done { .. }) | Some(Event::Error(_))) {
+            self.done = true;
+        }
+    }
+
+    /// The next event, waiting for it; `None` after `Done` or `Error`.
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.blocking_recv();
+        self.mark(&ev);
+        ev
+    }
+
+    /// The next event; `None` after `Done` or `Error`.
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.mark(&ev);
+        ev
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Sizes the KV cache, builds the scheduler and starts the engine thread.
+    pub fn start(
+        model: Model,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: &EngineConfig,
+    ) -> Result<EngineHandle> {
+        let mc = model.config().clone();
+        let num_blocks = cfg.num_blocks(KvCache::bytes_per_block(&mc, cfg.block_size))?;
+        let sched_cfg = SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            num_blocks,
+            enable_prefix_caching: cfg.enable_prefix_caching,
+        };
+        let sched =
+            Scheduler::new(sched_cfg.clone()).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let model_len = mc.max_position_embeddings;
+        let max_model_len = match cfg.max_model_len {
+            Some(0) => {
+                return Err(EngineError::Invalid(
+                    "--max-model-len must be at least 1".into(),
+                ))
+            }
+            Some(l) if l > model_len => {
+                return Err(EngineError::Invalid(format!(
+                    "--max-model-len {l} is more than the model's context of {model_len} tokens"
+                )))
+            }
+            Some(l) => l,
+            None => model_len,
+        }
+        .min(sched_cfg.capacity_tokens());
+        if max_model_len < 2 {
+            return Err(EngineError::Invalid(format!(
+                "the KV cache holds {} tokens: too small to generate",
+                sched_cfg.capacity_tokens()
+            )));
+        }
+        let kv = KvCache::new(&mc, num_blocks, cfg.block_size)?;
+        let eos = match &tokenizer {
+            Some(t) => t.special().stop_token_ids.clone(),
+            None => mc.eos_token_ids.clone(),
+        };
+        let metrics = Arc::new(Mutex::new(Metrics {
+            kv_blocks_total: num_blocks,
+            kv_blocks_free: num_blocks,
+            ..Metrics::default()
+        }));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = channel();
+        let core = EngineCore::new(
+            model,
+            kv,
+            sched,
+            tokenizer.clone(),
+            eos,
+            max_model_len,
+            metrics.clone(),
+            in_flight.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("ferrum-engine".into())
+            .spawn(move || core.run(rx))
+            .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
+        let seed_base = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Ok(EngineHandle {
+            shared: Arc::new(Shared {
+                tx: Mutex::new(tx),
+                metrics,
+                next_id: AtomicU64::new(0),
+                in_flight,
+                accepting: AtomicBool::new(true),
+                thread: Mutex::new(Some(thread)),
+                tokenizer,
+                vocab_size: mc.vocab_size,
+                max_model_len,
+                max_in_flight: cfg.max_num_seqs + cfg.max_waiting,
+                seed_base,
+            }),
+        })
+    }
+
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.shared.tokenizer.as_ref()
+    }
+
+    /// The longest sequence (prompt and output) a request may have.
+    pub fn max_model_len(&self) -> usize {
+        self.shared.max_model_len
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.shared.vocab_size
+    }
+
+    /// A copy of the current metrics.
+    pub fn metrics(&self) -> Metrics {
+        self.shared
+            .metrics
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Whether the engine loop is running and accepting requests.
+    pub fn is_healthy(&self) -> bool {
+        self.shared.accepting.load(Ordering::Acquire) && self.metrics().healthy
+    }
+
+    /// Validates and submits a request; its events arrive on the returned stream.
+    pub fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
+        let s = &self.shared;
+        if !self.is_healthy() {
+            return Err(EngineError::Unavailable("the engine is not running".into()));
+        }
+        request.params.validate(s.vocab_size)?;
+        if request.prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= s.vocab_size) {
+            return Err(EngineError::Invalid(format!(
+                "prompt token {bad} is outside the vocabulary of {} tokens",
+                s.vocab_size
+            )));
+        }
+        if request.prompt.len() >= s.max_model_len {
+            return Err(EngineError::Invalid(format!(
+                "the prompt has {} tokens, but this engine's context is {} tokens (prompt and output must fit)",
+                request.prompt.len(),
+                s.max_model_len
+            )));
+        }
+        if !request.params.stop.is_empty() && s.tokenizer.is_none() {
+            return Err(EngineError::Invalid(
+                "stop strings need a tokenizer, and this model has none".into(),
+            ));
+        }
+        if s.in_flight.fetch_add(1, Ordering::AcqRel) >= s.max_in_flight {
+            s.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Overloaded(s.max_in_flight));
+        }
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let (etx, erx) = unbounded_channel();
+        let tx =
+            s.tx.lock()
+                .map_err(|_| EngineError::Unavailable("the engine handle is poisoned".into()))?
+                .clone();
+        let cmd = Command::Add {
+            id,
+            request: Box::new(request),
+            seed: s
+                .seed_base
+                .wrapping_add(id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            tx: etx,
+            arrived: Instant::now(),
+        };
+        if tx.send(cmd).is_err() {
+            s.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Unavailable("the engine has stopped".into()));
+        }
+        Ok(EventStream {
+            id,
+            rx: erx,
+            tx,
+            done: false,
+        })
+    }
+
+    /// Cancels a request; its stream ends with `Finished(Abort)` and `Done`.
+    pub fn abort(&self, id: RequestId) {
+        if let Ok(tx) = self.shared.tx.lock() {
+            let _ = tx.send(Command::Abort(id));
+        }
+    }
+
+    /// Stops accepting requests, lets the in-flight ones finish, and waits for the engine
+    /// thread to end.
+    pub fn shutdown(&self) {
+        self.shared.accepting.store(false, Ordering::Release);
+        if let Ok(tx) = self.shared.tx.lock() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        let thread = self.shared.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Engine metrics, kept by the engine thread and read by anyone holding the handle:
+//! latency histograms (TTFT, inter-token, end to end), queue and KV gauges, prefix-cache and
+//! preemption counters, token counters. The server exports them as Prometheus text.
+
+/// A cumulative histogram over fixed bucket bounds (seconds), Prometheus style.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    /// Upper bounds, ascending; an implicit +Inf bucket follows.
+    pub bounds: &'static [f64],
+    /// `counts[i]`: observations <= `bounds[i]` (not cumulative; the last is +Inf).
+    pub counts: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+/// Bucket bounds for latencies, in seconds (vLLM's TTFT buckets).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// Everything the engine measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metrics {
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_latency: Histogram,
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_free: usize,
+    pub kv_blocks_cached: usize,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub requests_finished: u64,
+    /// False once the engine loop has stopped (after an error or a shutdown).
+    pub healthy: bool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            time_to_first_token: Histogram::new(LATENCY_BUCKETS),
+            inter_token_latency: Histogram::new(LATENCY_BUCKETS),
+            e2e_latency: Histogram::new(LATENCY_BUCKETS),
+            num_running: 0,
+            num_waiting: 0,
+            kv_blocks_total: 0,
+            kv_blocks_free: 0,
+            kv_blocks_cached: 0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            preemptions: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            requests_finished: 0,
+            healthy: true,
+        }
+    }
+}

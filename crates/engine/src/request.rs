@@ -1,0 +1,57 @@
+//! What callers submit to the engine and the events they get back.
+
+use ferrum_types::{FinishReason, SamplingParams, TokenId};
+
+/// One generation request: a tokenized prompt and how to sample it.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<TokenId>,
+    pub params: SamplingParams,
+    /// Lower values are scheduled first; equal priorities are first come, first served.
+    pub priority: i32,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Vec<TokenId>, params: SamplingParams) -> Self {
+        GenerateRequest {
+            prompt,
+            params,
+            priority: 0,
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Generated tokens over all `n` samples.
+    pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache (first sample).
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream yields, in order: `Token`s (interleaved across samples when
+/// `n > 1`), one `Finished` per sample, then `Done`. `Error` ends the stream early.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token {
+        /// Which of the `n` samples.
+        index: usize,
+        token: TokenId,
+        /// Text that became final with this token (possibly empty).
+        text: String,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(TokenId, f32)>,
+    },
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        /// Text released when the sample ended (held-back text); possibly empty.
+        text: String,
+    },
+    Done {
+        usage: Usage,
+    },
+    Error(String),
+}

@@ -1,0 +1,318 @@
+//! The batching engine on the tiny fixtures: batch invariance under chunked prefill and
+//! preemption, prefix reuse, parallel sampling, abort on drop, overload and shutdown.
+#![allow(clippy::unwrap_used)]
+
+use ferrum_engine::{
+    EngineConfig, EngineHandle, Event, GenerateRequest, Generator, GeneratorConfig, KvCacheSize,
+    Usage,
+};
+use ferrum_models::{load_model, LoadOptions};
+use ferrum_types::{FinishReason, SamplingParams, TokenId};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn model(name: &str) -> ferrum_models::Model {
+    load_model(
+        &fixture(name),
+        &LoadOptions {
+            num_threads: Some(2),
+        },
+    )
+    .unwrap()
+}
+
+fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
+    EngineHandle::start(model(name), None, &cfg).unwrap()
+}
+
+/// Collects a request's outputs: token ids per sample, finish reasons, usage.
+fn collect(
+    mut s: ferrum_engine::EventStream,
+    n: usize,
+) -> (Vec<Vec<TokenId>>, Vec<Option<FinishReason>>, Usage) {
+    let mut ids = vec![Vec::new(); n];
+    let mut fin = vec![None; n];
+    loop {
+        match s.blocking_next() {
+            Some(Event::Token { index, token, .. }) => ids[index].push(token),
+            Some(Event::Finished { index, reason, .. }) => fin[index] = Some(reason),
+            Some(Event::Done { usage }) => return (ids, fin, usage),
+            Some(Event::Error(e)) => panic!("engine error: {e}"),
+            None => panic!("stream ended without Done"),
+        }
+    }
+}
+
+/// 32 prompts of mixed lengths (some sharing prefixes) over the fixture's vocabulary.
+fn prompts() -> Vec<Vec<TokenId>> {
+    (0..32u32)
+        .map(|i| {
+            let len = 3 + (i * 7) % 37;
+            let shared = if i % 4 == 0 { 12 } else { 0 };
+            (0..len)
+                .map(|j| {
+                    if j < shared {
+                        5 + j
+                    } else {
+                        (i * 131 + j * 17) % 250 + 3
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn wait_for_idle(e: &EngineHandle) {
+    let t = Instant::now();
+    loop {
+        let m = e.metrics();
+        if m.kv_blocks_free == m.kv_blocks_total && m.num_running == 0 && m.num_waiting == 0 {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "engine never went idle: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn batch_invariance_with_chunked_prefill_and_preemption() {
+    let prompts = prompts();
+    let greedy = |n| SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let seeded = |n, seed| SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        seed: Some(seed),
+        temperature: 0.9,
+        top_k: Some(50),
+        ..SamplingParams::default()
+    };
+    // Alone: the single-sequence generator.
+    let mut g = Generator::new(model("tiny-llama"), GeneratorConfig::default()).unwrap();
+    let alone: Vec<(Vec<TokenId>, Vec<TokenId>)> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            g.reset();
+            let a = g
+                .generate(p, &greedy(6 + i % 5), None, 0, |_| true)
+                .unwrap()
+                .token_ids;
+            g.reset();
+            let b = g
+                .generate(p, &seeded(6 + i % 5, i as u64), None, 0, |_| true)
+                .unwrap()
+                .token_ids;
+            (a, b)
+        })
+        .collect();
+    // Together: a small token budget chunks prefills; 40 blocks of 4 tokens cannot hold all
+    // 32 sequences at once, so some are preempted and recomputed.
+    let cfg = EngineConfig {
+        max_num_seqs: 32,
+        max_num_batched_tokens: 24,
+        block_size: 4,
+        kv_cache: KvCacheSize::Blocks(40),
+        ..EngineConfig::default()
+    };
+    let e = engine("tiny-llama", cfg);
+    let streams: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            [
+                e.generate(GenerateRequest::new(p.clone(), greedy(6 + i % 5)))
+                    .unwrap(),
+                e.generate(GenerateRequest::new(p.clone(), seeded(6 + i % 5, i as u64)))
+                    .unwrap(),
+            ]
+        })
+        .collect();
+    let mut results = streams.into_iter().map(|s| collect(s, 1).0.remove(0));
+    for (i, (a, b)) in alone.iter().enumerate() {
+        assert_eq!(&results.next().unwrap(), a, "greedy prompt {i}");
+        assert_eq!(&results.next().unwrap(), b, "seeded prompt {i}");
+    }
+    let m = e.metrics();
+    assert!(
+        m.preemptions > 0,
+        "the pool was meant to force preemptions: {m:?}"
+    );
+    assert_eq!(m.requests_finished, 64);
+    assert_eq!(m.time_to_first_token.count, 64);
+    wait_for_idle(&e);
+    e.shutdown();
+}
+
+#[test]
+fn prefix_reuse_reports_hits_and_gives_the_same_output() {
+    let e = engine(
+        "tiny-qwen2",
+        EngineConfig {
+            block_size: 4,
+            ..EngineConfig::default()
+        },
+    );
+    let long: Vec<TokenId> = (0..60).map(|j| (j * 13) % 200 + 3).collect();
+    let p = SamplingParams {
+        max_tokens: Some(8),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let (first, _, u1) = collect(
+        e.generate(GenerateRequest::new(long.clone(), p.clone()))
+            .unwrap(),
+        1,
+    );
+    assert_eq!(u1.cached_tokens, 0);
+    let (second, _, u2) = collect(
+        e.generate(GenerateRequest::new(long.clone(), p.clone()))
+            .unwrap(),
+        1,
+    );
+    assert_eq!(first, second);
+    // All full blocks before the last token: 59 tokens -> 14 blocks of 4.
+    assert_eq!(u2.cached_tokens, 56);
+    let m = e.metrics();
+    assert_eq!(m.prefix_cache_hits, 56);
+    assert!(m.prefix_cache_queries >= 112);
+    e.shutdown();
+}
+
+#[test]
+fn parallel_samples_share_the_prompt_and_differ() {
+    let e = engine(
+        "tiny-llama",
+        EngineConfig {
+            block_size: 4,
+            ..EngineConfig::default()
+        },
+    );
+    let prompt: Vec<TokenId> = (0..30).map(|j| j * 3 + 1).collect();
+    let p = SamplingParams {
+        n: 3,
+        max_tokens: Some(10),
+        ignore_eos: true,
+        seed: Some(7),
+        ..SamplingParams::default()
+    };
+    let (ids, fin, usage) = collect(
+        e.generate(GenerateRequest::new(prompt.clone(), p.clone()))
+            .unwrap(),
+        3,
+    );
+    assert!(ids.iter().all(|s| s.len() == 10));
+    assert!(fin.iter().all(|f| f == &Some(FinishReason::MaxTokens)));
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(
+        usage,
+        Usage {
+            prompt_tokens: 30,
+            completion_tokens: 30,
+            cached_tokens: 0
+        }
+    );
+    // Samples 1 and 2 reused sample 0's 7 full prompt blocks.
+    assert_eq!(e.metrics().prefix_cache_hits, 2 * 28);
+    // Same seed, same samples.
+    let (again, _, _) = collect(e.generate(GenerateRequest::new(prompt, p)).unwrap(), 3);
+    assert_eq!(ids, again);
+    e.shutdown();
+}
+
+#[test]
+fn dropping_a_stream_aborts_and_frees_its_blocks() {
+    let e = engine("tiny-llama", EngineConfig::default());
+    let p = SamplingParams {
+        max_tokens: None,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let mut s = e.generate(GenerateRequest::new(vec![1, 2, 3], p)).unwrap();
+    assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
+    assert!(e.metrics().kv_blocks_free < e.metrics().kv_blocks_total);
+    drop(s);
+    wait_for_idle(&e);
+    // Explicit abort by id works too.
+    let p = SamplingParams {
+        max_tokens: None,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let mut s = e.generate(GenerateRequest::new(vec![1, 2, 3], p)).unwrap();
+    assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
+    e.abort(s.id());
+    let mut reason = None;
+    while let Some(ev) = s.blocking_next() {
+        if let Event::Finished { reason: r, .. } = ev {
+            reason = Some(r);
+        }
+    }
+    assert_eq!(reason, Some(FinishReason::Abort));
+    wait_for_idle(&e);
+    e.shutdown();
+}
+
+#[test]
+fn bad_requests_overload_and_shutdown() {
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        max_waiting: 1,
+        ..EngineConfig::default()
+    };
+    let e = engine("tiny-llama", cfg);
+    let long = SamplingParams {
+        max_tokens: Some(200),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let bad = [
+        GenerateRequest::new(vec![], SamplingParams::greedy()),
+        GenerateRequest::new(vec![1, 999_999], SamplingParams::greedy()),
+        GenerateRequest::new(
+            vec![1],
+            SamplingParams {
+                top_k: Some(0),
+                ..SamplingParams::default()
+            },
+        ),
+        GenerateRequest::new(vec![1; 100_000], SamplingParams::greedy()),
+    ];
+    for r in bad {
+        assert!(e.generate(r).is_err());
+    }
+    let a = e
+        .generate(GenerateRequest::new(vec![1, 2], long.clone()))
+        .unwrap();
+    let b = e
+        .generate(GenerateRequest::new(vec![3, 4], long.clone()))
+        .unwrap();
+    let err = e
+        .generate(GenerateRequest::new(vec![5], long.clone()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ferrum_engine::EngineError::Overloaded(2)),
+        "{err}"
+    );
+    // Shutdown lets in-flight requests finish, then refuses new ones.
+    let e2 = e.clone();
+    let t = std::thread::spawn(move || e2.shutdown());
+    let (ids_a, _, _) = collect(a, 1);
+    let (ids_b, _, _) = collect(b, 1);
+    assert_eq!((ids_a[0].len(), ids_b[0].len()), (200, 200));
+    t.join().unwrap();
+    assert!(!e.is_healthy());
+    assert!(e.generate(GenerateRequest::new(vec![1], long)).is_err());
+}
