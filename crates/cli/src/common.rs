@@ -4,8 +4,8 @@
 use crate::model_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{Generator, GeneratorConfig};
-use ferrum_models::{load_model, load_text_assets, LoadOptions};
+use ferrum_engine::{EngineConfig, Generator, GeneratorConfig, KvCacheSize};
+use ferrum_models::{load_model, load_text_assets, LoadOptions, Model};
 use ferrum_tokenizer::TextAssets;
 use ferrum_types::{SamplingParams, TypesError};
 use std::io::IsTerminal;
@@ -107,8 +107,10 @@ pub fn need_text(text: &std::result::Result<TextAssets, String>) -> Result<&Text
     }
 }
 
-/// Resolves, loads and wraps the model; prints progress when loading takes a while.
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
+/// Resolves and loads the model and its text assets; prints progress on a terminal.
+pub fn load_parts(
+    args: &ModelArgs,
+) -> Result<(Model, std::result::Result<TextAssets, String>, Duration)> {
     let start = Instant::now();
     let path: PathBuf = model_path::resolve(&args.model)?;
     let interactive = std::io::stderr().is_terminal();
@@ -123,6 +125,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     )
     .with_context(|| format!("loading {}", path.display()))?;
     let text = load_text_assets(&path).map_err(|e| e.to_string());
+    let load_time = start.elapsed();
+    if interactive {
+        eprintln!("done in {:.2}s", load_time.as_secs_f64());
+    }
+    Ok((model, text, load_time))
+}
+
+/// Loads the model into a single-sequence generator.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let (model, text, load_time) = load_parts(args)?;
     let generator = Generator::new(
         model,
         GeneratorConfig {
@@ -130,10 +142,6 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             ..GeneratorConfig::default()
         },
     )?;
-    let load_time = start.elapsed();
-    if interactive {
-        eprintln!("done in {:.2}s", load_time.as_secs_f64());
-    }
     Ok(Loaded {
         generator,
         text,
@@ -175,8 +183,99 @@ fn unescape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_memory_flags() {
+        assert_eq!(
+            parse_kv_memory("2GiB").unwrap(),
+            KvCacheSize::Bytes(2 << 30)
+        );
+        assert_eq!(
+            parse_kv_memory("512M").unwrap(),
+            KvCacheSize::Bytes(512_000_000)
+        );
+        assert_eq!(parse_kv_memory("1000").unwrap(), KvCacheSize::Bytes(1000));
+        assert_eq!(
+            parse_kv_memory("0.25").unwrap(),
+            KvCacheSize::FractionOfFree(0.25)
+        );
+        for bad in ["", "x", "2TB", "1.2.3", "99999999999999999999"] {
+            assert!(parse_kv_memory(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn stop_flags_read_escapes() {
         assert_eq!(super::unescape(r"a\n\tb\\c\x\"), "a\n\tb\\c\\x\\");
     }
+}
+
+/// Flags of the batching engine.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Tokens computed per step (long prompts are prefilled in chunks of at most this).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV cache size: bytes (suffixes K, M, G, KiB, MiB, GiB) or a fraction of free memory
+    /// (e.g. 0.2). Default 2GiB.
+    #[arg(long, conflicts_with = "num_kv_blocks")]
+    pub kv_cache_memory: Option<String>,
+    /// KV cache size as an exact number of blocks.
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// Turn off reuse of cached prompt prefixes.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+}
+
+impl EngineArgs {
+    pub fn config(&self, max_model_len: Option<usize>, max_waiting: usize) -> Result<EngineConfig> {
+        let kv_cache = match (&self.kv_cache_memory, self.num_kv_blocks) {
+            (_, Some(n)) => KvCacheSize::Blocks(n),
+            (Some(s), None) => parse_kv_memory(s)?,
+            (None, None) => EngineConfig::default().kv_cache,
+        };
+        Ok(EngineConfig {
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: self.block_size,
+            kv_cache,
+            max_model_len,
+            enable_prefix_caching: !self.no_prefix_caching,
+            max_waiting,
+        })
+    }
+}
+
+/// `2GiB`, `512M`, `1000000` (bytes) or `0.25` (fraction of free memory).
+pub fn parse_kv_memory(s: &str) -> Result<KvCacheSize> {
+    let t = s.trim();
+    let bad = || {
+        anyhow::anyhow!("--kv-cache-memory {s:?}: expected bytes (e.g. 2GiB, 512M) or a fraction of free memory (e.g. 0.2)")
+    };
+    if t.contains('.') {
+        let f: f64 = t.parse().map_err(|_| bad())?;
+        return Ok(KvCacheSize::FractionOfFree(f));
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).map(KvCacheSize::Bytes).ok_or_else(bad)
 }

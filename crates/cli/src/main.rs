@@ -2,6 +2,7 @@
 //! and handed to one function per subcommand. Errors reach the user as one clear message and a
 //! non-zero exit status.
 
+mod batch;
 mod chat;
 mod common;
 mod inspect;

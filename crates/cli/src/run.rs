@@ -1,12 +1,13 @@
 //! `ferrum run`: generate a continuation of one prompt (text, chat, or token ids), streaming
 //! the text to stdout, with time to first token and decode speed on stderr.
 
-use crate::common::{fresh_seed, load, need_text, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{fresh_seed, load, need_text, EngineArgs, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use ferrum_tokenizer::ChatMessage;
 use ferrum_types::TokenId;
 use std::io::Write;
+use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -26,6 +27,15 @@ pub struct RunArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Offline batch mode: one JSON request per line ({"prompt" | "prompt_ids", "max_tokens",
+    /// "temperature", "top_p", "top_k", "seed", "stop", "n", "chat"}), all run at once.
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_ids"])]
+    prompts_file: Option<PathBuf>,
+    /// Where batch mode writes its results, one JSON line per input line (default: stdout).
+    #[arg(long, requires = "prompts_file")]
+    output: Option<PathBuf>,
+    #[command(flatten, next_help_heading = "Batching engine (with --prompts-file)")]
+    engine: EngineArgs,
     /// Print one JSON object at the end ({"text", "token_ids", "finish_reason", ...}) instead
     /// of streaming text.
     #[arg(long)]
@@ -33,8 +43,17 @@ pub struct RunArgs {
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
+    if let Some(file) = &args.prompts_file {
+        return crate::batch::run_batch(
+            &args.model,
+            &args.engine,
+            &args.sampling,
+            file,
+            args.output.as_deref(),
+        );
+    }
     if args.prompt.is_none() && args.prompt_ids.is_none() {
-        bail!("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
+        bail!("give a prompt: --prompt TEXT, --prompt-ids 1,2,3 or --prompts-file FILE");
     }
     let Loaded {
         mut generator,
