@@ -1,0 +1,92 @@
+//! The batching engine on the real SmolLM2-135M-Instruct GGUF: a second request that shares a
+//! long prefix hits the prefix cache, gives identical output and reaches its first token much
+//! sooner. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
+//! without it, except under CI (`CI` set).
+#![allow(clippy::unwrap_used)]
+
+use ferrum_engine::{EngineConfig, EngineHandle, Event, GenerateRequest, Usage};
+use ferrum_models::{load_model, load_text_assets, LoadOptions};
+use ferrum_types::{SamplingParams, TokenId};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn model_path() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing under CI",
+        p.display()
+    );
+    eprintln!(
+        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
+        p.display()
+    );
+    None
+}
+
+/// Token ids, time to first token and usage of one request.
+fn run(e: &EngineHandle, prompt: &[TokenId]) -> (Vec<TokenId>, Duration, Usage) {
+    let p = SamplingParams {
+        max_tokens: Some(8),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let start = Instant::now();
+    let mut s = e
+        .generate(GenerateRequest::new(prompt.to_vec(), p))
+        .unwrap();
+    let (mut ids, mut ttft) = (Vec::new(), None);
+    loop {
+        match s.blocking_next().unwrap() {
+            Event::Token { token, .. } => {
+                ttft.get_or_insert_with(|| start.elapsed());
+                ids.push(token);
+            }
+            Event::Done { usage } => return (ids, ttft.unwrap(), usage),
+            Event::Error(e) => panic!("{e}"),
+            Event::Finished { .. } => {}
+        }
+    }
+}
+
+#[test]
+fn shared_prefix_hits_the_cache_and_prefills_faster() {
+    let Some(path) = model_path() else { return };
+    let model = load_model(&path, &LoadOptions::default()).unwrap();
+    let text = load_text_assets(&path).unwrap();
+    let tok = Arc::new(text.tokenizer);
+    let doc = "The Rhine flows from the Swiss Alps through Germany and the Netherlands to the North Sea. "
+        .repeat(20);
+    let prefix = tok.encode(&doc, true).unwrap();
+    assert!(prefix.len() > 300, "{}", prefix.len());
+    let q1 = [
+        prefix.clone(),
+        tok.encode(" Where does the Rhine start?", false).unwrap(),
+    ]
+    .concat();
+    let q2 = [
+        prefix.clone(),
+        tok.encode(" Where does it end?", false).unwrap(),
+    ]
+    .concat();
+    let e = EngineHandle::start(model, Some(tok), &EngineConfig::default()).unwrap();
+    let (ids1, cold, u1) = run(&e, &q1);
+    assert_eq!(u1.cached_tokens, 0);
+    let (_, warm, u2) = run(&e, &q2);
+    // Every full 16-token block of the shared prefix is reused.
+    assert!(u2.cached_tokens >= prefix.len() / 16 * 16 - 16, "{u2:?}");
+    let (again, _, u3) = run(&e, &q1);
+    assert_eq!(ids1, again, "reused K/V must give the same tokens");
+    assert!(u3.cached_tokens >= q1.len() - 16);
+    eprintln!("time to first token: cold {cold:?}, shared prefix {warm:?}");
+    assert!(
+        warm * 2 < cold,
+        "prefix reuse should cut prefill time: cold {cold:?}, warm {warm:?}"
+    );
+    e.shutdown();
+}
