@@ -226,63 +226,29 @@ impl ModelConfig {
             msg,
         };
         let arch_key = "general.architecture";
-        let arch = match g.get(arch_key) {
-            Some(v) => v.as_str().ok_or_else(|| {
-                err(
-                    arch_key,
-                    format!("must be a string, found {}", v.type_name()),
-                )
-            })?,
-            None => return Err(err(arch_key, "is missing".into())),
-        };
+        let arch = g
+            .get_as(arch_key, "a string", GgufValue::as_str)?
+            .ok_or_else(|| err(arch_key, "is missing".into()))?;
         let spec = registry::lookup_gguf(arch).ok_or_else(|| ModelError::UnknownArchitecture {
             path: path.to_path_buf(),
             name: arch.to_string(),
             supported: registry::gguf_names(),
         })?;
-        let get = |suffix: &str| -> (String, Option<&GgufValue>) {
-            let key = format!("{arch}.{suffix}");
-            let v = g.get(&key);
-            (key, v)
-        };
         let uint = |suffix: &str| -> Result<Option<usize>> {
-            match get(suffix) {
-                (_, None) => Ok(None),
-                (key, Some(v)) => v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .map(Some)
-                    .ok_or_else(|| {
-                        err(
-                            &key,
-                            format!("must be a non-negative integer, found {}", v.type_name()),
-                        )
-                    }),
-            }
+            g.get_as(&format!("{arch}.{suffix}"), "a non-negative integer", |v| {
+                v.as_u64().and_then(|n| usize::try_from(n).ok())
+            })
         };
         let req = |suffix: &str| -> Result<usize> {
             uint(suffix)?.ok_or_else(|| err(&format!("{arch}.{suffix}"), "is missing".into()))
         };
         let float = |suffix: &str| -> Result<Option<f64>> {
-            match get(suffix) {
-                (_, None) => Ok(None),
-                (key, Some(v)) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| err(&key, format!("must be a number, found {}", v.type_name()))),
-            }
+            g.get_as(&format!("{arch}.{suffix}"), "a number", GgufValue::as_f64)
         };
         let token_id = |key: &str| -> Result<Option<u32>> {
-            match g.get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .map(Some)
-                    .ok_or_else(|| {
-                        err(key, format!("must be a token id, found {}", v.type_name()))
-                    }),
-            }
+            g.get_as(key, "a token id", |v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok())
+            })
         };
         let hidden_size = req("embedding_length")?;
         let num_attention_heads = req("attention.head_count")?;
@@ -314,7 +280,7 @@ impl ModelConfig {
                 _ => return Err(err(&format!("{arch}.vocab_size"), "is missing".into())),
             },
         };
-        let rope_scaling = match get("rope.scaling.type").1 {
+        let rope_scaling = match g.get(&format!("{arch}.rope.scaling.type")) {
             None => RopeScaling::None,
             Some(v) => match v.as_str() {
                 Some("none") => RopeScaling::None,

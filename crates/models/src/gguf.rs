@@ -314,6 +314,24 @@ impl GgufFile {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
+    /// A metadata value converted by `f`; `None` when absent, a config error naming the key
+    /// when present with the wrong type (`want` reads "must be {want}").
+    pub fn get_as<'a, T>(
+        &'a self,
+        key: &str,
+        want: &str,
+        f: impl FnOnce(&'a GgufValue) -> Option<T>,
+    ) -> Result<Option<T>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => f(v).map(Some).ok_or_else(|| ModelError::Config {
+                path: self.path.clone(),
+                key: key.to_string(),
+                msg: format!("must be {want}, found {}", v.type_name()),
+            }),
+        }
+    }
+
     /// All tensor headers in file order.
     pub fn tensor_infos(&self) -> &[GgufTensorInfo] {
         &self.tensors

@@ -56,53 +56,25 @@ pub fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
     })
 }
 
-fn wrong_type(g: &GgufFile, key: &str, want: &str, v: &GgufValue) -> ModelError {
-    ModelError::Config {
-        path: g.path().to_owned(),
-        key: key.into(),
-        msg: format!("expected {want}, found {}", v.type_name()),
-    }
-}
-
 fn opt_str<'a>(g: &'a GgufFile, key: &str) -> Result<Option<&'a str>> {
-    match g.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_str()
-            .map(Some)
-            .ok_or_else(|| wrong_type(g, key, "a string", v)),
-    }
+    g.get_as(key, "a string", GgufValue::as_str)
 }
 
 fn opt_bool(g: &GgufFile, key: &str) -> Result<Option<bool>> {
-    match g.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_bool()
-            .map(Some)
-            .ok_or_else(|| wrong_type(g, key, "a bool", v)),
-    }
+    g.get_as(key, "a bool", GgufValue::as_bool)
 }
 
 fn opt_id(g: &GgufFile, key: &str) -> Result<Option<u32>> {
-    match g.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| wrong_type(g, key, "a token id", v)),
-    }
+    g.get_as(key, "a token id", |v| {
+        v.as_u64().and_then(|n| u32::try_from(n).ok())
+    })
 }
 
 /// An optional array whose every element converts with `f`; absent gives an empty vector.
 fn array<T>(g: &GgufFile, key: &str, f: impl Fn(&GgufValue) -> Option<T>) -> Result<Vec<T>> {
-    let Some(v) = g.get(key) else {
+    let Some(items) = g.get_as(key, "an array", GgufValue::as_array)? else {
         return Ok(Vec::new());
     };
-    let items = v
-        .as_array()
-        .ok_or_else(|| wrong_type(g, key, "an array", v))?;
     items
         .iter()
         .enumerate()
