@@ -39,6 +39,12 @@ pub(crate) enum Command {
     Shutdown,
 }
 
+/// A latency observed during a step, recorded into the histograms once per step.
+enum Latency {
+    FirstToken(std::time::Duration),
+    InterToken(std::time::Duration),
+}
+
 struct SeqState {
     request: RequestId,
     index: usize,
@@ -72,6 +78,7 @@ pub(crate) struct EngineCore {
     batch: ForwardBatch,
     sampled: Vec<(RequestId, TokenId)>,
     finished: Vec<RequestId>,
+    latencies: Vec<Latency>,
     reqs: HashMap<RequestId, ReqState>,
     seqs: HashMap<RequestId, SeqState>,
     next_seq: RequestId,
@@ -110,6 +117,7 @@ impl EngineCore {
             batch: ForwardBatch::new(),
             sampled: Vec::new(),
             finished: Vec::new(),
+            latencies: Vec::new(),
             reqs: HashMap::new(),
             seqs: HashMap::new(),
             next_seq: 0,
@@ -265,6 +273,7 @@ impl EngineCore {
         let now = Instant::now();
         self.sampled.clear();
         self.finished.clear();
+        self.latencies.clear();
         let tok = self.tokenizer.as_deref();
         let mut new_tokens = 0u64;
         let mut child_starts: Vec<RequestId> = Vec::new();
@@ -279,15 +288,10 @@ impl EngineCore {
             let sample = seq.sampler.sample(l);
             self.sampled.push((s.id, sample.token));
             new_tokens += 1;
-            if let Ok(mut m) = self.metrics.lock() {
-                match seq.last_token_at {
-                    None if seq.index == 0 => {
-                        m.time_to_first_token
-                            .observe((now - r.arrived).as_secs_f64());
-                    }
-                    Some(t) => m.inter_token_latency.observe((now - t).as_secs_f64()),
-                    None => {}
-                }
+            match seq.last_token_at {
+                None if seq.index == 0 => self.latencies.push(Latency::FirstToken(now - r.arrived)),
+                Some(t) => self.latencies.push(Latency::InterToken(now - t)),
+                None => {}
             }
             if seq.index == 0 && seq.last_token_at.is_none() {
                 r.usage.cached_tokens = s.start.min(r.request.prompt.len());
@@ -320,8 +324,15 @@ impl EngineCore {
             }
         }
         self.sched.update(&out, &self.sampled);
+        // One lock per step, not per token.
         if let Ok(mut m) = self.metrics.lock() {
             m.generation_tokens += new_tokens;
+            for l in &self.latencies {
+                match l {
+                    Latency::FirstToken(d) => m.time_to_first_token.observe(d.as_secs_f64()),
+                    Latency::InterToken(d) => m.inter_token_latency.observe(d.as_secs_f64()),
+                }
+            }
         }
         for id in child_starts {
             if let Some(mut r) = self.reqs.remove(&id) {

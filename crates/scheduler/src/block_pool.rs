@@ -148,6 +148,14 @@ impl BlockPool {
         }
     }
 
+    /// Frees a sequence's blocks last first, so its tail (the least shareable part) is
+    /// evicted before its prefix.
+    pub fn free_all(&mut self, blocks: &[BlockId]) {
+        for &b in blocks.iter().rev() {
+            self.free(b);
+        }
+    }
+
     /// Records that block `b` (in use) holds the full block with chained hash `hash`. If another
     /// block already caches the same tokens, the map keeps that one.
     pub fn cache(&mut self, b: BlockId, hash: BlockHash) {

@@ -232,9 +232,7 @@ impl Scheduler {
         } else {
             self.waiting.remove(&(seq.priority, seq.arrival, id));
         }
-        for &b in seq.blocks.iter().rev() {
-            self.pool.free(b);
-        }
+        self.pool.free_all(&seq.blocks);
     }
 
     /// Plans the next step.
@@ -353,9 +351,7 @@ impl Scheduler {
         }
         self.running.retain(|&r| r != id);
         let seq = self.seqs.get_mut(&id).expect("victims are in the table");
-        for &b in seq.blocks.iter().rev() {
-            self.pool.free(b);
-        }
+        self.pool.free_all(&seq.blocks);
         seq.blocks.clear();
         seq.num_computed = 0;
         seq.num_cached_blocks = 0;
