@@ -8,6 +8,7 @@ mod common;
 mod inspect;
 mod model_path;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat with a model interactively, using its chat template.
     Chat(chat::ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Chat(args) => chat::chat(&args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Inspect(args) => inspect::inspect(&args),
     };

@@ -1,3 +1,159 @@
-//! The OpenAI-compatible HTTP server.
+//! The OpenAI-compatible HTTP server behind `ferrum serve`, on axum and tokio.
 //!
-//! Nothing is implemented here yet; the server issue fills this crate.
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`, `POST /detokenize`.
+//!
+//! Design and invariants:
+//! - Admission happens here: the body is read into typed requests ([`protocol`]), the chat
+//!   template is rendered and the prompt tokenized (on the blocking pool), the context length
+//!   checked; only then does a request reach the engine. Every failure is a [`ServerError`],
+//!   turned into OpenAI's error JSON in one place ([`error`]).
+//! - The engine thread never waits for the HTTP side: it sends events into unbounded
+//!   channels, and each HTTP request reads its own at its client's pace.
+//! - A request lives exactly as long as its response: a dropped response body or handler
+//!   future (the client went away) drops the engine streams, which aborts their requests and
+//!   frees their KV blocks.
+//! - Shutdown (SIGINT/SIGTERM): the listener closes at once, in-flight requests get up to
+//!   the grace period to finish, then whatever is left is aborted and the engine stops. A
+//!   second signal skips the wait.
+
+pub mod chat;
+pub mod completions;
+pub mod error;
+pub mod fields;
+pub mod generate;
+pub mod metrics;
+pub mod protocol;
+pub mod routes;
+pub mod sse;
+pub mod state;
+
+pub use error::{Result, ServerError};
+pub use routes::router;
+pub use state::AppState;
+
+use ferrum_engine::EngineHandle;
+use ferrum_tokenizer::ChatTemplate;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How `ferrum serve` listens and answers.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0 picks a free port (the bound address is printed).
+    pub port: u16,
+    /// When set, every route but `/health` and `/metrics` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The name clients pass as `model`.
+    pub served_model_name: String,
+    /// Larger request bodies get a 413.
+    pub max_body_bytes: usize,
+    /// How long in-flight requests may run after a shutdown signal.
+    pub grace_period: Duration,
+    /// Tokio worker threads for HTTP (the engine has its own threads).
+    pub http_threads: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            served_model_name: "ferrum".into(),
+            max_body_bytes: 8 << 20,
+            grace_period: Duration::from_secs(30),
+            http_threads: 2,
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let int = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = int => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = int.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = int.await;
+    }
+}
+
+/// Serves until a shutdown signal, then drains and stops the engine. Blocks the caller.
+/// `on_listening` is told the bound address once the socket accepts connections.
+pub fn run(
+    engine: EngineHandle,
+    template: Option<ChatTemplate>,
+    cfg: &ServerConfig,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    let state = Arc::new(AppState::new(
+        engine.clone(),
+        template,
+        cfg.served_model_name.clone(),
+        cfg.api_key.clone(),
+        cfg.max_body_bytes,
+    )?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.http_threads.max(1))
+        .thread_name("ferrum-http")
+        .enable_all()
+        .build()?;
+    let grace = cfg.grace_period;
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let result = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
+            ServerError::Io(std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr}: {e}"),
+            ))
+        })?;
+        on_listening(listener.local_addr()?);
+        let (tx, mut signalled) = tokio::sync::watch::channel(false);
+        let app = router(state);
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            let _ = tx.send(true);
+        });
+        let mut server = tokio::spawn(async move { server.await });
+        tokio::select! {
+            r = &mut server => return r.map_err(|e| ServerError::Internal(e.to_string()))?.map_err(ServerError::Io),
+            _ = signalled.changed() => {}
+        }
+        eprintln!(
+            "shutting down: no new connections; in-flight requests have {}s to finish",
+            grace.as_secs_f64()
+        );
+        tokio::select! {
+            r = &mut server => {
+                r.map_err(|e| ServerError::Internal(e.to_string()))?.map_err(ServerError::Io)?;
+            }
+            _ = tokio::time::sleep(grace) => {
+                eprintln!("grace period over: aborting the requests still running");
+            }
+            _ = shutdown_signal() => {
+                eprintln!("second signal: aborting the requests still running");
+            }
+        }
+        Ok(())
+    });
+    // Dropping the runtime drops every connection and stream, which aborts their requests.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    engine.shutdown();
+    result
+}

@@ -1,0 +1,92 @@
+//! `ferrum serve`: the OpenAI-compatible HTTP server over the batching engine.
+
+use crate::common::{load_parts, EngineArgs, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ferrum_engine::EngineHandle;
+use ferrum_server::ServerConfig;
+use ferrum_tokenizer::TextAssets;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health and /metrics.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// The model name clients pass as `model` (default: the --model argument).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+    /// Requests queued beyond the running ones before new ones get 503 + Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting_requests: usize,
+    /// Largest request body in bytes (larger ones get 413).
+    #[arg(long, default_value_t = 8 << 20)]
+    max_request_bytes: usize,
+    /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    #[command(flatten, next_help_heading = "Batching engine")]
+    engine: EngineArgs,
+}
+
+pub fn serve(args: &ServeArgs) -> Result<()> {
+    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
+        bail!(
+            "--shutdown-timeout {}: expected seconds, 0 or more",
+            args.shutdown_timeout
+        );
+    }
+    if args.max_request_bytes == 0 {
+        bail!("--max-request-bytes must be at least 1");
+    }
+    let name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| args.model.model.clone());
+    if name.trim().is_empty() {
+        bail!("--served-model-name must not be empty");
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--api-key must not be empty");
+    }
+    let (model, text, _) = load_parts(&args.model)?;
+    let TextAssets {
+        tokenizer,
+        chat_template,
+    } = text.map_err(|why| anyhow::anyhow!("the server needs a tokenizer: {why}"))?;
+    let cfg = args
+        .engine
+        .config(args.model.max_model_len, args.max_waiting_requests)?;
+    let engine = EngineHandle::start(model, Some(Arc::new(tokenizer)), &cfg)?;
+    let max_model_len = engine.max_model_len();
+    let server = ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        api_key: args.api_key.clone(),
+        served_model_name: name.clone(),
+        max_body_bytes: args.max_request_bytes,
+        grace_period: Duration::from_secs_f64(args.shutdown_timeout),
+        http_threads: 2,
+    };
+    let has_template = chat_template.is_some();
+    ferrum_server::run(engine, chat_template, &server, |addr| {
+        eprintln!(
+            "ferrum: serving '{name}' (context {max_model_len} tokens{}) on http://{addr}",
+            if has_template {
+                ""
+            } else {
+                ", no chat template"
+            }
+        );
+    })
+    .context("serving")
+}

@@ -1,0 +1,179 @@
+//! The server's error type and the one place where errors become HTTP responses.
+//!
+//! Every failure a handler can meet is a [`ServerError`]; its `IntoResponse` writes OpenAI's
+//! error shape, `{"error": {"message", "type", "param", "code"}}`, with the status that fits.
+//! A client mistake is a 4xx, never a 500; overload is a 503 with `Retry-After`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ferrum_engine::EngineError;
+use ferrum_types::TypesError;
+use serde_json::json;
+
+/// Seconds a client is told to wait when the queue is full.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// Everything that can go wrong while serving a request (or starting the server).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The request is malformed or asks for something invalid (400); `param` names the field.
+    #[error("{msg}")]
+    BadRequest {
+        msg: String,
+        param: Option<String>,
+        code: Option<&'static str>,
+    },
+    /// No API key or the wrong one (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// No such route or model (404).
+    #[error("{msg}")]
+    NotFound { msg: String, code: &'static str },
+    /// The route exists but not for this method (405).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The body is over the size limit (413).
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The engine's queue is full (503 with `Retry-After`).
+    #[error("{0}")]
+    Overloaded(String),
+    /// The engine is stopping or has stopped (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A fault on our side (500).
+    #[error("{0}")]
+    Internal(String),
+    /// Binding or serving the socket failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, ServerError>;
+
+impl ServerError {
+    /// A 400 that names the offending parameter.
+    pub fn param(param: impl Into<String>, msg: impl Into<String>) -> Self {
+        ServerError::BadRequest {
+            msg: msg.into(),
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    /// A 400 with no single parameter to blame.
+    pub fn bad(msg: impl Into<String>) -> Self {
+        ServerError::BadRequest {
+            msg: msg.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// A 400 for a known OpenAI feature that Ferrum does not implement yet.
+    pub fn unsupported(param: &str, what: &str) -> Self {
+        ServerError::BadRequest {
+            msg: format!("'{param}': {what} is not supported by this server yet"),
+            param: Some(param.to_string()),
+            code: Some("unsupported_parameter"),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ServerError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ServerError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ServerError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ServerError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ServerError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::Overloaded(_) | ServerError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ServerError::Internal(_) | ServerError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The body OpenAI clients parse: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (kind, param, code): (&str, Option<&str>, Option<&str>) = match self {
+            ServerError::BadRequest { param, code, .. } => {
+                ("invalid_request_error", param.as_deref(), *code)
+            }
+            ServerError::Unauthorized(_) => {
+                ("invalid_request_error", None, Some("invalid_api_key"))
+            }
+            ServerError::NotFound { code, .. } => ("invalid_request_error", None, Some(code)),
+            ServerError::MethodNotAllowed(_) => {
+                ("invalid_request_error", None, Some("method_not_allowed"))
+            }
+            ServerError::PayloadTooLarge(_) => {
+                ("invalid_request_error", None, Some("request_too_large"))
+            }
+            ServerError::Overloaded(_) => ("server_overloaded", None, Some("overloaded")),
+            ServerError::Unavailable(_) => ("server_error", None, Some("unavailable")),
+            ServerError::Internal(_) | ServerError::Io(_) => ("server_error", None, None),
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl From<EngineError> for ServerError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Params(TypesError::InvalidParam { param, msg }) => {
+                ServerError::param(param, format!("'{param}': {msg}"))
+            }
+            EngineError::Params(e) => ServerError::bad(e.to_string()),
+            EngineError::Invalid(msg) => ServerError::bad(msg),
+            EngineError::Overloaded(_) => ServerError::Overloaded(e.to_string()),
+            EngineError::Unavailable(msg) => ServerError::Unavailable(msg),
+            EngineError::Model(_) | EngineError::Tokenizer(_) => {
+                ServerError::Internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<ferrum_tokenizer::TokenizerError> for ServerError {
+    fn from(e: ferrum_tokenizer::TokenizerError) -> Self {
+        ServerError::bad(e.to_string())
+    }
+}
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut resp = crate::sse::json_response(status, &self.to_json());
+        if matches!(self, ServerError::Overloaded(_)) {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        if matches!(self, ServerError::Unauthorized(_)) {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_map_to_statuses() {
+        let e: ServerError = EngineError::Overloaded(3).into();
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let e: ServerError = EngineError::Params(TypesError::InvalidParam {
+            param: "top_p",
+            msg: "2 is outside (0, 1]".into(),
+        })
+        .into();
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.to_json()["error"]["param"], "top_p");
+        let e: ServerError = EngineError::Invalid("prompt too long".into()).into();
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+}

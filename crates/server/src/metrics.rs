@@ -1,0 +1,177 @@
+//! The engine's [`Metrics`] as Prometheus text (exposition format 0.0.4), every series
+//! labelled with the served model name as vLLM does.
+
+use ferrum_engine::metrics::Histogram;
+use ferrum_engine::Metrics;
+use std::fmt::Write;
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+    labels: String,
+}
+
+impl Out {
+    fn metric(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+        let _ = writeln!(self.text, "{name}{{{}}} {value}", self.labels);
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (i, c) in h.counts.iter().enumerate() {
+            cum += c;
+            let le = h
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(
+                self.text,
+                "{name}_bucket{{{},le=\"{le}\"}} {cum}",
+                self.labels
+            );
+        }
+        let _ = writeln!(self.text, "{name}_sum{{{}}} {}", self.labels, h.sum);
+        let _ = writeln!(self.text, "{name}_count{{{}}} {}", self.labels, h.count);
+    }
+}
+
+/// Renders `m` for a scrape.
+pub fn render(m: &Metrics, model_name: &str) -> String {
+    let mut o = Out {
+        text: String::with_capacity(8192),
+        labels: format!("model_name=\"{}\"", label(model_name)),
+    };
+    let used = m.kv_blocks_total.saturating_sub(m.kv_blocks_free);
+    let usage = if m.kv_blocks_total == 0 {
+        0.0
+    } else {
+        used as f64 / m.kv_blocks_total as f64
+    };
+    o.metric(
+        "ferrum_num_requests_running",
+        "gauge",
+        "Sequences in the running batch.",
+        m.num_running as f64,
+    );
+    o.metric(
+        "ferrum_num_requests_waiting",
+        "gauge",
+        "Sequences waiting to be scheduled.",
+        m.num_waiting as f64,
+    );
+    o.metric(
+        "ferrum_kv_blocks_total",
+        "gauge",
+        "KV cache blocks in the pool.",
+        m.kv_blocks_total as f64,
+    );
+    o.metric(
+        "ferrum_kv_blocks_free",
+        "gauge",
+        "KV cache blocks held by no sequence (cached prefixes included).",
+        m.kv_blocks_free as f64,
+    );
+    o.metric(
+        "ferrum_kv_blocks_cached",
+        "gauge",
+        "Free KV cache blocks that still hold a reusable prefix.",
+        m.kv_blocks_cached as f64,
+    );
+    o.metric(
+        "ferrum_kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV cache blocks held by sequences (1 means full).",
+        usage,
+    );
+    let counters = [
+        (
+            "ferrum_prefix_cache_queries_total",
+            "Prompt blocks looked up in the prefix cache.",
+            m.prefix_cache_queries,
+        ),
+        (
+            "ferrum_prefix_cache_hits_total",
+            "Prompt blocks found in the prefix cache.",
+            m.prefix_cache_hits,
+        ),
+        (
+            "ferrum_num_preemptions_total",
+            "Sequences preempted for lack of KV blocks.",
+            m.preemptions,
+        ),
+        (
+            "ferrum_prompt_tokens_total",
+            "Prompt tokens of admitted requests.",
+            m.prompt_tokens,
+        ),
+        (
+            "ferrum_generation_tokens_total",
+            "Tokens generated.",
+            m.generation_tokens,
+        ),
+        (
+            "ferrum_request_success_total",
+            "Requests finished (aborted ones included).",
+            m.requests_finished,
+        ),
+    ];
+    for (name, help, v) in counters {
+        o.metric(name, "counter", help, v as f64);
+    }
+    o.histogram(
+        "ferrum_time_to_first_token_seconds",
+        "Time from arrival to the first generated token.",
+        &m.time_to_first_token,
+    );
+    o.histogram(
+        "ferrum_inter_token_latency_seconds",
+        "Time between consecutive tokens of a sequence.",
+        &m.inter_token_latency,
+    );
+    o.histogram(
+        "ferrum_e2e_request_latency_seconds",
+        "Time from arrival to the end of a request.",
+        &m.e2e_latency,
+    );
+    o.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_format() {
+        let mut m = Metrics {
+            kv_blocks_total: 10,
+            kv_blocks_free: 7,
+            ..Metrics::default()
+        };
+        m.time_to_first_token.observe(0.003);
+        m.time_to_first_token.observe(100.0);
+        let t = render(&m, "a\"b");
+        assert!(t.contains("ferrum_kv_blocks_total{model_name=\"a\\\"b\"} 10\n"));
+        assert!(t.contains("ferrum_kv_blocks_free{model_name=\"a\\\"b\"} 7\n"));
+        assert!(t.contains("ferrum_kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.3\n"));
+        assert!(t.contains(
+            "ferrum_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.005\"} 1\n"
+        ));
+        assert!(t.contains(
+            "ferrum_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"+Inf\"} 2\n"
+        ));
+        assert!(t.contains("ferrum_time_to_first_token_seconds_count{model_name=\"a\\\"b\"} 2\n"));
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            let v = line.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}

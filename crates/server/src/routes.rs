@@ -1,0 +1,182 @@
+//! The router: OpenAI routes, operational routes, API-key check, body limit, and JSON
+//! errors for unknown routes and wrong methods.
+//!
+//! `/health` and `/metrics` are open so that probes and scrapers need no key; every other
+//! route needs `Authorization: Bearer <key>` when the server has one.
+
+use crate::chat::chat_completions;
+use crate::completions::completions;
+use crate::error::{Result, ServerError};
+use crate::fields::Fields;
+use crate::protocol::ChatRequest;
+use crate::sse::json_response;
+use crate::state::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Every route of the server over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*model}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Constant-time comparison, so the key cannot be guessed byte by byte from timings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let open = matches!(req.uri().path(), "/health" | "/metrics");
+    if let (Some(key), false) = (&s.api_key, open) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            None => {
+                return ServerError::Unauthorized(
+                    "no API key: send it as 'Authorization: Bearer <key>'".into(),
+                )
+                .into_response()
+            }
+            Some(g) if !same(g.as_bytes(), key.as_bytes()) => {
+                return ServerError::Unauthorized("the API key is not valid".into()).into_response()
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(uri: Uri) -> ServerError {
+    ServerError::NotFound {
+        msg: format!("no route {}", uri.path()),
+        code: "not_found",
+    }
+}
+
+async fn method_not_allowed(uri: Uri, req: Request) -> ServerError {
+    ServerError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), uri.path()))
+}
+
+fn model_card(s: &AppState) -> serde_json::Value {
+    json!({
+        "id": s.model_name,
+        "object": "model",
+        "created": s.created,
+        "owned_by": "ferrum",
+        "max_model_len": s.engine.max_model_len(),
+    })
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_card(&s)]}),
+    )
+}
+
+async fn model(State(s): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response> {
+    s.check_model(Some(&name))?;
+    Ok(json_response(StatusCode::OK, &model_card(&s)))
+}
+
+async fn health(State(s): State<Arc<AppState>>) -> Result<Response> {
+    if !s.engine.is_healthy() {
+        return Err(ServerError::Unavailable("the engine is not running".into()));
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    let text = crate::metrics::render(&s.engine.metrics(), &s.model_name);
+    let mut r = Response::new(axum::body::Body::from(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// `{"prompt": text, "add_special_tokens": true}` or `{"messages": [...]}` (rendered with
+/// the chat template) -> `{"tokens", "count", "max_model_len"}`.
+async fn tokenize(
+    State(s): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let f = Fields::parse(&s.body(body)?)?;
+    s.check_model(f.str("model")?)?;
+    let tokens = if f.has("messages") {
+        let req = ChatRequest::parse(&f)?;
+        let template = s
+            .template
+            .as_ref()
+            .ok_or_else(|| ServerError::param("messages", "this model has no chat template"))?;
+        let text = template.render(&req.messages, req.add_generation_prompt)?;
+        s.tokenizer.encode(&text, false)?
+    } else {
+        let Some(prompt) = f.str("prompt")? else {
+            return Err(ServerError::param(
+                "prompt",
+                "'prompt' (a string) or 'messages' is required",
+            ));
+        };
+        let add = f.bool("add_special_tokens")?.unwrap_or(true);
+        s.tokenizer.encode(prompt, add)?
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"tokens": tokens, "count": tokens.len(), "max_model_len": s.engine.max_model_len()}),
+    ))
+}
+
+/// `{"tokens": [ids]}` -> `{"prompt": text}`.
+async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let f = Fields::parse(&s.body(body)?)?;
+    s.check_model(f.str("model")?)?;
+    let Some(ids) = f.token_ids("tokens")? else {
+        return Err(ServerError::param("tokens", "'tokens' is required"));
+    };
+    let skip = f.bool("skip_special_tokens")?.unwrap_or(false);
+    let text = s
+        .tokenizer
+        .decode(&ids, skip)
+        .map_err(|e| ServerError::param("tokens", e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &json!({"prompt": text})))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn key_comparison() {
+        assert!(super::same(b"abc", b"abc"));
+        assert!(!super::same(b"abc", b"abd"));
+        assert!(!super::same(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,159 @@
+//! Response bodies: plain JSON, and OpenAI's server-sent events.
+//!
+//! A streamed response is a sequence of `data: {json}\n\n` frames ending with
+//! `data: [DONE]\n\n`: first what the endpoint sends before any token (the chat role chunk),
+//! then one chunk per token with new text, a chunk with each choice's `finish_reason`, the
+//! usage chunk (`choices: []`) when `stream_options.include_usage` is set (every other chunk
+//! then carries `"usage": null`), and `[DONE]`. An engine failure mid-stream becomes one
+//! `data: {"error": ...}` frame before `[DONE]`.
+//!
+//! The body pulls events as the client reads: when the client disconnects, hyper drops the
+//! body, which drops the [`Merged`] events and so aborts the engine requests.
+
+use crate::error::ServerError;
+use crate::generate::{add_usage, Merged, TokenLogprob};
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use ferrum_engine::{Event, Usage};
+use ferrum_types::FinishReason;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+/// A JSON body with the given status.
+pub fn json_response(status: StatusCode, v: &Value) -> Response {
+    let mut r = Response::new(Body::from(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// How one endpoint writes its stream's chunks (chat and completions differ).
+pub trait ChunkFormat: Send + 'static {
+    /// Chunks before any token.
+    fn start(&mut self) -> Vec<Value>;
+    /// The chunk for one token of `choice`, if it has anything to say.
+    fn token(&mut self, choice: usize, text: &str, logprob: Option<TokenLogprob>) -> Option<Value>;
+    /// The chunks that end `choice`: held-back text, then the finish reason.
+    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Value>;
+    /// The usage chunk (`choices: []`).
+    fn usage(&self, usage: &Usage) -> Value;
+}
+
+struct Streamer<F> {
+    merged: Merged,
+    fmt: F,
+    n: usize,
+    include_usage: bool,
+    usage: Usage,
+    queue: VecDeque<String>,
+    ended: bool,
+}
+
+impl<F: ChunkFormat> Streamer<F> {
+    fn push(&mut self, mut chunk: Value) {
+        if self.include_usage {
+            if let Some(o) = chunk.as_object_mut() {
+                o.entry("usage").or_insert(Value::Null);
+            }
+        }
+        self.queue.push_back(format!("data: {chunk}\n\n"));
+    }
+
+    fn end(&mut self) {
+        if self.include_usage {
+            let u = self.fmt.usage(&self.usage);
+            self.queue.push_back(format!("data: {u}\n\n"));
+        }
+        self.queue.push_back("data: [DONE]\n\n".to_string());
+        self.ended = true;
+    }
+
+    async fn next_frame(&mut self) -> Option<String> {
+        loop {
+            if let Some(f) = self.queue.pop_front() {
+                return Some(f);
+            }
+            if self.ended {
+                return None;
+            }
+            match self.merged.next().await {
+                None => self.end(),
+                Some((p, ev)) => match ev {
+                    Event::Token {
+                        index,
+                        token,
+                        text,
+                        logprob,
+                        top_logprobs,
+                    } => {
+                        let lp = logprob.map(|logprob| TokenLogprob {
+                            token,
+                            logprob,
+                            top: top_logprobs,
+                        });
+                        if let Some(c) = self.fmt.token(p * self.n + index, &text, lp) {
+                            self.push(c);
+                        }
+                    }
+                    Event::Finished {
+                        index,
+                        reason,
+                        text,
+                    } => {
+                        for c in self.fmt.finish(p * self.n + index, &text, &reason) {
+                            self.push(c);
+                        }
+                    }
+                    Event::Done { usage } => add_usage(&mut self.usage, &usage),
+                    Event::Error(msg) => {
+                        let e = ServerError::Internal(msg).to_json();
+                        self.queue.push_back(format!("data: {e}\n\n"));
+                        self.queue.push_back("data: [DONE]\n\n".to_string());
+                        self.ended = true;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// A `text/event-stream` response that writes `merged`'s events in `fmt`'s chunks.
+pub fn sse_response<F: ChunkFormat>(
+    merged: Merged,
+    mut fmt: F,
+    n: usize,
+    include_usage: bool,
+) -> Response {
+    let start = fmt.start();
+    let mut s = Streamer {
+        merged,
+        fmt,
+        n,
+        include_usage,
+        usage: Usage::default(),
+        queue: VecDeque::new(),
+        ended: false,
+    };
+    for c in start {
+        s.push(c);
+    }
+    let stream = futures_util::stream::unfold(s, |mut s| async move {
+        s.next_frame()
+            .await
+            .map(|f| (Ok::<Bytes, Infallible>(Bytes::from(f)), s))
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}

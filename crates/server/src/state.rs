@@ -1,0 +1,132 @@
+//! What every handler shares: the engine handle, the text assets, the served name and the
+//! checks every generation request goes through (model name, context length, body size).
+
+use crate::error::{Result, ServerError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use ferrum_engine::EngineHandle;
+use ferrum_tokenizer::{ChatTemplate, Tokenizer};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Shared by all handlers; cheap to reach through an `Arc`.
+#[derive(Debug)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    /// The name clients pass as `model`.
+    pub model_name: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// When the server started (Unix seconds), reported as the model's `created`.
+    pub created: u64,
+    next_id: AtomicU64,
+    id_salt: u64,
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        template: Option<ChatTemplate>,
+        model_name: String,
+        api_key: Option<String>,
+        max_body_bytes: usize,
+    ) -> Result<AppState> {
+        let tokenizer = engine.tokenizer().cloned().ok_or_else(|| {
+            ServerError::Internal("the server needs a model with a tokenizer".into())
+        })?;
+        let salt = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ (u64::from(std::process::id()) << 40);
+        Ok(AppState {
+            engine,
+            tokenizer,
+            template: template.map(Arc::new),
+            model_name,
+            api_key,
+            max_body_bytes,
+            created: unix_now(),
+            next_id: AtomicU64::new(0),
+            id_salt: salt,
+        })
+    }
+
+    /// A fresh response id such as `chatcmpl-3f2a...`: unique within the process, and
+    /// unlikely to repeat across restarts.
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut x = self.id_salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // splitmix64 finalizer: consecutive ids look unrelated.
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        format!("{prefix}-{x:016x}{n:08x}")
+    }
+
+    /// A request naming another model is a 404, as OpenAI answers; no name means this one.
+    pub fn check_model(&self, requested: Option<&str>) -> Result<()> {
+        match requested {
+            Some(m) if m != self.model_name => Err(ServerError::NotFound {
+                msg: format!(
+                    "The model '{m}' does not exist; this server serves '{}'",
+                    self.model_name
+                ),
+                code: "model_not_found",
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Prompt and requested output must fit the context, as OpenAI checks it.
+    pub fn check_context(
+        &self,
+        prompt_len: usize,
+        max_tokens: Option<usize>,
+        what: &str,
+    ) -> Result<()> {
+        let limit = self.engine.max_model_len();
+        let wanted = prompt_len.saturating_add(max_tokens.unwrap_or(1));
+        if prompt_len >= limit || wanted > limit {
+            let detail = match max_tokens {
+                Some(m) => format!(
+                    "you requested {wanted} tokens ({prompt_len} in the {what}, {m} in the completion)"
+                ),
+                None => format!("your {what} resulted in {prompt_len} tokens"),
+            };
+            return Err(ServerError::BadRequest {
+                msg: format!(
+                    "This model's maximum context length is {limit} tokens. However, {detail}. Please reduce the length of the {what} or completion."
+                ),
+                param: Some(what.to_string()),
+                code: Some("context_length_exceeded"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The body, or the right error for one that could not be read (413 when too large).
+    pub fn body(&self, body: std::result::Result<Bytes, BytesRejection>) -> Result<Bytes> {
+        body.map_err(|rej| {
+            if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ServerError::PayloadTooLarge(format!(
+                    "the request body is larger than this server's limit of {} bytes",
+                    self.max_body_bytes
+                ))
+            } else {
+                ServerError::bad(format!("cannot read the request body: {}", rej.body_text()))
+            }
+        })
+    }
+}
