@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace and ends with one summary line over all test binaries. The
-# SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the model is absent, except
-# under CI.
+# Runs every test: the workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
+# (scripts/test-openai.sh, which installs the `openai` package into a venv). Ends with one
+# summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
+# model is absent, except under CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
-awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
+echo "== OpenAI client tests (scripts/test-openai.sh)"
+bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
+awk '
+  /^test result:/ { p += $4; f += $6 }
+  /^Ran [0-9]+ tests? in/ { py = $2 }
+  /^FAILED \(/ { n = split($0, parts, /[=,)]/); for (i = 2; i <= n; i += 2) pf += parts[i] }
+  END { printf "all tests: %d passed, %d failed\n", p + py - pf, f + pf }' "$log"
 exit "$status"

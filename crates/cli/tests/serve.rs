@@ -1,0 +1,474 @@
+//! `ferrum serve` as a real process, driven over HTTP with reqwest: SSE framing, aborting on
+//! disconnect (the KV gauges return to full), graceful shutdown, and error statuses.
+// The child is killed and waited for in `Server::drop`.
+#![allow(clippy::unwrap_used, clippy::zombie_processes)]
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn tiny() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny-smollm")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A running `ferrum serve`; killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
+            .args(["serve", "--model", &tiny(), "--port", "0"])
+            .args(["--served-model-name", "tiny", "--num-kv-blocks", "256"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("the server did not print its address");
+            if let Some(at) = line.find("http://") {
+                let base = line[at..].trim().to_string();
+                return Server {
+                    child,
+                    base,
+                    stderr: rx,
+                };
+            }
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+
+    /// Waits for the process to exit; its status, or `None` on timeout.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gauge from `/metrics`.
+async fn gauge(c: &reqwest::Client, s: &Server, name: &str) -> f64 {
+    let text = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))
+}
+
+/// Polls until every KV block is free and nothing runs; panics after `timeout`.
+async fn wait_all_free(c: &reqwest::Client, s: &Server, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let total = gauge(c, s, "ferrum_kv_blocks_total").await;
+        let free = gauge(c, s, "ferrum_kv_blocks_free").await;
+        let running = gauge(c, s, "ferrum_num_requests_running").await;
+        if free == total && running == 0.0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocks not freed: {free}/{total} free, {running} running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Splits an SSE body into its `data:` payloads, checking the framing on the way.
+fn frames(body: &str) -> Vec<String> {
+    assert!(body.ends_with("\n\n"), "body must end with a blank line");
+    body.split_terminator("\n\n")
+        .map(|f| {
+            assert!(f.starts_with("data: "), "bad frame {f:?}");
+            assert!(!f[6..].contains('\n'), "frame spans lines: {f:?}");
+            f[6..].to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sse_framing_matches_openai() {
+    let s = Server::start(&[]);
+    let c = reqwest::Client::new();
+    let body = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Say something"}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+        "n": 2, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    let f = frames(&text);
+    assert_eq!(f.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = f[..f.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    // One id for the whole stream; every chunk but the last has "usage": null.
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    for ch in &chunks {
+        assert_eq!(ch["id"], id);
+        assert_eq!(ch["object"], "chat.completion.chunk");
+        assert_eq!(ch["model"], "tiny");
+    }
+    for ch in &chunks[..chunks.len() - 1] {
+        assert!(ch["usage"].is_null());
+        assert_eq!(ch["choices"].as_array().unwrap().len(), 1);
+    }
+    // The role chunks come first, one per choice.
+    for (i, ch) in chunks[..2].iter().enumerate() {
+        assert_eq!(ch["choices"][0]["index"], i);
+        assert_eq!(ch["choices"][0]["delta"]["role"], "assistant");
+    }
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 24);
+    let prompt_tokens = usage["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["usage"]["total_tokens"], prompt_tokens + 24);
+    // Per choice: content deltas, then exactly one finish chunk with an empty delta.
+    let mut texts = [String::new(), String::new()];
+    for (i, text) in texts.iter_mut().enumerate() {
+        let mine: Vec<&Value> = chunks[..chunks.len() - 1]
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .collect();
+        let last = mine.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        for ch in &mine[..mine.len() - 1] {
+            assert!(ch["choices"][0]["finish_reason"].is_null());
+            *text += ch["choices"][0]["delta"]["content"].as_str().unwrap();
+        }
+    }
+    // Greedy: both samples agree, and the stream says what the plain response says.
+    assert_eq!(texts[0], texts[1]);
+    let mut plain = body.clone();
+    plain["stream"] = json!(false);
+    plain["stream_options"] = Value::Null;
+    let v: Value = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&plain)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], texts[0].as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens);
+}
+
+#[tokio::test]
+async fn disconnect_aborts_and_frees_blocks() {
+    let s = Server::start(&[]);
+    let c = reqwest::Client::new();
+    let long = json!({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1500,
+                      "ignore_eos": true, "stream": true});
+    // A stream read for a while, then dropped.
+    let mut r = c
+        .post(s.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        assert!(r.chunk().await.unwrap().is_some());
+    }
+    let total = gauge(&c, &s, "ferrum_kv_blocks_total").await;
+    assert!(gauge(&c, &s, "ferrum_kv_blocks_free").await < total);
+    assert_eq!(gauge(&c, &s, "ferrum_num_requests_running").await, 1.0);
+    drop(r);
+    wait_all_free(&c, &s, Duration::from_secs(10)).await;
+    let generated = gauge(&c, &s, "ferrum_generation_tokens_total").await;
+    assert!(
+        generated < 1500.0,
+        "{generated} tokens: the request was not aborted"
+    );
+    // A plain request whose client gives up.
+    let mut plain = long.clone();
+    plain["stream"] = json!(false);
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    assert!(quick
+        .post(s.url("/v1/completions"))
+        .json(&plain)
+        .send()
+        .await
+        .is_err());
+    wait_all_free(&c, &s, Duration::from_secs(10)).await;
+    let after = gauge(&c, &s, "ferrum_generation_tokens_total").await;
+    assert!(
+        after - generated < 1500.0,
+        "the plain request was not aborted"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_lets_streams_finish_then_exits() {
+    let mut s = Server::start(&["--shutdown-timeout", "60"]);
+    let c = reqwest::Client::new();
+    let req = json!({"prompt": "Hello", "max_tokens": 150, "ignore_eos": true, "stream": true});
+    let mut r = c
+        .post(s.url("/v1/completions"))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    let mut body = String::new();
+    body += std::str::from_utf8(&r.chunk().await.unwrap().unwrap()).unwrap();
+    s.signal("-TERM");
+    // New connections are refused once the listener has closed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let fresh = reqwest::Client::new();
+        if fresh.get(s.url("/health")).send().await.is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The in-flight stream runs to its end.
+    while let Some(b) = r.chunk().await.unwrap() {
+        body += std::str::from_utf8(&b).unwrap();
+    }
+    let f = frames(&body);
+    assert_eq!(f.last().unwrap(), "[DONE]");
+    let fin: Value = serde_json::from_str(&f[f.len() - 2]).unwrap();
+    assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    let st = s
+        .wait_exit(Duration::from_secs(20))
+        .expect("no exit after SIGTERM");
+    assert!(st.success(), "{st:?}");
+    let log: Vec<String> = s.stderr.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("shutting down")), "{log:?}");
+}
+
+#[tokio::test]
+async fn grace_period_bounds_shutdown() {
+    let mut s = Server::start(&["--shutdown-timeout", "0.5"]);
+    let c = reqwest::Client::new();
+    let req = json!({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut r = c
+        .post(s.url("/v1/completions"))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.chunk().await.unwrap().is_some());
+    let t = Instant::now();
+    s.signal("-INT");
+    let st = s
+        .wait_exit(Duration::from_secs(15))
+        .expect("no exit after the grace period");
+    assert!(st.success(), "{st:?}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // The cut-off stream ends (without [DONE]).
+    let mut body = Vec::new();
+    while let Ok(Some(b)) = r.chunk().await {
+        body.extend_from_slice(&b);
+    }
+    assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+}
+
+/// Every error status the server gives, each in OpenAI's JSON shape.
+#[tokio::test]
+async fn error_statuses() {
+    let s = Server::start(&[
+        "--api-key",
+        "sekret",
+        "--max-request-bytes",
+        "4000",
+        "--max-num-seqs",
+        "1",
+        "--max-waiting-requests",
+        "0",
+    ]);
+    let c = reqwest::Client::new();
+    let chat =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let post = |path: &str, body: String, key: Option<&str>| {
+        let mut b = c
+            .post(s.url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            b = b.bearer_auth(k);
+        }
+        b.send()
+    };
+    let check = |status: u16, expect: u16, v: &Value, what: &str| {
+        assert_eq!(status, expect, "{what}: {v}");
+        assert!(v["error"]["message"].as_str().is_some(), "{what}: {v}");
+        assert!(v["error"]["type"].as_str().is_some(), "{what}: {v}");
+        assert!(v["error"].get("param").is_some(), "{what}: {v}");
+        assert!(v["error"].get("code").is_some(), "{what}: {v}");
+    };
+    let key = Some("sekret");
+    // (path, body, key, status, param)
+    type Case<'a> = (&'a str, String, Option<&'a str>, u16, Option<&'a str>);
+    let cases: Vec<Case<'_>> = vec![
+        ("/v1/chat/completions", chat.to_string(), None, 401, None),
+        ("/v1/chat/completions", chat.to_string(), Some("wrong"), 401, None),
+        ("/v1/chat/completions", "{not json".into(), key, 400, None),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})
+                .to_string(),
+            key,
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "top_p": 7}).to_string(),
+            key,
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]})
+                .to_string(),
+            key,
+            400,
+            Some("tools"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 5000}).to_string(),
+            key,
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            key,
+            404,
+            None,
+        ),
+        ("/v1/nothing", "{}".into(), key, 404, None),
+        ("/v1/completions", "x".repeat(5000), key, 413, None),
+    ];
+    for (path, body, k, expect, param) in cases {
+        let r = post(path, body, k).await.unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        check(status, expect, &v, path);
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{v}");
+        }
+    }
+    // Health and metrics need no key.
+    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(s.url("/metrics")).send().await.unwrap().status(), 200);
+    // Queue full: one request runs, none may wait.
+    let long = json!({"prompt": "hi", "max_tokens": 1000, "ignore_eos": true, "stream": true});
+    let mut held = post("/v1/completions", long.to_string(), key)
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    assert!(held.chunk().await.unwrap().is_some());
+    let r = post("/v1/chat/completions", chat.to_string(), key)
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    check(status, 503, &v, "overloaded");
+    drop(held);
+    wait_all_free(&c, &s, Duration::from_secs(10)).await;
+    let r = post("/v1/chat/completions", chat.to_string(), key)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_concurrent_streams() {
+    let s = Server::start(&[]);
+    let c = reqwest::Client::new();
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let c = c.clone();
+            let url = s.url("/v1/completions");
+            tokio::spawn(async move {
+                let body = json!({"prompt": format!("Request number {i}"), "max_tokens": 4,
+                                  "ignore_eos": true, "stream": true});
+                let r = c.post(url).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                r.text().await.unwrap()
+            })
+        })
+        .collect();
+    for t in tasks {
+        let body = t.await.unwrap();
+        let f = frames(&body);
+        assert_eq!(f.last().unwrap(), "[DONE]");
+        let fin: Value = serde_json::from_str(&f[f.len() - 2]).unwrap();
+        assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    }
+    wait_all_free(&c, &s, Duration::from_secs(10)).await;
+    assert_eq!(gauge(&c, &s, "ferrum_request_success_total").await, 300.0);
+}
