@@ -256,8 +256,8 @@ impl EngineCore {
                 }
             }
         }
-        let _ = r.tx.send(Event::Done { usage: r.usage });
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let _ = r.tx.send(Event::Done { usage: r.usage });
     }
 
     fn step(&mut self) -> Result<()> {
@@ -382,12 +382,14 @@ impl EngineCore {
         r.unfinished -= 1;
         if r.unfinished == 0 {
             if let Some(r) = self.reqs.remove(&s.request) {
-                let _ = r.tx.send(Event::Done { usage: r.usage });
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                // Metrics and the in-flight count first: a caller that has seen `Done` sees
+                // them updated.
                 if let Ok(mut m) = self.metrics.lock() {
                     m.e2e_latency.observe((now - r.arrived).as_secs_f64());
                     m.requests_finished += 1;
                 }
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                let _ = r.tx.send(Event::Done { usage: r.usage });
             }
         }
     }

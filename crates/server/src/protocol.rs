@@ -14,6 +14,14 @@ use serde_json::Value;
 /// Most samples one request may ask for (OpenAI's limit).
 pub const MAX_N: usize = 128;
 
+/// Most stop strings per request, and the longest one in bytes.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// Most `logit_bias` entries and `stop_token_ids` per request.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
+
 /// OpenAI's default `max_tokens` for the legacy completions endpoint.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
@@ -132,6 +140,15 @@ fn options(f: &Fields, max_tokens: Option<usize>) -> Result<Options> {
     };
     let mut logit_bias = Vec::new();
     if let Some(map) = f.object("logit_bias")? {
+        if map.len() > MAX_LOGIT_BIAS {
+            return Err(ServerError::param(
+                "logit_bias",
+                format!(
+                    "'logit_bias' has {} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                    map.len()
+                ),
+            ));
+        }
         for (k, v) in map {
             let id: TokenId = k.trim().parse().map_err(|_| {
                 ServerError::param(
@@ -189,6 +206,35 @@ fn options(f: &Fields, max_tokens: Option<usize>) -> Result<Options> {
             ));
         }
     }
+    let stop = f.strings("stop")?;
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ServerError::param(
+            "stop",
+            format!(
+                "'stop' has {} strings; at most {MAX_STOP_STRINGS} are allowed",
+                stop.len()
+            ),
+        ));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ServerError::param("stop", "stop strings must not be empty"));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ServerError::param(
+            "stop",
+            format!(
+                "a stop string of {} bytes is longer than the limit of {MAX_STOP_BYTES}",
+                long.len()
+            ),
+        ));
+    }
+    let stop_token_ids = f.token_ids("stop_token_ids")?.unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ServerError::param(
+            "stop_token_ids",
+            format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed"),
+        ));
+    }
     let d = SamplingParams::default();
     let params = SamplingParams {
         n,
@@ -202,8 +248,8 @@ fn options(f: &Fields, max_tokens: Option<usize>) -> Result<Options> {
         frequency_penalty: f.f32("frequency_penalty")?.unwrap_or(d.frequency_penalty),
         logit_bias,
         seed,
-        stop: f.strings("stop")?,
-        stop_token_ids: f.token_ids("stop_token_ids")?.unwrap_or_default(),
+        stop,
+        stop_token_ids,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         logprobs: None,
         skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
@@ -570,6 +616,34 @@ mod tests {
             assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{body}");
             assert_eq!(param_of(e), param, "{body}");
         }
+    }
+
+    #[test]
+    fn list_limits() {
+        fn body(key: &str, value: String) -> String {
+            format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"{key}":{value}}}"#)
+        }
+        fn list(n: usize, item: impl Fn(usize) -> String) -> String {
+            let items: Vec<String> = (0..n).map(item).collect();
+            format!("[{}]", items.join(","))
+        }
+        let bias: Vec<String> = (0..=MAX_LOGIT_BIAS).map(|i| format!("\"{i}\":1")).collect();
+        let over = [
+            body("stop", list(MAX_STOP_STRINGS + 1, |i| format!("\"s{i}\""))),
+            body("stop", format!("\"{}\"", "x".repeat(MAX_STOP_BYTES + 1))),
+            body("stop", "[\"\"]".to_string()),
+            body("logit_bias", format!("{{{}}}", bias.join(","))),
+            body(
+                "stop_token_ids",
+                list(MAX_STOP_TOKEN_IDS + 1, |i| i.to_string()),
+            ),
+        ];
+        for b in &over {
+            let e = chat(b).expect_err(&b.chars().take(60).collect::<String>());
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
+        }
+        let ok = body("stop", list(MAX_STOP_STRINGS, |i| format!("\"s{i}\"")));
+        assert_eq!(chat(&ok).unwrap().opts.params.stop.len(), MAX_STOP_STRINGS);
     }
 
     #[test]
