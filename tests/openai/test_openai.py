@@ -43,7 +43,8 @@ class Server:
             if time.time() > deadline:
                 raise RuntimeError("ferrum serve did not start")
         # Keep draining stderr so the server never blocks on it.
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+        self.drain = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self.drain.start()
 
     def client(self, api_key="none", **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, **kw)
@@ -54,6 +55,9 @@ class Server:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.drain.join(timeout=10)
+        self.proc.stderr.close()
         return self.proc.returncode
 
 
@@ -375,11 +379,11 @@ class Limits(unittest.TestCase):
 
 @unittest.skipUnless(SMOLLM2 and os.path.exists(SMOLLM2), "SmolLM2 GGUF not fetched (scripts/fetch-smollm2.sh)")
 class SmolLM2(unittest.TestCase):
-    """The real model against HF transformers' greedy references."""
+    """The real model against HF transformers' greedy references (float reference path)."""
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(SMOLLM2, "smollm2")
+        cls.server = Server(SMOLLM2, "smollm2", "--matmul-precision", "float")
         cls.c = cls.server.client()
         ref = reference(os.path.join(FIXTURES, "smollm2-135m"))
         cls.cases = {c["name"]: c for c in ref["cases"]}
@@ -414,6 +418,20 @@ class SmolLM2(unittest.TestCase):
         b = self.c.chat.completions.create(model="smollm2", messages=msgs, n=2, seed=7, max_tokens=16)
         self.assertEqual([c.message.content for c in a.choices], [c.message.content for c in b.choices])
         self.assertTrue(all(c.message.content for c in a.choices))
+
+
+@unittest.skipUnless(SMOLLM2 and os.path.exists(SMOLLM2), "SmolLM2 GGUF not fetched (scripts/fetch-smollm2.sh)")
+class SmolLM2Int8(unittest.TestCase):
+    """The fast default (int8 activations) keeps the reference's first greedy tokens."""
+
+    def test_raw_completion(self):
+        server = Server(SMOLLM2, "smollm2")
+        try:
+            r = server.client().completions.create(model="smollm2", prompt="The capital of France is",
+                                                   temperature=0, max_tokens=8)
+            self.assertTrue(r.choices[0].text.startswith(" Paris."), r.choices[0].text)
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 if __name__ == "__main__":

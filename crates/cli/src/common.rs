@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{EngineConfig, Generator, GeneratorConfig, KvCacheSize};
 use ferrum_models::{load_model, load_text_assets, LoadOptions, Model};
+use ferrum_runtime::cpu::MatmulPrecision;
 use ferrum_tokenizer::TextAssets;
 use ferrum_types::{SamplingParams, TypesError};
 use std::io::IsTerminal;
@@ -25,6 +26,26 @@ pub struct ModelArgs {
     /// Context limit in tokens (default: the model's).
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Activations in products with block-quantized weights: int8 (fast, llama.cpp's
+    /// arithmetic) or float (f32, the reference path).
+    #[arg(long, value_enum, default_value_t = Precision::Int8)]
+    pub matmul_precision: Precision,
+}
+
+/// `--matmul-precision` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Precision {
+    Int8,
+    Float,
+}
+
+impl From<Precision> for MatmulPrecision {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Int8 => MatmulPrecision::Int8,
+            Precision::Float => MatmulPrecision::Float,
+        }
+    }
 }
 
 /// Sampling flags. The defaults are a balanced chat setting; `--temperature 0` is greedy.
@@ -121,6 +142,7 @@ pub fn load_parts(
         &path,
         &LoadOptions {
             num_threads: args.threads,
+            precision: args.matmul_precision.into(),
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

@@ -3,6 +3,7 @@
 //! non-zero exit status.
 
 mod batch;
+mod bench;
 mod chat;
 mod common;
 mod inspect;
@@ -32,6 +33,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
+    /// Benchmarks: `latency` (prefill and decode speed of the model).
+    Bench(bench::BenchArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
     Inspect(inspect::InspectArgs),
 }
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(&args),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Inspect(args) => inspect::inspect(&args),
+        Command::Bench(args) => bench::bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

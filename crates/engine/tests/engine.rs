@@ -22,6 +22,7 @@ fn model(name: &str) -> ferrum_models::Model {
         &fixture(name),
         &LoadOptions {
             num_threads: Some(2),
+            ..LoadOptions::default()
         },
     )
     .unwrap()

@@ -19,6 +19,7 @@ fn generator(name: &str, cfg: GeneratorConfig) -> Generator {
         &fixture(name),
         &LoadOptions {
             num_threads: Some(2),
+            ..LoadOptions::default()
         },
     )
     .unwrap();

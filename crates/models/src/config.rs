@@ -348,13 +348,16 @@ impl ModelConfig {
                 return Err(err(key, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(err(
                 "num_key_value_heads",
                 "must divide num_attention_heads (grouped-query attention)",
             ));
         }
-        if self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return Err(err("head_dim", "must be even and at most 512"));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {

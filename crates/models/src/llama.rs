@@ -10,7 +10,8 @@
 
 use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::{self, AttentionShape, Rope};
+use ferrum_runtime::cpu::qdot::Q8Acts;
+use ferrum_runtime::cpu::{self, AttentionShape, Linear, Rope};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ struct Scratch {
     up: Vec<f32>,
     rows: Vec<f32>,
     logits: Vec<f32>,
+    /// The current linear input, quantized (int8 path).
+    qa: Q8Acts,
 }
 
 /// A Llama-family model ready to run.
@@ -52,6 +55,7 @@ struct Scratch {
 pub struct LlamaModel {
     config: ModelConfig,
     pool: Arc<ThreadPool>,
+    linear: Linear,
     embed: Tensor,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
@@ -160,6 +164,7 @@ impl LlamaModel {
         config: ModelConfig,
         src: &WeightSource,
         pool: Arc<ThreadPool>,
+        linear: Linear,
     ) -> Result<LlamaModel> {
         let c = &config;
         let fmt = src.format();
@@ -259,6 +264,7 @@ impl LlamaModel {
             layers,
             rope,
             pool,
+            linear,
             scratch: Scratch::default(),
             config,
         })
@@ -301,6 +307,7 @@ impl LlamaModel {
             buf.resize(len, 0.0);
         }
         let pool = &*self.pool;
+        let lin = self.linear;
         // [t, h]
         cpu::embedding(&self.embed, &batch.token_ids, &mut s.x)?;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -309,10 +316,11 @@ impl LlamaModel {
                 ..layer.attn
             };
             cpu::rms_norm(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
-            // q: [t, nh*hd], k and v: [t, nkv*hd]
-            cpu::matmul(pool, &s.h, &layer.wq, &mut s.q)?;
-            cpu::matmul(pool, &s.h, &layer.wk, &mut s.k)?;
-            cpu::matmul(pool, &s.h, &layer.wv, &mut s.v)?;
+            // q: [t, nh*hd], k and v: [t, nkv*hd]; the input is quantized once for all three.
+            let input = lin.prepare(&s.h, h, &mut s.qa);
+            lin.matmul(pool, &input, &layer.wq, &mut s.q)?;
+            lin.matmul(pool, &input, &layer.wk, &mut s.k)?;
+            lin.matmul(pool, &input, &layer.wv, &mut s.v)?;
             if let Some([bq, bk, bv]) = &layer.qkv_bias {
                 cpu::add_bias(&mut s.q, bq);
                 cpu::add_bias(&mut s.k, bk);
@@ -339,15 +347,18 @@ impl LlamaModel {
                 &mut s.attn,
             );
             // [t, h]
-            cpu::matmul(pool, &s.attn, &layer.wo, &mut s.h)?;
+            let input = lin.prepare(&s.attn, qd, &mut s.qa);
+            lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
             cpu::rms_norm(&s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
             // [t, inter]
-            cpu::matmul(pool, &s.h, &layer.w_gate, &mut s.gate)?;
-            cpu::matmul(pool, &s.h, &layer.w_up, &mut s.up)?;
+            let input = lin.prepare(&s.h, h, &mut s.qa);
+            lin.matmul(pool, &input, &layer.w_gate, &mut s.gate)?;
+            lin.matmul(pool, &input, &layer.w_up, &mut s.up)?;
             cpu::silu_mul(&mut s.gate, &s.up);
             // [t, h]
-            cpu::matmul(pool, &s.gate, &layer.w_down, &mut s.h)?;
+            let input = lin.prepare(&s.gate, inter, &mut s.qa);
+            lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
         }
         // [num_logits, h]
@@ -365,7 +376,8 @@ impl LlamaModel {
             &mut s.rows,
         );
         // [num_logits, vocab]
-        cpu::matmul(pool, &s.rows, &self.lm_head, &mut s.logits)?;
+        let input = lin.prepare(&s.rows, h, &mut s.qa);
+        lin.matmul(pool, &input, &self.lm_head, &mut s.logits)?;
         Ok(&s.logits)
     }
 }

@@ -3,6 +3,7 @@
 use crate::registry::Family;
 use crate::source::WeightSource;
 use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
+use ferrum_runtime::cpu::{Linear, MatmulPrecision};
 use ferrum_runtime::ThreadPool;
 use ferrum_types::ForwardBatch;
 use std::path::Path;
@@ -13,6 +14,8 @@ use std::sync::Arc;
 pub struct LoadOptions {
     /// Compute threads; `None` uses every available core.
     pub num_threads: Option<usize>,
+    /// Activations of products with block-quantized weights: 8-bit integer (default) or f32.
+    pub precision: MatmulPrecision,
 }
 
 /// A loaded model of any supported family.
@@ -60,6 +63,11 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     .map_err(|e| ModelError::io(path, e))?;
     let pool = Arc::new(pool);
     match config.spec.family {
-        Family::Llama => Ok(Model::Llama(LlamaModel::load(config, &src, pool)?)),
+        Family::Llama => Ok(Model::Llama(LlamaModel::load(
+            config,
+            &src,
+            pool,
+            Linear::new(opts.precision),
+        )?)),
     }
 }

@@ -15,6 +15,7 @@ fn load_err(path: &Path) -> String {
         path,
         &LoadOptions {
             num_threads: Some(1),
+            ..LoadOptions::default()
         },
     )
     .unwrap_err();

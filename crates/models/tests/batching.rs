@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use ferrum_models::{ForwardBatch, KvCache, Model};
+use ferrum_runtime::cpu::MatmulPrecision;
 
 const BS: usize = 16;
 
@@ -40,7 +41,11 @@ struct Setup {
 }
 
 fn setup(name: &str) -> Setup {
-    let mut model = load(&fixtures().join(name));
+    setup_model(load(&fixtures().join(name)), name)
+}
+
+/// The prompts of fixture `name` on `model`.
+fn setup_model(mut model: Model, name: &str) -> Setup {
     let prompts = prompts(name);
     let alone = prompts
         .iter()
@@ -60,6 +65,10 @@ fn setup(name: &str) -> Setup {
 }
 
 fn all_prompts_in_one_batch(name: &str) {
+    all_in_one_batch(setup(name), name);
+}
+
+fn all_in_one_batch(setup: Setup, name: &str) {
     let Setup {
         mut model,
         prompts,
@@ -67,7 +76,7 @@ fn all_prompts_in_one_batch(name: &str) {
         lens,
         tables,
         mut kv,
-    } = setup(name);
+    } = setup;
     let mut b = ForwardBatch::new();
     for (p, t) in prompts.iter().zip(&tables) {
         b.push_seq(p, 0, t, BS, false).unwrap();
@@ -90,6 +99,10 @@ fn all_prompts_in_one_batch(name: &str) {
 /// Runs every prompt as prefill chunks of `chunk` tokens, all sequences advancing together in
 /// each step, and compares every position's logits with the single-pass ones.
 fn chunked(name: &str, chunk: usize) {
+    chunked_setup(setup(name), name, chunk);
+}
+
+fn chunked_setup(setup: Setup, name: &str, chunk: usize) {
     let Setup {
         mut model,
         prompts,
@@ -97,7 +110,7 @@ fn chunked(name: &str, chunk: usize) {
         lens,
         tables,
         mut kv,
-    } = setup(name);
+    } = setup;
     let vocab = model.config().vocab_size;
     let mut done = vec![0usize; prompts.len()];
     let mut b = ForwardBatch::new();
@@ -143,6 +156,20 @@ fn chunked_prefill_matches_single_runs() {
     chunked("tiny-mistral-swa", 16);
     chunked("tiny-mistral-swa", 7);
     chunked("tiny-qwen2", 23);
+}
+
+/// The int8-activation path (Q8_0 weights): activations are quantized per row, so a row's
+/// result cannot depend on its batch-mates either.
+#[test]
+fn int8_activations_keep_batch_invariance() {
+    let q8 = || {
+        load_with(
+            &fixtures().join("tiny-smollm/model-q8_0.gguf"),
+            MatmulPrecision::Int8,
+        )
+    };
+    all_in_one_batch(setup_model(q8(), "tiny-smollm"), "tiny-smollm q8_0 int8");
+    chunked_setup(setup_model(q8(), "tiny-smollm"), "tiny-smollm q8_0 int8", 3);
 }
 
 /// Decodes of one sequence share steps with another sequence's prefill chunks; the decode

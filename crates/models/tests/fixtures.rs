@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use ferrum_models::GgufFile;
+use ferrum_runtime::cpu::MatmulPrecision;
 use std::path::Path;
 
 fn check_fixture(dir: &Path, model_path: &Path, tolerance: f32) {
@@ -111,14 +112,32 @@ fn q8_0_weight_error(dir: &Path) -> f64 {
 /// of positions (the untrained model's top logits are often closer than the error).
 #[test]
 fn tiny_smollm_gguf_q8_0_within_quantization_error() {
+    q8_0_within_quantization_error(MatmulPrecision::Float);
+}
+
+/// The fast path also rounds each activation row to 8 bits per block of 32, the same step
+/// rule as the Q8_0 weights: a second error of about the weights' size at every stage, so the
+/// bounds grow by sqrt(2).
+#[test]
+fn tiny_smollm_gguf_q8_0_int8_activations_within_quantization_error() {
+    q8_0_within_quantization_error(MatmulPrecision::Int8);
+}
+
+fn q8_0_within_quantization_error(precision: MatmulPrecision) {
     let dir = fixtures().join("tiny-smollm");
-    let mut model = load(&dir.join("model-q8_0.gguf"));
+    let mut model = load_with(&dir.join("model-q8_0.gguf"), precision);
     let reference = reference_json(&dir);
     let vocab = model.config().vocab_size;
     let eps = q8_0_weight_error(&dir);
     let n = 7 * model.config().num_hidden_layers + 2;
-    let rms_bound = (n as f64).sqrt() * eps;
-    eprintln!("q8_0: weight RMS error {eps:.3e}, {n} quantized stages, RMS bound {rms_bound:.3e}");
+    let sources = match precision {
+        MatmulPrecision::Float => 1.0,
+        MatmulPrecision::Int8 => 2.0,
+    };
+    let rms_bound = (n as f64 * sources).sqrt() * eps;
+    eprintln!(
+        "q8_0 ({precision:?}): weight RMS error {eps:.3e}, {n} quantized stages, RMS bound {rms_bound:.3e}"
+    );
     let (mut positions, mut same_argmax) = (0, 0);
     for case in reference["cases"].as_array().unwrap() {
         let i = case["index"].as_u64().unwrap();
@@ -153,7 +172,9 @@ fn tiny_smollm_gguf_q8_0_within_quantization_error() {
             same_argmax += usize::from(argmax(&got[row.clone()]) == argmax(&want[row]));
         }
     }
-    eprintln!("q8_0: {same_argmax} of {positions} positions keep the reference argmax");
+    eprintln!(
+        "q8_0 ({precision:?}): {same_argmax} of {positions} positions keep the reference argmax"
+    );
     assert!(
         same_argmax * 10 >= positions * 9,
         "only {same_argmax} of {positions} argmaxes agree"

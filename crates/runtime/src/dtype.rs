@@ -74,7 +74,7 @@ impl DType {
     /// Bytes of a row of `cols` elements, or `None` when `cols` is not a whole number of blocks
     /// or the size overflows.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if cols % self.block_size() != 0 {
+        if !cols.is_multiple_of(self.block_size()) {
             return None;
         }
         (cols / self.block_size()).checked_mul(self.block_bytes())

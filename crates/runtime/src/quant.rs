@@ -23,7 +23,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], out: &mut [f32]) {
     let bs = dtype.block_size();
     let bb = dtype.block_bytes();
     assert!(
-        out.len() % bs == 0 && src.len() == out.len() / bs * bb,
+        out.len().is_multiple_of(bs) && src.len() == out.len() / bs * bb,
         "dequantize_row: {} bytes of {dtype} cannot hold {} elements",
         src.len(),
         out.len()

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use ferrum_models::{load_model, ForwardBatch, KvCache, LoadOptions, Model, SafetensorsFile};
+use ferrum_runtime::cpu::MatmulPrecision;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -17,11 +18,17 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Loads with the float reference path: the reference tests hold it to tight bounds.
 pub fn load(path: &Path) -> Model {
+    load_with(path, MatmulPrecision::Float)
+}
+
+pub fn load_with(path: &Path, precision: MatmulPrecision) -> Model {
     load_model(
         path,
         &LoadOptions {
             num_threads: Some(2),
+            precision,
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -8,12 +8,13 @@ mod attention;
 mod embedding;
 mod matmul;
 mod norm;
+pub mod qdot;
 mod rope;
 
 pub use activation::silu_mul;
 pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 pub use embedding::embedding;
-pub use matmul::{add_bias, dot, matmul};
+pub use matmul::{add_bias, dot, matmul, matmul_q8, Linear, LinearInput, MatmulPrecision};
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeScaling};
 

@@ -1,0 +1,166 @@
+//! `ferrum bench latency`: the model's raw speed, without scheduling or sampling in the way.
+//!
+//! Each iteration prefills `--batch-size` prompts of `--input-len` tokens (one forward pass
+//! per prompt, as a single long request runs), then decodes `--output-len` steps in which all
+//! the sequences advance together in one batch (greedy argmax). Prefill and decode tok/s are
+//! the medians over `--num-iters` iterations after `--num-iters-warmup` unmeasured ones.
+
+use crate::common::{load_parts, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use ferrum_models::{KvCache, Model};
+use ferrum_types::{ForwardBatch, TokenId};
+use serde_json::json;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode speed of the model itself.
+    Latency(LatencyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    input_len: usize,
+    /// Tokens decoded per sequence.
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    /// Sequences decoding together.
+    #[arg(long, default_value_t = 1)]
+    batch_size: usize,
+    /// Measured iterations (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    num_iters: usize,
+    /// Unmeasured iterations first.
+    #[arg(long, default_value_t = 1)]
+    num_iters_warmup: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    match &args.command {
+        BenchCommand::Latency(a) => latency(a),
+    }
+}
+
+const BLOCK_SIZE: usize = 16;
+
+fn argmax(row: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as TokenId
+}
+
+/// One iteration: (prefill seconds, decode seconds).
+fn iteration(model: &mut Model, kv: &mut KvCache, args: &LatencyArgs) -> Result<(f64, f64)> {
+    let c = model.config().clone();
+    let per_seq = (args.input_len + args.output_len).div_ceil(BLOCK_SIZE);
+    let tables: Vec<Vec<u32>> = (0..args.batch_size)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    // A fixed, varied prompt: the speed does not depend on which tokens they are.
+    let prompt: Vec<TokenId> = (0..args.input_len)
+        .map(|i| ((i * 7919 + 13) % c.vocab_size) as TokenId)
+        .collect();
+    let mut b = ForwardBatch::new();
+    let mut next = vec![0 as TokenId; args.batch_size];
+    let t = Instant::now();
+    for (s, table) in tables.iter().enumerate() {
+        b.clear();
+        b.push_seq(&prompt, 0, table, BLOCK_SIZE, true)?;
+        next[s] = argmax(model.forward(&b, kv)?);
+    }
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for step in 0..args.output_len.saturating_sub(1) {
+        b.clear();
+        for (s, table) in tables.iter().enumerate() {
+            b.push_seq(&[next[s]], args.input_len + step, table, BLOCK_SIZE, true)?;
+        }
+        let logits = model.forward(&b, kv)?;
+        for (s, row) in logits.chunks_exact(c.vocab_size).enumerate() {
+            next[s] = argmax(row);
+        }
+    }
+    Ok((prefill, t.elapsed().as_secs_f64()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn latency(args: &LatencyArgs) -> Result<()> {
+    if args.input_len == 0 || args.output_len < 2 || args.batch_size == 0 || args.num_iters == 0 {
+        bail!(
+            "--input-len, --batch-size and --num-iters must be at least 1, --output-len at least 2"
+        );
+    }
+    let (mut model, _, load_time) = load_parts(&args.model)?;
+    let c = model.config().clone();
+    let len = args.input_len + args.output_len;
+    if len > c.max_position_embeddings {
+        bail!(
+            "--input-len + --output-len = {len} is more than the model's context of {}",
+            c.max_position_embeddings
+        );
+    }
+    let num_blocks = args.batch_size * len.div_ceil(BLOCK_SIZE);
+    let mut kv = KvCache::new(&c, num_blocks, BLOCK_SIZE).context("allocating the KV cache")?;
+    let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
+    for i in 0..args.num_iters_warmup + args.num_iters {
+        let (p, d) = iteration(&mut model, &mut kv, args)?;
+        if i >= args.num_iters_warmup {
+            prefills.push((args.batch_size * args.input_len) as f64 / p);
+            decodes.push((args.batch_size * (args.output_len - 1)) as f64 / d);
+        }
+    }
+    let (prefill, decode) = (median(prefills), median(decodes));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "model": args.model.model,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "batch_size": args.batch_size,
+                "threads": args.model.threads,
+                "matmul_precision": format!("{:?}", args.model.matmul_precision).to_lowercase(),
+                "load_s": load_time.as_secs_f64(),
+                "prefill_tok_s": prefill,
+                "decode_tok_s": decode,
+            })
+        );
+    } else {
+        println!(
+            "{:<10} {:>6} {:>6} {:>6} {:>14} {:>14}",
+            "precision", "input", "output", "batch", "prefill tok/s", "decode tok/s"
+        );
+        println!(
+            "{:<10} {:>6} {:>6} {:>6} {:>14.1} {:>14.1}",
+            format!("{:?}", args.model.matmul_precision).to_lowercase(),
+            args.input_len,
+            args.output_len,
+            args.batch_size,
+            prefill,
+            decode
+        );
+    }
+    Ok(())
+}
