@@ -67,7 +67,11 @@ impl Fields {
             None => Ok(None),
             Some(v) => match v.as_f64() {
                 Some(x) if x.is_finite() && x.abs() <= f32::MAX as f64 => Ok(Some(x as f32)),
-                _ => Err(Self::wrong(key, "a number", v)),
+                Some(x) => Err(ServerError::param(
+                    key,
+                    format!("'{key}' = {x} is out of range"),
+                )),
+                None => Err(Self::wrong(key, "a number", v)),
             },
         }
     }
@@ -182,14 +186,21 @@ mod tests {
 
     #[test]
     fn reads_name_the_field() {
-        let f =
-            Fields::parse(br#"{"t": "x", "n": -1, "s": ["a", 1], "z": null, "f": 0.5}"#).unwrap();
+        let f = Fields::parse(
+            br#"{"t": "x", "n": -1, "s": ["a", 1], "z": null, "f": 0.5, "big": 1e39}"#,
+        )
+        .unwrap();
         let e = f.f32("t").unwrap_err();
         assert!(e.to_string().contains("'t' must be a number, got a string"));
         assert!(f.usize("n").unwrap_err().to_string().contains("negative"));
         assert!(f.strings("s").is_err());
         assert_eq!(f.f32("z").unwrap(), None);
         assert_eq!(f.f32("f").unwrap(), Some(0.5));
+        assert!(f
+            .f32("big")
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
         assert!(f.i64("f").is_err());
         assert!(Fields::parse(b"[1]").is_err());
         assert!(Fields::parse(b"{").is_err());

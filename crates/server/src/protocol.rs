@@ -453,9 +453,21 @@ impl CompletionRequest {
                 "'echo' together with 'logprobs' (prompt logprobs)",
             ));
         }
+        let prompts = parse_prompts(f)?;
+        if prompts.len() * opts.params.n > MAX_N {
+            return Err(ServerError::param(
+                "n",
+                format!(
+                    "{} prompts with 'n' = {} make {} choices; at most {MAX_N} per request",
+                    prompts.len(),
+                    opts.params.n,
+                    prompts.len() * opts.params.n
+                ),
+            ));
+        }
         Ok(CompletionRequest {
             opts,
-            prompts: parse_prompts(f)?,
+            prompts,
             echo,
             logprobs,
         })
@@ -670,6 +682,7 @@ mod tests {
             (r#"{"prompt":"x","best_of":3}"#, "best_of"),
             (r#"{"prompt":"x","echo":true,"logprobs":1}"#, "echo"),
             (r#"{"prompt":"x","logprobs":30}"#, "logprobs"),
+            (r#"{"prompt":["a","b","c"],"n":50}"#, "n"),
         ] {
             let e = completion(body).expect_err(body);
             assert_eq!(param_of(e), param, "{body}");
