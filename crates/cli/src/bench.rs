@@ -1,15 +1,22 @@
-//! `ferrum bench latency`: the model's raw speed, without scheduling or sampling in the way.
+//! `ferrum bench`: `latency`, the model's raw speed without scheduling or sampling in the way,
+//! and `throughput`, offline serving through the batching engine.
 //!
-//! Each iteration prefills `--batch-size` prompts of `--input-len` tokens (one forward pass
+//! Latency: each iteration prefills `--batch-size` prompts of `--input-len` tokens (one forward pass
 //! per prompt, as a single long request runs), then decodes `--output-len` steps in which all
 //! the sequences advance together in one batch (greedy argmax). Prefill and decode tok/s are
 //! the medians over `--num-iters` iterations after `--num-iters-warmup` unmeasured ones.
+//!
+//! Throughput: `--num-prompts` requests of `--input-len` prompt tokens (distinct prompts, so
+//! no prefix reuse) each generating exactly `--output-len` tokens (`ignore_eos`, greedy) go to
+//! the engine at once; output tok/s and requests/s are over the wall time from submission to
+//! the last token.
 
-use crate::common::{load_parts, ModelArgs};
+use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use ferrum_engine::{EngineHandle, Event, GenerateRequest};
 use ferrum_models::{KvCache, Model};
-use ferrum_types::{ForwardBatch, TokenId};
+use ferrum_types::{ForwardBatch, SamplingParams, TokenId};
 use serde_json::json;
 use std::time::Instant;
 
@@ -23,6 +30,28 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Prefill and decode speed of the model itself.
     Latency(LatencyArgs),
+    /// Offline throughput of many requests through the batching engine.
+    Throughput(ThroughputArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Requests, all submitted at once.
+    #[arg(long, default_value_t = 64)]
+    num_prompts: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    #[command(flatten, next_help_heading = "Batching engine")]
+    engine: EngineArgs,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +81,7 @@ pub struct LatencyArgs {
 pub fn bench(args: &BenchArgs) -> Result<()> {
     match &args.command {
         BenchCommand::Latency(a) => latency(a),
+        BenchCommand::Throughput(a) => throughput(a),
     }
 }
 
@@ -160,6 +190,79 @@ fn latency(args: &LatencyArgs) -> Result<()> {
             args.batch_size,
             prefill,
             decode
+        );
+    }
+    Ok(())
+}
+
+fn throughput(args: &ThroughputArgs) -> Result<()> {
+    if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
+        bail!("--num-prompts, --input-len and --output-len must be at least 1");
+    }
+    let (model, _, _) = load_parts(&args.model)?;
+    let vocab = model.config().vocab_size;
+    let cfg = args
+        .engine
+        .config(args.model.max_model_len, args.num_prompts)?;
+    let engine = EngineHandle::start(model, None, &cfg)?;
+    if args.input_len + args.output_len > engine.max_model_len() {
+        bail!(
+            "--input-len + --output-len = {} is more than the engine's context of {}",
+            args.input_len + args.output_len,
+            engine.max_model_len()
+        );
+    }
+    let params = SamplingParams {
+        max_tokens: Some(args.output_len),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let start = Instant::now();
+    let mut streams = Vec::with_capacity(args.num_prompts);
+    for r in 0..args.num_prompts {
+        // Distinct from the first token on, so no request reuses another's prefix.
+        let prompt: Vec<TokenId> = (0..args.input_len)
+            .map(|i| ((r * 104_729 + i * 7919 + 13) % vocab) as TokenId)
+            .collect();
+        streams.push(engine.generate(GenerateRequest::new(prompt, params.clone()))?);
+    }
+    let mut generated = 0usize;
+    for mut s in streams {
+        while let Some(ev) = s.blocking_next() {
+            match ev {
+                Event::Done { usage } => generated += usage.completion_tokens,
+                Event::Error(e) => bail!("the engine failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    engine.shutdown();
+    let (out_tok_s, req_s) = (generated as f64 / secs, args.num_prompts as f64 / secs);
+    let total_tok_s = (args.num_prompts * args.input_len + generated) as f64 / secs;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "model": args.model.model,
+                "num_prompts": args.num_prompts,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "max_num_seqs": args.engine.max_num_seqs,
+                "elapsed_s": secs,
+                "output_tok_s": out_tok_s,
+                "total_tok_s": total_tok_s,
+                "requests_per_s": req_s,
+            })
+        );
+    } else {
+        println!(
+            "{:>8} {:>6} {:>6} {:>10} {:>14} {:>14} {:>12}",
+            "prompts", "input", "output", "elapsed s", "output tok/s", "total tok/s", "requests/s"
+        );
+        println!(
+            "{:>8} {:>6} {:>6} {:>10.2} {:>14.1} {:>14.1} {:>12.2}",
+            args.num_prompts, args.input_len, args.output_len, secs, out_tok_s, total_tok_s, req_s
         );
     }
     Ok(())

@@ -33,7 +33,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
-    /// Benchmarks: `latency` (prefill and decode speed of the model).
+    /// Benchmarks: `latency` (prefill and decode speed of the model) and `throughput`
+    /// (offline requests through the batching engine).
     Bench(bench::BenchArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
     Inspect(inspect::InspectArgs),

@@ -480,3 +480,51 @@ fn offline_batch_mode_runs_every_line_through_the_engine() {
     assert!(stderr(&out).contains("--block-size"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_latency_and_throughput_report_json() {
+    let model = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let m = model.to_str().unwrap();
+    let out = ferrum(&[
+        "bench",
+        "latency",
+        "--model",
+        m,
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-iters",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["matmul_precision"], "int8");
+    let out = ferrum(&[
+        "bench",
+        "throughput",
+        "--model",
+        m,
+        "--num-prompts",
+        "5",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["output_tok_s"].as_f64().unwrap() > 0.0);
+    let rps = v["requests_per_s"].as_f64().unwrap();
+    let secs = v["elapsed_s"].as_f64().unwrap();
+    assert!((rps * secs - 5.0).abs() < 1e-6, "{v}");
+    let bad = ferrum(&["bench", "latency", "--model", m, "--output-len", "1"]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("--output-len"), "{}", stderr(&bad));
+}
