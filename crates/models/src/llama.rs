@@ -317,7 +317,7 @@ impl LlamaModel {
             };
             cpu::rms_norm(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
             // q: [t, nh*hd], k and v: [t, nkv*hd]; the input is quantized once for all three.
-            let input = lin.prepare(&s.h, h, &mut s.qa);
+            let input = lin.prepare(&s.h, h, &mut s.qa, &[&layer.wq, &layer.wk, &layer.wv]);
             lin.matmul(pool, &input, &layer.wq, &mut s.q)?;
             lin.matmul(pool, &input, &layer.wk, &mut s.k)?;
             lin.matmul(pool, &input, &layer.wv, &mut s.v)?;
@@ -347,17 +347,17 @@ impl LlamaModel {
                 &mut s.attn,
             );
             // [t, h]
-            let input = lin.prepare(&s.attn, qd, &mut s.qa);
+            let input = lin.prepare(&s.attn, qd, &mut s.qa, &[&layer.wo]);
             lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
             cpu::rms_norm(&s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
             // [t, inter]
-            let input = lin.prepare(&s.h, h, &mut s.qa);
+            let input = lin.prepare(&s.h, h, &mut s.qa, &[&layer.w_gate, &layer.w_up]);
             lin.matmul(pool, &input, &layer.w_gate, &mut s.gate)?;
             lin.matmul(pool, &input, &layer.w_up, &mut s.up)?;
             cpu::silu_mul(&mut s.gate, &s.up);
             // [t, h]
-            let input = lin.prepare(&s.gate, inter, &mut s.qa);
+            let input = lin.prepare(&s.gate, inter, &mut s.qa, &[&layer.w_down]);
             lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
         }
@@ -376,7 +376,7 @@ impl LlamaModel {
             &mut s.rows,
         );
         // [num_logits, vocab]
-        let input = lin.prepare(&s.rows, h, &mut s.qa);
+        let input = lin.prepare(&s.rows, h, &mut s.qa, &[&self.lm_head]);
         lin.matmul(pool, &input, &self.lm_head, &mut s.logits)?;
         Ok(&s.logits)
     }

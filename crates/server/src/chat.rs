@@ -4,7 +4,7 @@
 
 use crate::error::{Result, ServerError};
 use crate::fields::Fields;
-use crate::generate::{collect, finite, usage_json, Merged, TokenLogprob};
+use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
 use crate::protocol::ChatRequest;
 use crate::sse::{json_response, sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use ferrum_engine::{GenerateRequest, Usage};
+use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, TokenId};
 use serde_json::{json, Value};
@@ -48,9 +48,16 @@ pub async fn chat_completions(
     let n = params.n;
     let merged = Merged::submit(&s.engine, vec![GenerateRequest::new(prompt, params)])?;
     let fmt = ChatChunks {
-        id: s.new_id("chatcmpl"),
-        created: unix_now(),
-        model: s.model_name.clone(),
+        env: Envelope {
+            id: s.new_id("chatcmpl"),
+            object: if req.opts.stream {
+                "chat.completion.chunk"
+            } else {
+                "chat.completion"
+            },
+            created: unix_now(),
+            model: s.model_name.clone(),
+        },
         n,
         logprobs: req.logprobs,
         tokenizer: s.tokenizer.clone(),
@@ -77,14 +84,7 @@ pub async fn chat_completions(
         .collect();
     Ok(json_response(
         StatusCode::OK,
-        &json!({
-            "id": fmt.id,
-            "object": "chat.completion",
-            "created": fmt.created,
-            "model": fmt.model,
-            "choices": choices,
-            "usage": usage_json(&usage),
-        }),
+        &fmt.env.wrap(Value::Array(choices), Some(&usage)),
     ))
 }
 
@@ -95,9 +95,7 @@ pub fn token_json(tok: &Tokenizer, id: TokenId, logprob: f32) -> Value {
 }
 
 struct ChatChunks {
-    id: String,
-    created: u64,
-    model: String,
+    env: Envelope,
     n: usize,
     logprobs: bool,
     tokenizer: Arc<Tokenizer>,
@@ -115,13 +113,10 @@ impl ChatChunks {
     }
 
     fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        })
+        self.env.wrap(
+            json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]),
+            None,
+        )
     }
 }
 
@@ -159,14 +154,7 @@ impl ChunkFormat for ChatChunks {
         out
     }
 
-    fn usage(&self, usage: &Usage) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage_json(usage),
-        })
+    fn envelope(&self) -> &Envelope {
+        &self.env
     }
 }

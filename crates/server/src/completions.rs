@@ -4,7 +4,7 @@
 
 use crate::error::{Result, ServerError};
 use crate::fields::Fields;
-use crate::generate::{collect, finite, usage_json, Merged, TokenLogprob};
+use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
 use crate::protocol::{CompletionRequest, Prompt};
 use crate::sse::{json_response, sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use ferrum_engine::{GenerateRequest, Usage};
+use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, TokenId};
 use serde_json::{json, Map, Value};
@@ -67,9 +67,12 @@ pub async fn completions(
     let merged = Merged::submit(&s.engine, requests)?;
     let echoes: Vec<String> = encoded.into_iter().map(|(_, t)| t).collect();
     let mut fmt = CompletionChunks {
-        id: s.new_id("cmpl"),
-        created: unix_now(),
-        model: s.model_name.clone(),
+        env: Envelope {
+            id: s.new_id("cmpl"),
+            object: "text_completion",
+            created: unix_now(),
+            model: s.model_name.clone(),
+        },
         n,
         echoes,
         logprobs: req.logprobs.is_some(),
@@ -106,14 +109,7 @@ pub async fn completions(
         .collect();
     Ok(json_response(
         StatusCode::OK,
-        &json!({
-            "id": fmt.id,
-            "object": "text_completion",
-            "created": fmt.created,
-            "model": fmt.model,
-            "choices": choices,
-            "usage": usage_json(&usage),
-        }),
+        &fmt.env.wrap(Value::Array(choices), Some(&usage)),
     ))
 }
 
@@ -138,9 +134,7 @@ impl LogprobLists {
 }
 
 struct CompletionChunks {
-    id: String,
-    created: u64,
-    model: String,
+    env: Envelope,
     n: usize,
     /// Per prompt: the text echoed before its completions (empty without `echo`).
     echoes: Vec<String>,
@@ -169,13 +163,10 @@ impl CompletionChunks {
     }
 
     fn chunk(&self, index: usize, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-        })
+        self.env.wrap(
+            json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]),
+            None,
+        )
     }
 }
 
@@ -217,14 +208,7 @@ impl ChunkFormat for CompletionChunks {
         out
     }
 
-    fn usage(&self, usage: &Usage) -> Value {
-        json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage_json(usage),
-        })
+    fn envelope(&self) -> &Envelope {
+        &self.env
     }
 }

@@ -61,6 +61,17 @@ pub struct TokenLogprob {
     pub top: Vec<(TokenId, f32)>,
 }
 
+impl TokenLogprob {
+    /// The logprobs of a token event, when the request asked for them.
+    pub fn of(token: TokenId, logprob: Option<f32>, top: Vec<(TokenId, f32)>) -> Option<Self> {
+        logprob.map(|logprob| TokenLogprob {
+            token,
+            logprob,
+            top,
+        })
+    }
+}
+
 /// A finished sample, as a non-streaming response reports it.
 #[derive(Debug, Clone, Default)]
 pub struct Choice {
@@ -91,13 +102,8 @@ pub async fn collect(
                     continue;
                 };
                 c.text.push_str(&text);
-                if let Some(lp) = logprob {
-                    c.logprobs.push(TokenLogprob {
-                        token,
-                        logprob: lp,
-                        top: top_logprobs,
-                    });
-                }
+                c.logprobs
+                    .extend(TokenLogprob::of(token, logprob, top_logprobs));
             }
             Event::Finished {
                 index,
@@ -120,6 +126,33 @@ pub fn add_usage(total: &mut Usage, u: &Usage) {
     total.prompt_tokens += u.prompt_tokens;
     total.completion_tokens += u.completion_tokens;
     total.cached_tokens += u.cached_tokens;
+}
+
+/// What every response object and stream chunk of one request carries around its choices.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub id: String,
+    /// `chat.completion`, `chat.completion.chunk` or `text_completion`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Envelope {
+    /// `{"id", "object", "created", "model", "choices"}`, plus `usage` when given.
+    pub fn wrap(&self, choices: serde_json::Value, usage: Option<&Usage>) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = usage_json(u);
+        }
+        v
+    }
 }
 
 /// OpenAI's usage object.

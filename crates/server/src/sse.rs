@@ -11,7 +11,7 @@
 //! body, which drops the [`Merged`] events and so aborts the engine requests.
 
 use crate::error::ServerError;
-use crate::generate::{add_usage, Merged, TokenLogprob};
+use crate::generate::{add_usage, Envelope, Merged, TokenLogprob};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -40,8 +40,12 @@ pub trait ChunkFormat: Send + 'static {
     fn token(&mut self, choice: usize, text: &str, logprob: Option<TokenLogprob>) -> Option<Value>;
     /// The chunks that end `choice`: held-back text, then the finish reason.
     fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Value>;
+    /// The id, object, creation time and model of every chunk.
+    fn envelope(&self) -> &Envelope;
     /// The usage chunk (`choices: []`).
-    fn usage(&self, usage: &Usage) -> Value;
+    fn usage(&self, usage: &Usage) -> Value {
+        self.envelope().wrap(Value::Array(Vec::new()), Some(usage))
+    }
 }
 
 struct Streamer<F> {
@@ -91,11 +95,7 @@ impl<F: ChunkFormat> Streamer<F> {
                         logprob,
                         top_logprobs,
                     } => {
-                        let lp = logprob.map(|logprob| TokenLogprob {
-                            token,
-                            logprob,
-                            top: top_logprobs,
-                        });
+                        let lp = TokenLogprob::of(token, logprob, top_logprobs);
                         if let Some(c) = self.fmt.token(p * self.n + index, &text, lp) {
                             self.push(c);
                         }

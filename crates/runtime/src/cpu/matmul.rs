@@ -43,14 +43,21 @@ impl Linear {
         }
     }
 
-    /// Prepares `x` (`[m, k]`) for any number of products: quantizes it once into `q` when
-    /// the int8 path applies.
-    pub fn prepare<'a>(&self, x: &'a [f32], k: usize, q: &'a mut Q8Acts) -> LinearInput<'a> {
+    /// Prepares `x` (`[m, k]`) for its products with `weights`: quantizes it once into `q`
+    /// when the int8 path applies to at least one of them (never for f32/f16/bf16 weights).
+    pub fn prepare<'a>(
+        &self,
+        x: &'a [f32],
+        k: usize,
+        q: &'a mut Q8Acts,
+        weights: &[&Tensor],
+    ) -> LinearInput<'a> {
         let int8 = self.precision == MatmulPrecision::Int8
             && k > 0
             && k.is_multiple_of(qdot::QK)
             && x.len().is_multiple_of(k)
-            && !x.is_empty();
+            && !x.is_empty()
+            && weights.iter().any(|w| qdot::supports(w.dtype()));
         if int8 {
             q.quantize(x, k);
             LinearInput { x, q: Some(q) }
@@ -253,7 +260,7 @@ mod tests {
         let (mut fast, mut reference) = (vec![0f32; m * n], vec![0f32; m * n]);
         let int8 = Linear::new(MatmulPrecision::Int8);
         let mut q = Q8Acts::default();
-        let input = int8.prepare(&x, k, &mut q);
+        let input = int8.prepare(&x, k, &mut q, &[&w]);
         int8.matmul(&pool, &input, &w, &mut fast).unwrap();
         matmul(&pool, &x, &w, &mut reference).unwrap();
         for (a, b) in fast.iter().zip(&reference) {
@@ -262,13 +269,13 @@ mod tests {
         // Row 3 alone gives the same bits as inside the batch.
         let mut alone = vec![0f32; n];
         let mut q1 = Q8Acts::default();
-        let input = int8.prepare(&x[3 * k..4 * k], k, &mut q1);
+        let input = int8.prepare(&x[3 * k..4 * k], k, &mut q1, &[&w]);
         int8.matmul(&pool, &input, &w, &mut alone).unwrap();
         assert_eq!(alone, fast[3 * n..4 * n]);
         // The float setting never quantizes.
         let float = Linear::new(MatmulPrecision::Float);
         let mut q2 = Q8Acts::default();
-        let input = float.prepare(&x, k, &mut q2);
+        let input = float.prepare(&x, k, &mut q2, &[&w]);
         float.matmul(&pool, &input, &w, &mut fast).unwrap();
         assert_eq!(fast, reference);
     }
