@@ -11,7 +11,7 @@
 use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::qdot::Q8Acts;
-use ferrum_runtime::cpu::{self, AttentionShape, Linear, Rope};
+use ferrum_runtime::cpu::{self, AttentionShape, Linear, Rope, Weight};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
@@ -19,18 +19,18 @@ use std::sync::Arc;
 #[derive(Debug)]
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
-    wo: Tensor,
+    wq: Weight,
+    wk: Weight,
+    wv: Weight,
+    wo: Weight,
     /// q, k, v biases.
     qkv_bias: Option<[Vec<f32>; 3]>,
     /// Per-head q and k RMSNorm weights.
     qk_norm: Option<[Vec<f32>; 2]>,
     mlp_norm: Vec<f32>,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
+    w_gate: Weight,
+    w_up: Weight,
+    w_down: Weight,
     attn: AttentionShape,
 }
 
@@ -59,7 +59,7 @@ pub struct LlamaModel {
     embed: Tensor,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
-    lm_head: Tensor,
+    lm_head: Weight,
     rope: Rope,
     scratch: Scratch,
 }
@@ -215,12 +215,13 @@ impl LlamaModel {
                     *bk = ok.iter().map(|&r| bk[r]).collect();
                 }
             }
+            let weight = |t: Tensor| Weight::new(t, &linear, &pool).map_err(ModelError::from);
             layers.push(Layer {
                 attn_norm: ld.vector(&name(Part::AttnNorm), h)?,
-                wq,
-                wk,
-                wv: ld.tensor(&name(Part::V), &[kvd, h])?,
-                wo: ld.tensor(&name(Part::O), &[h, qd])?,
+                wq: weight(wq)?,
+                wk: weight(wk)?,
+                wv: weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
+                wo: weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
                 qkv_bias,
                 qk_norm: if c.spec.qk_norm {
                     Some([
@@ -231,9 +232,9 @@ impl LlamaModel {
                     None
                 },
                 mlp_norm: ld.vector(&name(Part::MlpNorm), h)?,
-                w_gate: ld.tensor(&name(Part::Gate), &[inter, h])?,
-                w_up: ld.tensor(&name(Part::Up), &[inter, h])?,
-                w_down: ld.tensor(&name(Part::Down), &[h, inter])?,
+                w_gate: weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
+                w_up: weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
+                w_down: weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
                 attn: AttentionShape {
                     num_heads: nh,
                     num_kv_heads: nkv,
@@ -260,7 +261,7 @@ impl LlamaModel {
         Ok(LlamaModel {
             final_norm: ld.vector(norm_name, h)?,
             embed,
-            lm_head,
+            lm_head: Weight::new(lm_head, &linear, &pool)?,
             layers,
             rope,
             pool,

@@ -6,6 +6,7 @@
 //! (causal), and with a sliding window `w` only to keys `j` with `p - j < w`. Keys are read in
 //! place through the block table: nothing is gathered. Work is split over (token, head) pairs.
 
+use super::simd::{self, multiversion};
 use super::{dot, DisjointMut};
 use crate::ThreadPool;
 use ferrum_types::batch::SeqSlice;
@@ -113,9 +114,27 @@ pub fn paged_attention(
     });
 }
 
-/// Attention of one query head over keys `first..end` of one sequence.
+multiversion! {
+    /// Attention of one query head over keys `first..end` of one sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_one(
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        table: &[u32],
+        first: usize,
+        end: usize,
+        kv_head: usize,
+        shape: &AttentionShape,
+        out: &mut [f32],
+    ) = attend_one_impl;
+}
+
+/// One pass of online softmax over the keys, a block at a time: scores, the running maximum
+/// (rescaling what was summed so far when it grows), then the weighted values.
 #[allow(clippy::too_many_arguments)]
-fn attend_one(
+#[inline(always)]
+fn attend_one_impl(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -145,13 +164,15 @@ fn attend_one(
             block_max = block_max.max(*s);
         }
         if block_max > running_max {
-            let correction = (running_max - block_max).exp();
+            let correction = simd::exp(running_max - block_max);
             denom *= correction;
             acc.iter_mut().for_each(|a| *a *= correction);
             running_max = block_max;
         }
-        for (&s, v) in scores[..n].iter().zip(vals.chunks_exact(hd)) {
-            let p = (s - running_max).exp();
+        for s in scores[..n].iter_mut() {
+            *s = simd::exp(*s - running_max);
+        }
+        for (&p, v) in scores[..n].iter().zip(vals.chunks_exact(hd)) {
             denom += p;
             for (a, &x) in acc.iter_mut().zip(v) {
                 *a += p * x;

@@ -1,11 +1,15 @@
 //! Matrix products against weights in any stored format.
 //!
+//! Two paths: [`matmul`] decodes weight rows to f32 (the reference, and the path of float
+//! weights), [`matmul_q8`] runs integer dot products over weights repacked at load.
+//!
 //! `out[m, n] = x[m, k] · w[n, k]ᵀ`. Work is split over weight rows; each task decodes one weight
 //! row at a time into a scratch row and dots it with every activation row, so each weight byte is
 //! read once per call whatever `m` is, and no matrix is ever expanded. Every output element is
 //! one `dot` in a fixed order: results are identical for any batch composition or thread count.
 
-use super::qdot::{self, Isa, Q8Acts};
+use super::qdot::{self, ActRow, Isa, Q8Acts};
+use super::qpack::PackedWeight;
 use super::DisjointMut;
 use crate::{Result, RuntimeError, Tensor, ThreadPool};
 
@@ -20,8 +24,54 @@ pub enum MatmulPrecision {
     Float,
 }
 
+/// A linear layer's weight `[n, k]`: the stored tensor and, for block-quantized formats on
+/// the int8 path, its repacked form (built once at load).
+#[derive(Debug, Clone)]
+pub struct Weight {
+    tensor: Tensor,
+    packed: Option<PackedWeight>,
+}
+
+impl Weight {
+    /// Wraps `tensor`, repacking it when `linear` takes the int8 path for its format.
+    pub fn new(tensor: Tensor, linear: &Linear, pool: &ThreadPool) -> Result<Weight> {
+        let packed = if linear.precision == MatmulPrecision::Int8
+            && qdot::supports(tensor.dtype())
+            && tensor.cols() > 0
+        {
+            Some(PackedWeight::pack(&tensor, pool)?)
+        } else {
+            None
+        };
+        Ok(Weight { tensor, packed })
+    }
+
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    pub fn packed(&self) -> Option<&PackedWeight> {
+        self.packed.as_ref()
+    }
+
+    pub fn rows(&self) -> usize {
+        self.tensor.rows()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.tensor.cols()
+    }
+
+    /// Bytes the kernels read: the repacked form when there is one.
+    pub fn num_bytes(&self) -> usize {
+        self.packed
+            .as_ref()
+            .map_or(self.tensor.num_bytes(), PackedWeight::num_bytes)
+    }
+}
+
 /// Runs linear layers with a chosen precision and instruction set. Weights without an
-/// integer kernel (f32, f16, bf16, K-quants) always take the float path.
+/// integer kernel (f32, f16, bf16) always take the float path.
 #[derive(Debug, Clone, Copy)]
 pub struct Linear {
     pub precision: MatmulPrecision,
@@ -44,20 +94,19 @@ impl Linear {
     }
 
     /// Prepares `x` (`[m, k]`) for its products with `weights`: quantizes it once into `q`
-    /// when the int8 path applies to at least one of them (never for f32/f16/bf16 weights).
+    /// when at least one of them was repacked for the int8 path.
     pub fn prepare<'a>(
         &self,
         x: &'a [f32],
         k: usize,
         q: &'a mut Q8Acts,
-        weights: &[&Tensor],
+        weights: &[&Weight],
     ) -> LinearInput<'a> {
-        let int8 = self.precision == MatmulPrecision::Int8
-            && k > 0
+        let int8 = k > 0
             && k.is_multiple_of(qdot::QK)
             && x.len().is_multiple_of(k)
             && !x.is_empty()
-            && weights.iter().any(|w| qdot::supports(w.dtype()));
+            && weights.iter().any(|w| w.packed.is_some() && w.cols() == k);
         if int8 {
             q.quantize(x, k);
             LinearInput { x, q: Some(q) }
@@ -71,29 +120,28 @@ impl Linear {
         &self,
         pool: &ThreadPool,
         input: &LinearInput<'_>,
-        w: &Tensor,
+        w: &Weight,
         out: &mut [f32],
     ) -> Result<()> {
-        match input.q {
-            Some(q) if qdot::supports(w.dtype()) && q.cols() == w.cols() => {
-                matmul_q8(pool, self.isa, q, w, out)
-            }
-            _ => matmul(pool, input.x, w, out),
+        match (input.q, &w.packed) {
+            (Some(q), Some(p)) if q.cols() == p.cols() => matmul_q8(pool, self.isa, q, p, out),
+            _ => matmul(pool, input.x, &w.tensor, out),
         }
     }
 }
 
-/// `out[m, n] = acts[m, k] · w[n, k]ᵀ` with integer block dot products; `w` must be one of
-/// the types [`qdot::supports`]. Each weight row is read once for all `m` rows.
+/// `out[m, n] = acts[m, k] · w[n, k]ᵀ` with integer dot products over repacked weights. Weight
+/// rows are split over the pool; each task walks its rows in tiles that stay in L1 while the
+/// activation rows pass them four at a time.
 pub fn matmul_q8(
     pool: &ThreadPool,
     isa: Isa,
     acts: &Q8Acts,
-    w: &Tensor,
+    w: &PackedWeight,
     out: &mut [f32],
 ) -> Result<()> {
     let (n, k, m) = (w.rows(), w.cols(), acts.rows());
-    if !qdot::supports(w.dtype()) || acts.cols() != k {
+    if acts.cols() != k {
         return Err(RuntimeError::Shape(format!(
             "matmul_q8: {} weights [{n}, {k}] against quantized rows of {}",
             w.dtype(),
@@ -106,39 +154,28 @@ pub fn matmul_q8(
             out.len()
         )));
     }
-    let dtype = w.dtype();
     let out_shared = DisjointMut::new(out);
-    // Tiles of weight rows stay in L1 while every activation row passes them once.
-    const TILE: usize = 8;
+    // Weight rows per kernel call: a tile that stays in L1 while the activation rows pass it.
+    const TILE: usize = 32;
     pool.parallel_ranges(n, 16, |rows| {
+        let mut res = [0f32; TILE * qdot::MAX_ACT_ROWS];
         let mut start = rows.start;
         while start < rows.end {
             let tile = start..(start + TILE).min(rows.end);
             let mut i = 0;
-            // Four activation rows per weight block decode; identical results to one by one.
-            while i + 4 <= m {
-                let a = [
-                    acts.row(i),
-                    acts.row(i + 1),
-                    acts.row(i + 2),
-                    acts.row(i + 3),
-                ];
-                for r in tile.clone() {
-                    let v = qdot::dot_rows4(isa, dtype, w.row(r), &a);
-                    for (j, v) in v.into_iter().enumerate() {
-                        // SAFETY: element (i + j, r) belongs to the task owning weight row r.
-                        unsafe { out_shared.slice((i + j) * n + r, 1)[0] = v };
+            while i < m {
+                let na = (m - i).min(qdot::MAX_ACT_ROWS);
+                let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
+                    std::array::from_fn(|d| acts.row((i + d).min(m - 1)));
+                let res = &mut res[..tile.len() * na];
+                qdot::dot_rows(isa, w, tile.clone(), &a[..na], res);
+                for (j, r) in tile.clone().enumerate() {
+                    for d in 0..na {
+                        // SAFETY: column r belongs to the task owning weight row r.
+                        unsafe { out_shared.slice((i + d) * n + r, 1)[0] = res[j * na + d] };
                     }
                 }
-                i += 4;
-            }
-            for i in i..m {
-                let a = acts.row(i);
-                for r in tile.clone() {
-                    let v = qdot::dot_row(isa, dtype, w.row(r), a);
-                    // SAFETY: element (i, r) belongs to the task owning weight row r alone.
-                    unsafe { out_shared.slice(i * n + r, 1)[0] = v };
-                }
+                i += na;
             }
             start = tile.end;
         }
@@ -260,8 +297,10 @@ mod tests {
         let (mut fast, mut reference) = (vec![0f32; m * n], vec![0f32; m * n]);
         let int8 = Linear::new(MatmulPrecision::Int8);
         let mut q = Q8Acts::default();
-        let input = int8.prepare(&x, k, &mut q, &[&w]);
-        int8.matmul(&pool, &input, &w, &mut fast).unwrap();
+        let wi = Weight::new(w.clone(), &int8, &pool).unwrap();
+        assert!(wi.packed().is_some());
+        let input = int8.prepare(&x, k, &mut q, &[&wi]);
+        int8.matmul(&pool, &input, &wi, &mut fast).unwrap();
         matmul(&pool, &x, &w, &mut reference).unwrap();
         for (a, b) in fast.iter().zip(&reference) {
             assert!((a - b).abs() < 0.02 * k as f32 * 0.05 + 1e-3, "{a} vs {b}");
@@ -269,14 +308,16 @@ mod tests {
         // Row 3 alone gives the same bits as inside the batch.
         let mut alone = vec![0f32; n];
         let mut q1 = Q8Acts::default();
-        let input = int8.prepare(&x[3 * k..4 * k], k, &mut q1, &[&w]);
-        int8.matmul(&pool, &input, &w, &mut alone).unwrap();
+        let input = int8.prepare(&x[3 * k..4 * k], k, &mut q1, &[&wi]);
+        int8.matmul(&pool, &input, &wi, &mut alone).unwrap();
         assert_eq!(alone, fast[3 * n..4 * n]);
         // The float setting never quantizes.
         let float = Linear::new(MatmulPrecision::Float);
         let mut q2 = Q8Acts::default();
-        let input = float.prepare(&x, k, &mut q2, &[&w]);
-        float.matmul(&pool, &input, &w, &mut fast).unwrap();
+        let wf = Weight::new(w, &float, &pool).unwrap();
+        assert!(wf.packed().is_none());
+        let input = float.prepare(&x, k, &mut q2, &[&wf]);
+        float.matmul(&pool, &input, &wf, &mut fast).unwrap();
         assert_eq!(fast, reference);
     }
 }

@@ -1,7 +1,19 @@
 //! RMSNorm: `y = w * x / sqrt(mean(x²) + eps)`, per row of `w.len()` elements.
 
-/// Normalizes every row of `x` (rows of `w.len()` values) into `out`.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+use super::simd::multiversion;
+
+multiversion! {
+    /// Normalizes every row of `x` (rows of `w.len()` values) into `out`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) = rms_norm_impl;
+}
+
+multiversion! {
+    /// Normalizes every row of `x` (rows of `w.len()` values) in place.
+    pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) = rms_norm_in_place_impl;
+}
+
+#[inline(always)]
+fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let dim = w.len();
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let ss: f32 = super::dot(xr, xr);
@@ -12,8 +24,8 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Normalizes every row of `x` (rows of `w.len()` values) in place.
-pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+#[inline(always)]
+fn rms_norm_in_place_impl(x: &mut [f32], w: &[f32], eps: f32) {
     let dim = w.len();
     for xr in x.chunks_exact_mut(dim) {
         let inv = 1.0 / (super::dot(xr, xr) / dim as f32 + eps).sqrt();
