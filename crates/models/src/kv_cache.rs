@@ -1,5 +1,6 @@
 //! The physical paged KV cache: per layer, one key and one value buffer of
-//! `[num_blocks, num_kv_heads, block_size, head_dim]` f32, allocated once. Block ids in a
+//! `[num_blocks, num_kv_heads, ...]` f32 (keys transposed within a block, see
+//! `ferrum_runtime::cpu::paged_attention`), allocated once. Block ids in a
 //! [`crate::ForwardBatch`] index the first dimension; which block belongs to which sequence is
 //! the scheduler's business, not the cache's.
 

@@ -46,6 +46,8 @@ struct Scratch {
     up: Vec<f32>,
     rows: Vec<f32>,
     logits: Vec<f32>,
+    /// Cosine and sine of every token's rotary angles.
+    rope: Vec<f32>,
     /// The current linear input, quantized (int8 path).
     qa: Q8Acts,
 }
@@ -311,6 +313,8 @@ impl LlamaModel {
         let lin = self.linear;
         // [t, h]
         cpu::embedding(&self.embed, &batch.token_ids, &mut s.x)?;
+        // [t, head_dim / 2, 2]
+        self.rope.angles(&batch.positions, &mut s.rope);
         for (li, layer) in self.layers.iter().enumerate() {
             let shape = AttentionShape {
                 block_size: kv.block_size(),
@@ -332,8 +336,8 @@ impl LlamaModel {
                 cpu::rms_norm_in_place(&mut s.q, nq, c.rms_norm_eps);
                 cpu::rms_norm_in_place(&mut s.k, nk, c.rms_norm_eps);
             }
-            self.rope.apply(&mut s.q, &batch.positions);
-            self.rope.apply(&mut s.k, &batch.positions);
+            self.rope.apply_with(&mut s.q, &s.rope);
+            self.rope.apply_with(&mut s.k, &s.rope);
             let (k_cache, v_cache) = kv.layer_mut(li);
             cpu::write_kv(&s.k, &s.v, &batch.slot_mapping, &shape, k_cache, v_cache);
             // [t, nh*hd]

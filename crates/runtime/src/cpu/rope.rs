@@ -96,16 +96,36 @@ impl Rope {
     /// Rotates `x` (`[num_tokens, num_heads * head_dim]`) in place; token `t` is at
     /// `positions[t]`.
     pub fn apply(&self, x: &mut [f32], positions: &[u32]) {
+        let mut table = Vec::new();
+        self.angles(positions, &mut table);
+        self.apply_with(x, &table);
+    }
+
+    /// Fills `table` (`[num_tokens, head_dim/2, 2]`) with the cosine and sine of every token's
+    /// angles, once per forward pass for all layers and both q and k.
+    pub fn angles(&self, positions: &[u32], table: &mut Vec<f32>) {
+        table.clear();
+        for &pos in positions {
+            for &f in &self.inv_freq {
+                let (sin, cos) = (pos as f32 * f).sin_cos();
+                table.extend_from_slice(&[cos, sin]);
+            }
+        }
+    }
+
+    /// [`Rope::apply`] with angles from [`Rope::angles`] (same results).
+    pub fn apply_with(&self, x: &mut [f32], table: &[f32]) {
         let hd = self.head_dim();
         let half = hd / 2;
-        let row = x.len() / positions.len().max(1);
-        for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let (sin, cos) = (pos as f32 * f).sin_cos();
-                for head in xr.chunks_exact_mut(hd) {
-                    let (a, b) = (head[i], head[i + half]);
-                    head[i] = a * cos - b * sin;
-                    head[i + half] = b * cos + a * sin;
+        let num_tokens = table.len() / hd;
+        let row = x.len() / num_tokens.max(1);
+        for (xr, cs) in x.chunks_exact_mut(row).zip(table.chunks_exact(hd)) {
+            for head in xr.chunks_exact_mut(hd) {
+                let (lo, hi) = head.split_at_mut(half);
+                for ((a, b), c) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.chunks_exact(2)) {
+                    let (x0, x1) = (*a, *b);
+                    *a = x0 * c[0] - x1 * c[1];
+                    *b = x1 * c[0] + x0 * c[1];
                 }
             }
         }
