@@ -258,13 +258,11 @@ fn attend_pairs_impl(
                 continue;
             }
             let qv = &q[(t * nh + h) * hd..][..hd];
-            // [bs]: q · every key of the block, one dimension at a time.
-            let s = &mut scores[..bs];
-            s.fill(0.0);
-            for (&qd, krow) in qv.iter().zip(keys.chunks_exact(bs)) {
-                for (sc, &k) in s.iter_mut().zip(krow) {
-                    *sc += qd * k;
-                }
+            // [bs]: q · every key of the block.
+            if bs == 16 && hd.is_multiple_of(4) {
+                block_scores::<16>(qv, keys, &mut scores[..16]);
+            } else {
+                block_scores_any(qv, keys, bs, &mut scores[..bs]);
             }
             let s = &mut scores[lo..hi];
             let mut block_max = f32::NEG_INFINITY;
@@ -282,17 +280,76 @@ fn attend_pairs_impl(
             for sc in s.iter_mut() {
                 *sc = simd::exp(*sc - running_max[p]);
             }
-            for (&pr, v) in s.iter().zip(vals[lo * hd..hi * hd].chunks_exact(hd)) {
+            for &pr in s.iter() {
                 denom[p] += pr;
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a += pr * x;
-                }
+            }
+            let vals = &vals[lo * hd..hi * hd];
+            match hd {
+                64 => weighted_values::<64>(acc, s, vals),
+                128 => weighted_values::<128>(acc, s, vals),
+                _ => weighted_values_any(acc, s, vals),
             }
         }
     }
     for (p, acc) in out.chunks_exact_mut(hd).enumerate() {
         let inv = if denom[p] > 0.0 { 1.0 / denom[p] } else { 0.0 };
         acc.iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+/// Scores of one query against the `BS` keys of a transposed block: per key, four partial sums
+/// over the dimensions `d ≡ r (mod 4)` in increasing `d`, then `(s0 + s1) + (s2 + s3)`. The
+/// accumulators stay in registers.
+#[inline(always)]
+fn block_scores<const BS: usize>(q: &[f32], keys: &[f32], out: &mut [f32]) {
+    let mut part = [[0f32; BS]; 4];
+    for (q4, k4) in q.chunks_exact(4).zip(keys.chunks_exact(4 * BS)) {
+        for r in 0..4 {
+            let krow = &k4[r * BS..(r + 1) * BS];
+            for j in 0..BS {
+                part[r][j] += q4[r] * krow[j];
+            }
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().take(BS) {
+        *o = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+    }
+}
+
+/// [`block_scores`] for any block and head size (the same arithmetic, accumulators in memory).
+#[inline(always)]
+fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
+    let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
+    for (d, (&qd, krow)) in q.iter().zip(keys.chunks_exact(bs)).enumerate() {
+        for (a, &k) in part[d % 4][..bs].iter_mut().zip(krow) {
+            *a += qd * k;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+    }
+}
+
+/// `acc += Σ_k probs[k] · vals[k]`, key by key, with `acc` (`HD` values) in registers.
+#[inline(always)]
+fn weighted_values<const HD: usize>(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
+    let mut a = [0f32; HD];
+    a.copy_from_slice(&acc[..HD]);
+    for (&p, v) in probs.iter().zip(vals.chunks_exact(HD)) {
+        for d in 0..HD {
+            a[d] += p * v[d];
+        }
+    }
+    acc[..HD].copy_from_slice(&a);
+}
+
+/// [`weighted_values`] for any head size.
+#[inline(always)]
+fn weighted_values_any(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
+    for (&p, v) in probs.iter().zip(vals.chunks_exact(acc.len())) {
+        for (a, &x) in acc.iter_mut().zip(v) {
+            *a += p * x;
+        }
     }
 }
 
@@ -407,5 +464,20 @@ mod tests {
         assert_eq!(first, one[..5 * 96]);
         let second = run(1, &[slice(0, 1, 0)], tables[1], &q[5 * 96..]);
         assert_eq!(second, one[5 * 96..]);
+    }
+
+    #[test]
+    fn fast_paths_equal_the_general_ones() {
+        let q: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let keys: Vec<f32> = (0..64 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
+        let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
+        block_scores::<16>(&q, &keys, &mut a);
+        block_scores_any(&q, &keys, 16, &mut b);
+        assert_eq!(a, b);
+        let probs = [0.3f32, 0.5, 0.2];
+        let (mut x, mut y) = (q.clone(), q.clone());
+        weighted_values::<64>(&mut x, &probs, &keys[..3 * 64]);
+        weighted_values_any(&mut y, &probs, &keys[..3 * 64]);
+        assert_eq!(x, y);
     }
 }
