@@ -10,6 +10,8 @@
 //! no prefix reuse) each generating exactly `--output-len` tokens (`ignore_eos`, greedy) go to
 //! the engine at once; output tok/s and requests/s are over the wall time from submission to
 //! the last token.
+//!
+//! Serve: an HTTP client measuring a running server; see [`crate::bench_serve`].
 
 use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
@@ -32,6 +34,9 @@ enum BenchCommand {
     Latency(LatencyArgs),
     /// Offline throughput of many requests through the batching engine.
     Throughput(ThroughputArgs),
+    /// Online load on any OpenAI-compatible server (Ferrum, vLLM, llama.cpp) at several
+    /// concurrency levels: throughput, TTFT and inter-token latency.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +87,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     match &args.command {
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::Throughput(a) => throughput(a),
+        BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
     }
 }
 

@@ -4,12 +4,14 @@
 
 mod batch;
 mod bench;
+mod bench_serve;
 mod chat;
 mod common;
 mod inspect;
 mod model_path;
 mod run;
 mod serve;
+mod svg_plot;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -33,8 +35,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
-    /// Benchmarks: `latency` (prefill and decode speed of the model) and `throughput`
-    /// (offline requests through the batching engine).
+    /// Benchmarks: `latency` (prefill and decode speed of the model), `throughput`
+    /// (offline requests through the batching engine) and `serve` (online load on a server).
     Bench(bench::BenchArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
     Inspect(inspect::InspectArgs),

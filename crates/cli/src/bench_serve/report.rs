@@ -1,0 +1,321 @@
+//! The report of one `ferrum bench serve` run: its JSON form (also the input of `--compare`),
+//! the human table, and the chart drawn by `--plot`.
+
+use super::stats::{LevelReport, Summary};
+use crate::svg_plot::{Chart, Curve, Dash, LegendEntry, Panel};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// One server measured at several concurrency levels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub label: String,
+    pub base_url: String,
+    pub model: String,
+    pub input_len: usize,
+    pub output_len: usize,
+    pub num_prompts: usize,
+    pub seed: u64,
+    pub ignore_eos: bool,
+    pub levels: Vec<LevelReport>,
+}
+
+impl Report {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "label": self.label,
+            "base_url": self.base_url,
+            "model": self.model,
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "num_prompts": self.num_prompts,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+            "levels": self.levels.iter().map(LevelReport::to_json).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Reads a report written with `--json`; the label defaults to the file's name.
+    pub fn load(path: &Path) -> Result<Report> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(text.trim()).with_context(|| {
+            format!(
+                "{}: not a JSON report of `bench serve --json`",
+                path.display()
+            )
+        })?;
+        let str_of = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let num_of = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let Some(levels) = v.get("levels").and_then(Value::as_array) else {
+            bail!(
+                "{}: no \"levels\" list; is it a `bench serve --json` report?",
+                path.display()
+            );
+        };
+        let levels = levels
+            .iter()
+            .map(LevelReport::from_json)
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        Ok(Report {
+            label: str_of("label").or(stem).unwrap_or_default(),
+            base_url: str_of("base_url").unwrap_or_default(),
+            model: str_of("model").unwrap_or_default(),
+            input_len: num_of("input_len") as usize,
+            output_len: num_of("output_len") as usize,
+            num_prompts: num_of("num_prompts") as usize,
+            seed: num_of("seed"),
+            ignore_eos: v.get("ignore_eos").and_then(Value::as_bool).unwrap_or(true),
+            levels,
+        })
+    }
+}
+
+fn ms(s: Option<Summary>, f: fn(&Summary) -> f64) -> String {
+    s.map_or_else(|| "-".into(), |s| format!("{:.1}", f(&s)))
+}
+
+/// The table: one row per (server,) concurrency level; the server column only with several.
+pub fn table(reports: &[Report]) -> String {
+    let many = reports.len() > 1;
+    let width = reports
+        .iter()
+        .map(|r| r.label.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let mut out = String::new();
+    if many {
+        out.push_str(&format!("{:<width$} ", "server"));
+    }
+    out.push_str(&format!(
+        "{:>5} {:>5} {:>5} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}\n",
+        "conc",
+        "done",
+        "fail",
+        "time s",
+        "out tok/s",
+        "tot tok/s",
+        "req/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "TPOT p50",
+        "E2E p50",
+        "E2E p99"
+    ));
+    for r in reports {
+        for l in &r.levels {
+            if many {
+                out.push_str(&format!("{:<width$} ", r.label));
+            }
+            out.push_str(&format!(
+                "{:>5} {:>5} {:>5} {:>8.2} {:>10.1} {:>10.1} {:>7.2} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}\n",
+                l.concurrency,
+                l.completed,
+                l.failed,
+                l.duration_s,
+                l.output_tok_s,
+                l.total_tok_s,
+                l.requests_per_s,
+                ms(l.ttft, |s| s.p50),
+                ms(l.ttft, |s| s.p99),
+                ms(l.itl, |s| s.p50),
+                ms(l.itl, |s| s.p99),
+                ms(l.tpot, |s| s.p50),
+                ms(l.e2e, |s| s.p50),
+                ms(l.e2e, |s| s.p99),
+            ));
+        }
+    }
+    out.push_str("(latencies in ms; TPOT: time per output token after the first)\n");
+    out
+}
+
+/// Distinct values, in first-seen order.
+fn distinct<T: ToString>(items: impl Iterator<Item = T>) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for i in items {
+        let s = i.to_string();
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    seen
+}
+
+/// One plotted number of a level.
+type Metric = fn(&LevelReport) -> Option<f64>;
+
+/// Throughput and latency against concurrency; one color per report.
+pub fn chart(reports: &[Report]) -> Chart {
+    let points = |r: &Report, f: &dyn Fn(&LevelReport) -> Option<f64>| {
+        let mut p: Vec<(f64, Option<f64>)> = r
+            .levels
+            .iter()
+            .map(|l| (l.concurrency as f64, f(l)))
+            .collect();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        p
+    };
+    let mut throughput = Vec::new();
+    let mut latency = Vec::new();
+    let mut legend = Vec::new();
+    for (i, r) in reports.iter().enumerate() {
+        throughput.push(Curve {
+            label: format!("{} output tok/s", r.label),
+            color: i,
+            dash: Dash::Solid,
+            points: points(r, &|l| (l.completed > 0).then_some(l.output_tok_s)),
+        });
+        let lat: [(&str, Dash, Metric); 3] = [
+            ("TTFT p50", Dash::Solid, |l| l.ttft.map(|s| s.p50)),
+            ("TTFT p99", Dash::Dashed, |l| l.ttft.map(|s| s.p99)),
+            ("ITL p50", Dash::Dotted, |l| l.itl.map(|s| s.p50)),
+        ];
+        for (name, dash, f) in lat {
+            latency.push(Curve {
+                label: format!("{} {name}", r.label),
+                color: i,
+                dash,
+                points: points(r, &f),
+            });
+        }
+        legend.push(LegendEntry {
+            label: r.label.clone(),
+            color: Some(i),
+            dash: Dash::Solid,
+        });
+    }
+    for (name, dash) in [
+        ("TTFT p50 (latency)", Dash::Solid),
+        ("TTFT p99 (latency)", Dash::Dashed),
+        ("ITL p50 (latency)", Dash::Dotted),
+    ] {
+        legend.push(LegendEntry {
+            label: name.into(),
+            color: None,
+            dash,
+        });
+    }
+    let labels = distinct(reports.iter().map(|r| &r.label)).join(" vs ");
+    let models = distinct(reports.iter().map(|r| &r.model)).join(", ");
+    let title = if reports.len() > 1 {
+        format!("{labels}: {models}")
+    } else {
+        format!("bench serve: {models}")
+    };
+    let lens = |f: fn(&Report) -> usize| distinct(reports.iter().map(f)).join("/");
+    Chart {
+        title,
+        subtitle: format!(
+            "input {} / output {} tokens per request, {} requests per level",
+            lens(|r| r.input_len),
+            lens(|r| r.output_len),
+            lens(|r| r.num_prompts),
+        ),
+        x_label: "concurrent requests".into(),
+        panels: vec![
+            Panel {
+                title: "Output throughput".into(),
+                y_label: "output tokens/s".into(),
+                log_y: false,
+                curves: throughput,
+            },
+            Panel {
+                title: "Latency".into(),
+                y_label: "ms (log scale)".into(),
+                log_y: true,
+                curves: latency,
+            },
+        ],
+        legend,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_serve::request::Outcome;
+    use crate::svg_plot::{render, tests::check_well_formed};
+
+    fn report(label: &str, scale: f64) -> Report {
+        let o = |t: f64| Outcome {
+            ttft_s: 0.05 * t,
+            itl_s: vec![0.01 * t; 7],
+            e2e_s: 0.2 * t,
+            output_tokens: 8,
+            prompt_tokens: 16,
+            usage: true,
+        };
+        let levels = [1usize, 4, 16]
+            .iter()
+            .map(|&c| {
+                let outs: Vec<Result<Outcome, String>> = (0..8).map(|_| Ok(o(c as f64))).collect();
+                LevelReport::new(c, scale * c as f64, 8, &outs)
+            })
+            .collect();
+        Report {
+            label: label.into(),
+            base_url: "http://127.0.0.1:8000".into(),
+            model: "smollm2".into(),
+            input_len: 16,
+            output_len: 8,
+            num_prompts: 8,
+            seed: 0,
+            ignore_eos: true,
+            levels,
+        }
+    }
+
+    /// Equal up to float rounding (serde_json's parser is not always correctly rounded).
+    fn close(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => {
+                let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(0.0));
+                (x - y).abs() <= 1e-12 * x.abs().max(1.0)
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| close(x, y))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+
+    #[test]
+    fn json_round_trips_through_a_file() {
+        let r = report("ferrum", 1.0);
+        let path = std::env::temp_dir().join(format!("ferrum-report-{}.json", std::process::id()));
+        std::fs::write(&path, r.to_json().to_string()).expect("write");
+        let back = Report::load(&path).expect("load");
+        let _ = std::fs::remove_file(&path);
+        assert!(close(&back.to_json(), &r.to_json()), "{back:?}");
+        assert_eq!(back.levels.len(), 3);
+    }
+
+    #[test]
+    fn table_and_comparison_chart() {
+        let reports = [report("ferrum", 1.0), report("vllm & co", 2.0)];
+        let t = table(&reports);
+        assert_eq!(t.lines().count(), 1 + 6 + 1);
+        assert!(t.contains("vllm & co") && t.contains("out tok/s"));
+        let svg = render(&chart(&reports));
+        check_well_formed(&svg);
+        for s in [
+            "ferrum TTFT p99",
+            "vllm &amp; co ITL p50",
+            "ferrum vs vllm &amp; co: smollm2",
+            "input 16 / output 8 tokens",
+        ] {
+            assert!(svg.contains(s), "{s}");
+        }
+        assert_eq!(svg.matches("<polyline").count(), 8);
+    }
+}

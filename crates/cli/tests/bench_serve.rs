@@ -1,0 +1,247 @@
+//! `ferrum bench serve` against a real `ferrum serve` on the tiny fixture: every request
+//! completes with exactly --output-len tokens, the JSON report and the SVG plot are written,
+//! `--compare` reads reports back, and bad flags or an unreachable server give clear errors.
+// The child is killed and waited for in `Server::drop`.
+#![allow(clippy::unwrap_used, clippy::zombie_processes)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn tiny() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny-smollm")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A running `ferrum serve`; killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
+            .args(["serve", "--model", &tiny(), "--port", "0"])
+            .args(["--served-model-name", "tiny", "--num-kv-blocks", "256"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("the server did not print its address");
+            if let Some(at) = line.find("http://") {
+                let base = line[at..].trim().to_string();
+                return Server { child, base };
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args(["bench", "serve"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ferrum-bench-serve-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn measures_a_real_server_and_plots() {
+    let server = Server::start();
+    let svg = tmp("plot.svg");
+    let out = bench(&[
+        "--base-url",
+        &server.base,
+        "--concurrency",
+        "1,4",
+        "--num-prompts",
+        "8",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--tokenizer",
+        &tiny(),
+        "--label",
+        "ferrum-tiny",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect(&stdout);
+    assert_eq!(v["model"], "tiny", "the model comes from /v1/models");
+    assert_eq!(v["label"], "ferrum-tiny");
+    assert_eq!(v["base_url"], server.base.as_str());
+    assert_eq!(
+        (v["input_len"].as_u64(), v["output_len"].as_u64()),
+        (Some(16), Some(8))
+    );
+    assert_eq!(v["num_prompts"], 8);
+    let levels = v["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, c) in levels.iter().zip([1, 4]) {
+        let n = |k: &str| {
+            level[k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{k} in {level}"))
+        };
+        assert_eq!(n("concurrency"), c as f64);
+        assert_eq!((n("completed"), n("failed")), (8.0, 0.0), "{level}");
+        assert_eq!(n("output_tokens"), 64.0);
+        // The tokenizer makes each prompt exactly 16 tokens; the fixture adds no BOS.
+        assert_eq!(n("prompt_tokens"), 8.0 * 16.0);
+        assert!(n("output_tok_s") > 0.0 && n("requests_per_s") > 0.0);
+        assert!(n("total_tok_s") > n("output_tok_s"));
+        assert!(n("duration_s") > 0.0);
+        for lat in ["ttft", "itl", "e2e", "tpot"] {
+            let (p50, p90, p99) = (
+                n(&format!("{lat}_ms_p50")),
+                n(&format!("{lat}_ms_p90")),
+                n(&format!("{lat}_ms_p99")),
+            );
+            assert!(0.0 <= p50 && p50 <= p90 && p90 <= p99, "{lat}: {level}");
+        }
+        assert!(n("ttft_ms_p50") <= n("e2e_ms_p50"));
+    }
+    let plot = std::fs::read_to_string(&svg).expect("the plot was written");
+    assert!(plot.starts_with("<svg"), "{plot}");
+    assert!(plot.trim_end().ends_with("</svg>"));
+    assert!(plot.contains("ferrum-tiny TTFT p99"));
+
+    // The saved report goes back in through --compare, next to a second copy.
+    let a = tmp("a.json");
+    let b = tmp("b.json");
+    std::fs::write(&a, &stdout).unwrap();
+    std::fs::write(&b, stdout.replace("ferrum-tiny", "other")).unwrap();
+    let both = tmp("both.svg");
+    let list = format!("{},{}", a.display(), b.display());
+    let out = bench(&["--compare", &list, "--plot", both.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert_eq!(table.lines().filter(|l| l.starts_with("other ")).count(), 2);
+    let plot = std::fs::read_to_string(&both).unwrap();
+    assert!(plot.contains("ferrum-tiny vs other"));
+    for p in [svg, a, b, both] {
+        let _ = std::fs::remove_file(p);
+    }
+
+    // The human table: a header and one row per level.
+    let out = bench(&[
+        "--base-url",
+        &format!("{}/v1/", server.base),
+        "--model",
+        "tiny",
+        "--concurrency",
+        "2",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("out tok/s") && table.contains("TTFT p50"),
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .expect(&table);
+    assert!(row.split_whitespace().nth(1) == Some("3"), "{row}");
+
+    // A wrong model name fails every request: counted, reported, and a non-zero exit.
+    let out = bench(&[
+        "--base-url",
+        &server.base,
+        "--model",
+        "no-such-model",
+        "--concurrency",
+        "2",
+        "--num-prompts",
+        "2",
+        "--json",
+    ]);
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(v["levels"][0]["failed"], 2);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("every request failed") && err.contains("404"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error() {
+    // A port that was free a moment ago.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = bench(&["--base-url", &url, "--num-prompts", "2"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("cannot connect to {url}")), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--concurrency", ""], "--concurrency"),
+        (&["--concurrency", "1,0"], "--concurrency"),
+        (&["--num-prompts", "0"], "--num-prompts"),
+        (&["--base-url", "localhost:8000"], "--base-url"),
+        (
+            &["--base-url", "https://example.com"],
+            "https is not supported",
+        ),
+        (&["--timeout", "0"], "--timeout"),
+        (&["--tokenizer", "/no/such/tokenizer.json"], "no such file"),
+        (&["--compare", "x.json"], "--plot"),
+    ];
+    for (args, want) in cases {
+        let out = bench(args);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
