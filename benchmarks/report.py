@@ -78,7 +78,7 @@ def main() -> None:
     p("[--batch-size 16] --threads 2 --json` against `benchmarks/llamacpp_latency.py`, which drives")
     p("llama.cpp's own batch API (llama-cpp-python 0.3.36 built with GGML_NATIVE) over the same token")
     p("ids. The serving rows start each server on a free port and run `ferrum bench serve --concurrency")
-    p("1,4,16 --num-prompts 64 --input-len 100 --output-len 128 --tokenizer M --json` against it.")
+    p("1,4,16 --num-prompts 32 --input-len 100 --output-len 128 --tokenizer M --json` against it.")
     p("llama-cpp-python's server runs one request at a time (it has no parallel slots), so its")
     p("concurrency levels queue.")
 

@@ -19,7 +19,7 @@ rm -f "$out"/*.json
 if [ "$quick" = 1 ]; then
   num_prompts=8 concurrency=1,4 lat_out=32 serve_out=32 iters=1
 else
-  num_prompts=64 concurrency=1,4,16 lat_out=128 serve_out=128 iters=3
+  num_prompts="${FERRUM_BENCH_PROMPTS:-32}" concurrency=1,4,16 lat_out=128 serve_out=128 iters=3
 fi
 
 model="$(bash scripts/fetch-smollm2.sh | tail -n 1)"
