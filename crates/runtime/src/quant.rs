@@ -175,7 +175,7 @@ fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
 
 /// Scale and min of sub-block `j` (0..8) packed in 6 bits each in the 12 K-quant scale bytes.
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -27,6 +27,7 @@
 
 use super::qacts::{GROUP, LANES};
 use crate::dtype::QK_K;
+use crate::quant::scale_min_k4;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 use half::f16;
 
@@ -429,19 +430,6 @@ impl RowParts {
             }
             g += unit.len();
         }
-    }
-}
-
-/// Scale and min of sub-block `j` (0..8) packed in 6 bits each in the 12 K-quant scale bytes.
-#[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
     }
 }
 

@@ -1,7 +1,7 @@
 //! Wide-vector builds of plain loops, chosen at run time.
 //!
 //! The crate compiles for the baseline of its target (SSE2 on x86-64), so the compiler only
-//! vectorizes plain loops 128 bits wide. [`multiversion!`] compiles a kernel written as plain
+//! vectorizes plain loops 128 bits wide. `multiversion!` compiles a kernel written as plain
 //! Rust a second and third time with AVX2+FMA and AVX-512 enabled and calls the best one the CPU
 //! has. The kernels keep their reductions in explicit lanes and never fuse a multiply with an
 //! add, so every build computes the same bits: the choice changes speed, never results.
