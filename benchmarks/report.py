@@ -8,7 +8,9 @@ import sys
 
 
 def load(path: pathlib.Path):
-    return json.loads(path.read_text()) if path.exists() else None
+    """The JSON in PATH, or None when it is missing or empty (a step that failed or was skipped)."""
+    text = path.read_text().strip() if path.exists() else ""
+    return json.loads(text) if text else None
 
 
 def ratio(a, b):
@@ -26,6 +28,42 @@ def cpu() -> str:
     return f"{name}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores ({', '.join(isa)})"
 
 
+# Each peer next to the Ferrum run on the same weights: (ferrum label, peer label).
+PAIRS = [("ferrum-gguf", "llamacpp-gguf"), ("ferrum-bf16", "vllm-cpu-bf16")]
+
+
+def side_by_side(serves: dict, rss: dict) -> None:
+    """One table: Ferrum and each peer on the same weights, and Ferrum's advantage (above 1 is
+    better for Ferrum: more tokens/s, or less time, or less memory)."""
+    pairs = [(f, q) for f, q in PAIRS if f in serves and q in serves]
+    if not pairs:
+        return
+    head = " | ".join(f"{f} | {q} | advantage" for f, q in pairs)
+    print(f"| metric | {head} |")
+    print("| --- |" + " --- | --- | --- |" * len(pairs))
+    levels = sorted({lv["concurrency"] for f, _ in pairs for lv in serves[f]["levels"]})
+    rows = [("output tok/s", "output_tok_s", True), ("TTFT p50 (ms)", "ttft_ms_p50", False),
+            ("TTFT p99 (ms)", "ttft_ms_p99", False), ("ITL p50 (ms)", "itl_ms_p50", False)]
+
+    def at(name, c, key):
+        lv = next((x for x in serves[name]["levels"] if x["concurrency"] == c), None)
+        return lv.get(key) if lv else None
+
+    def cells(a, b, higher_is_better, fmt):
+        adv = ratio(a, b) if higher_is_better else ratio(b, a)
+        show = lambda v: fmt.format(v) if v is not None else "n/a"
+        return f"{show(a)} | {show(b)} | {adv}"
+
+    for label, key, hib in rows:
+        for c in levels:
+            fmt = "{:.1f}" if key != "ttft_ms_p50" and key != "ttft_ms_p99" else "{:.0f}"
+            print(f"| {label}, concurrency {c} | "
+                  + " | ".join(cells(at(f, c, key), at(q, c, key), hib, fmt) for f, q in pairs) + " |")
+    mem = lambda n: (rss.get(n) or {}).get("peak_rss_mib")
+    print("| peak RSS (MiB) | "
+          + " | ".join(cells(mem(f), mem(q), False, "{}") for f, q in pairs) + " |\n")
+
+
 def main() -> None:
     d = pathlib.Path(sys.argv[1])
     p = print
@@ -33,21 +71,36 @@ def main() -> None:
     p(f"Machine: {cpu()}. Model: SmolLM2-135M-Instruct, Q4_1 GGUF (vLLM and `ferrum-bf16`: the same")
     p("weights dequantized to a bf16 Hugging Face folder). Every figure comes from one run of")
     p("`bash benchmarks/run.sh`; ratios compare engines measured minutes apart on the same machine.\n")
-    p("## Raw model speed (2 threads, same token ids)\n")
-    p("| | Ferrum | llama.cpp | ratio |")
-    p("| --- | --- | --- | --- |")
+    meta = load(d / "meta.json") or {}
+    if meta:
+        p(f"Versions: Ferrum {meta['ferrum_version']}; llama.cpp as vendored in llama-cpp-python "
+          f"{meta['llama_cpp_python']} (built with GGML_NATIVE); vLLM CPU build "
+          f"{meta['vllm'] or 'not installed'} (torch {meta['torch'] or '-'}). "
+          f"{meta['threads']} threads for every engine."
+          + (" **Quick run (`--quick`): few prompts, short outputs, one iteration.**"
+             if meta.get("quick") == "1" else "") + "\n")
+    p("## Raw model speed (same GGUF, 2 threads)\n")
+    p("Ratios are Ferrum over llama.cpp; above 1 means Ferrum is faster.\n")
+    p("| | Ferrum | llama.cpp (llama-batched-bench) | ratio | llama.cpp (Python bindings) | ratio |")
+    p("| --- | --- | --- | --- | --- | --- |")
     for name, label in [("single", "one sequence"), ("batch16", "16 sequences together")]:
         f = load(d / f"latency-ferrum-{name}.json")
-        l = load(d / f"latency-llamacpp-{name}.json")
-        if not f or not l:
+        if not f:
             continue
-        p(f"| prefill, {label}, {f['input_len']}-token prompts (tok/s) | {f['prefill_tok_s']:.1f} | "
-          f"{l['prefill_tok_s']:.1f} | {ratio(f['prefill_tok_s'], l['prefill_tok_s'])} |")
-        p(f"| decode, {label}, {f['output_len']} steps (tok/s) | {f['decode_tok_s']:.1f} | "
-          f"{l['decode_tok_s']:.1f} | {ratio(f['decode_tok_s'], l['decode_tok_s'])} |")
+        peers = [load(d / f"latency-llamacpp-bb-{name}.json"), load(d / f"latency-llamacpp-{name}.json")]
+        for key, what in [("prefill_tok_s", f"prefill, {label}, {f['input_len']}-token prompts (tok/s)"),
+                          ("decode_tok_s", f"decode, {label}, {f['output_len']} steps (tok/s)")]:
+            cells = []
+            for peer in peers:
+                v = peer.get(key) if peer else None
+                cells += [f"{v:.1f}" if v else "n/a", ratio(f[key], v)]
+            p(f"| {what} | {f[key]:.1f} | " + " | ".join(cells) + " |")
     p("\n## Serving (`ferrum bench serve`: 100-token prompts, ignore_eos, streaming)\n")
     serves = {x.stem[len("serve-"):]: load(x) for x in sorted(d.glob("serve-*.json"))}
     rss = {x.stem[len("rss-"):]: load(x) for x in sorted(d.glob("rss-*.json"))}
+    serves = {k: v for k, v in serves.items() if v}
+    side_by_side(serves, rss)
+    p("All levels:\n")
     p("| server | concurrency | output tok/s | requests/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | failed |")
     p("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rep in serves.items():
@@ -71,16 +124,29 @@ def main() -> None:
     p("\n![throughput and latency against concurrency](benchmarks-serve.svg)\n")
     p("## How to reproduce\n")
     p("```sh")
-    p("bash benchmarks/setup-vllm.sh      # optional: vLLM's CPU build and the bf16 folder")
-    p("bash benchmarks/run.sh             # installs llama.cpp, builds Ferrum, runs everything")
+    p("bash scripts/fetch-smollm2.sh           # the Q4_1 GGUF into models/")
+    p("cargo build --release -p ferrum-cli")
+    p("bash benchmarks/setup-llamacpp.sh       # llama-cpp-python, llama-server, llama-batched-bench")
+    p("bash benchmarks/setup-vllm.sh           # vLLM's CPU build and the bf16 folder (several GB)")
+    p("bash benchmarks/run.sh                  # everything below; --quick for a smoke run")
     p("```\n")
     p("The raw-speed rows run `ferrum bench latency --model M --input-len N --output-len N")
-    p("[--batch-size 16] --threads 2 --json` against `benchmarks/llamacpp_latency.py`, which drives")
-    p("llama.cpp's own batch API (llama-cpp-python 0.3.36 built with GGML_NATIVE) over the same token")
-    p("ids. The serving rows start each server on a free port and run `ferrum bench serve --concurrency")
-    p("1,4,16 --num-prompts 32 --input-len 100 --output-len 128 --tokenizer M --json` against it.")
-    p("llama-cpp-python's server runs one request at a time (it has no parallel slots), so its")
-    p("concurrency levels queue.")
+    p("[--batch-size 16] --threads 2 --json` against llama.cpp's `llama-batched-bench` (C++, random")
+    p("prompt tokens) and `benchmarks/llamacpp_latency.py`, which drives llama.cpp's batch API through")
+    p("the Python bindings over the same token ids. The serving rows start each server on a free port")
+    conc = meta.get("concurrency", "1,4,16")
+    n = meta.get("num_prompts", "32")
+    out = meta.get("serve_out", "128")
+    p(f"and run `ferrum bench serve --concurrency {conc} --num-prompts {n} --input-len 100 --output-len {out}")
+    p("--tokenizer M --json` against it.")
+    if meta.get("llama_server") == "llama-server":
+        p("llama.cpp serves with its own `llama-server -np 16 -c 16384 --cont-batching` (16 parallel")
+        p("slots, continuous batching), built by `benchmarks/setup-llamacpp.sh` from the same sources.")
+    else:
+        p("llama.cpp serves with llama-cpp-python's server, which runs one request at a time (no")
+        p("parallel slots), so its concurrency levels queue.")
+    p("vLLM runs with `VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1")
+    p("VLLM_CPU_NUM_OF_RESERVED_CPU=0`. Peak memory is the sum of VmHWM over the server's processes.")
 
 
 if __name__ == "__main__":

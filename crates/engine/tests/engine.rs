@@ -242,8 +242,12 @@ fn dropping_a_stream_aborts_and_frees_its_blocks() {
         ..SamplingParams::greedy()
     };
     let mut s = e.generate(GenerateRequest::new(vec![1, 2, 3], p)).unwrap();
+    // Metrics are published after a step's tokens are sent: the second token proves the
+    // first step's figures (blocks in use) are out.
     assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
-    assert!(e.metrics().kv_blocks_free < e.metrics().kv_blocks_total);
+    assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
+    let m = e.metrics();
+    assert!(m.kv_blocks_free < m.kv_blocks_total, "{m:?}");
     drop(s);
     wait_for_idle(&e);
     // Explicit abort by id works too.
