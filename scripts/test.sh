@@ -9,6 +9,8 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+echo "== engine fault injection (feature fault-injection)"
+cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
 awk '

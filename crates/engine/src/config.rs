@@ -41,6 +41,15 @@ impl Default for EngineConfig {
     }
 }
 
+/// Faults the engine loop injects into itself, for the tests that prove a failure is
+/// contained (only with the `fault-injection` feature, which no shipped binary enables).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjection {
+    /// The engine loop panics at the start of this step (1-based).
+    pub panic_at_step: Option<u64>,
+}
+
 /// Bytes of memory available now (Linux `MemAvailable`), if known.
 pub fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -19,6 +19,7 @@ use ferrum_scheduler::Scheduler;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{RequestId, TokenId};
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -83,6 +84,32 @@ pub(crate) struct EngineCore {
     seqs: HashMap<RequestId, SeqState>,
     next_seq: RequestId,
     shutting_down: bool,
+    /// Requests whose output failed during this step, with the reason.
+    failed: Vec<(RequestId, String)>,
+    /// Steps run so far.
+    steps: u64,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) faults: crate::config::FaultInjection,
+}
+
+/// Marks the engine unhealthy when dropped: at the end of the loop, or while a panic unwinds.
+struct HealthGuard(Arc<Mutex<Metrics>>);
+
+impl Drop for HealthGuard {
+    fn drop(&mut self) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.healthy = false;
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown cause".into());
+    format!("panicked: {what}")
 }
 
 impl std::fmt::Debug for ReqState {
@@ -122,12 +149,19 @@ impl EngineCore {
             seqs: HashMap::new(),
             next_seq: 0,
             shutting_down: false,
+            failed: Vec::new(),
+            steps: 0,
+            #[cfg(feature = "fault-injection")]
+            faults: Default::default(),
         }
     }
 
     /// Runs until shut down (after in-flight requests finish), all handles are gone, or a
     /// step fails (then every request gets the error and the engine reports unhealthy).
     pub(crate) fn run(mut self, rx: Receiver<Command>) {
+        // Whatever way this function ends (a panic outside a step included), the engine
+        // reports unhealthy, so `generate` and `/health` fail fast.
+        let _health = HealthGuard(self.metrics.clone());
         loop {
             if !self.sched.has_unfinished() && self.reqs.is_empty() {
                 if self.shutting_down {
@@ -146,7 +180,11 @@ impl EngineCore {
                 self.publish_metrics();
                 continue;
             }
-            if let Err(e) = self.step() {
+            // A panic inside a step (a kernel or sampler bug) must not leave clients waiting on
+            // streams that will never end: it ends the engine like a step error does.
+            let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()))
+                .unwrap_or_else(|p| Err(EngineError::Invalid(panic_message(p.as_ref()))));
+            if let Err(e) = stepped {
                 let msg = format!("engine step failed: {e}");
                 for (_, r) in self.reqs.drain() {
                     let _ = r.tx.send(Event::Error(msg.clone()));
@@ -261,6 +299,11 @@ impl EngineCore {
     }
 
     fn step(&mut self) -> Result<()> {
+        self.steps += 1;
+        #[cfg(feature = "fault-injection")]
+        if self.faults.panic_at_step == Some(self.steps) {
+            panic!("injected fault: panic at step {}", self.steps);
+        }
         let out = self.sched.schedule();
         if out.seqs.is_empty() {
             return Err(EngineError::Invalid(
@@ -301,7 +344,16 @@ impl EngineCore {
             }
             seq.last_token_at = Some(now);
             r.usage.completion_tokens += 1;
-            let step = seq.output.push(tok, sample.token)?;
+            let step = match seq.output.push(tok, sample.token) {
+                Ok(step) => step,
+                Err(e) => {
+                    // This request's output cannot go on (say the model sampled an id the
+                    // tokenizer does not have); the others in the batch are unaffected.
+                    self.failed
+                        .push((seq.request, format!("request failed: {e}")));
+                    continue;
+                }
+            };
             let send_ok =
                 r.tx.send(Event::Token {
                     index: seq.index,
@@ -349,6 +401,9 @@ impl EngineCore {
                     self.fail(id, &e.to_string());
                 }
             }
+        }
+        for (id, msg) in std::mem::take(&mut self.failed) {
+            self.fail(id, &msg);
         }
         let finished = std::mem::take(&mut self.finished);
         for &seq in &finished {

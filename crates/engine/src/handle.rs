@@ -102,6 +102,26 @@ impl EngineHandle {
         tokenizer: Option<Arc<Tokenizer>>,
         cfg: &EngineConfig,
     ) -> Result<EngineHandle> {
+        Self::start_inner(model, tokenizer, cfg, |_| {})
+    }
+
+    /// [`EngineHandle::start`] with faults the engine loop injects into itself.
+    #[cfg(feature = "fault-injection")]
+    pub fn start_with_faults(
+        model: Model,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: &EngineConfig,
+        faults: crate::config::FaultInjection,
+    ) -> Result<EngineHandle> {
+        Self::start_inner(model, tokenizer, cfg, move |core| core.faults = faults)
+    }
+
+    fn start_inner(
+        model: Model,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: &EngineConfig,
+        setup: impl FnOnce(&mut EngineCore),
+    ) -> Result<EngineHandle> {
         let mc = model.config().clone();
         let num_blocks = cfg.num_blocks(KvCache::bytes_per_block(&mc, cfg.block_size))?;
         let sched_cfg = SchedulerConfig {
@@ -147,7 +167,7 @@ impl EngineHandle {
         }));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = channel();
-        let core = EngineCore::new(
+        let mut core = EngineCore::new(
             model,
             kv,
             sched,
@@ -157,6 +177,7 @@ impl EngineHandle {
             metrics.clone(),
             in_flight.clone(),
         );
+        setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())
             .spawn(move || core.run(rx))

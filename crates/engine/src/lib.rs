@@ -14,6 +14,8 @@ mod request;
 mod rng;
 pub mod sampler;
 
+#[cfg(feature = "fault-injection")]
+pub use config::FaultInjection;
 pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
 pub use generate::{Generation, Generator, GeneratorConfig, TokenEvent};

@@ -321,3 +321,68 @@ fn bad_requests_overload_and_shutdown() {
     assert!(!e.is_healthy());
     assert!(e.generate(GenerateRequest::new(vec![1], long)).is_err());
 }
+
+/// A word-level tokenizer with only `n` ids, smaller than the model's vocabulary.
+fn small_tokenizer(n: usize) -> ferrum_tokenizer::Tokenizer {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..n)
+        .map(|i| (format!("t{i}"), serde_json::json!(i)))
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let path = std::env::temp_dir().join(format!(
+        "ferrum-small-tokenizer-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(&path, json.to_string()).unwrap();
+    let tok = ferrum_tokenizer::Tokenizer::from_json_file(&path, Default::default()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(tok.vocab_size(), n);
+    tok
+}
+
+#[test]
+fn an_output_failure_fails_only_its_request() {
+    // The model (512 ids) samples id 400, which the tokenizer (300 ids) cannot decode: that
+    // request fails; the one beside it in the batch finishes and the engine stays up.
+    let e = EngineHandle::start(
+        model("tiny-llama"),
+        Some(std::sync::Arc::new(small_tokenizer(300))),
+        &EngineConfig::default(),
+    )
+    .unwrap();
+    let forced = SamplingParams {
+        max_tokens: Some(8),
+        logit_bias: vec![(400, 100.0)],
+        ..SamplingParams::greedy()
+    };
+    let fine = SamplingParams {
+        max_tokens: Some(8),
+        ignore_eos: true,
+        logit_bias: vec![(7, 100.0)],
+        ..SamplingParams::greedy()
+    };
+    let mut bad = e
+        .generate(GenerateRequest::new(vec![1, 2, 3], forced))
+        .unwrap();
+    let good = e
+        .generate(GenerateRequest::new(vec![1, 2, 4], fine))
+        .unwrap();
+    let err = loop {
+        match bad.blocking_next() {
+            Some(Event::Error(msg)) => break msg,
+            Some(Event::Token { .. }) => {}
+            other => panic!("expected an error, got {other:?}"),
+        }
+    };
+    assert!(err.contains("400"), "{err}");
+    let (ids, fin, _) = collect(good, 1);
+    assert_eq!(ids[0], vec![7; 8]);
+    assert_eq!(fin[0], Some(FinishReason::MaxTokens));
+    assert!(e.is_healthy());
+    wait_for_idle(&e);
+    e.shutdown();
+}

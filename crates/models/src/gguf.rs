@@ -143,6 +143,19 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
 }
 
+/// A read-only anonymous map holding a copy of `bytes` (an empty input is an error: a map
+/// cannot be empty, and no model file is).
+pub(crate) fn anonymous_map(name: &Path, bytes: &[u8]) -> Result<Arc<Mmap>> {
+    if bytes.is_empty() {
+        return Err(ModelError::format(name, "file is empty"));
+    }
+    let mut m = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| ModelError::io(name, e))?;
+    m.copy_from_slice(bytes);
+    Ok(Arc::new(
+        m.make_read_only().map_err(|e| ModelError::io(name, e))?,
+    ))
+}
+
 impl GgufFile {
     /// Maps and parses `path`.
     pub fn open(path: &Path) -> Result<GgufFile> {
@@ -151,6 +164,12 @@ impl GgufFile {
         // outside what any mmap-based loader can defend against.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
         GgufFile::parse(path, Arc::new(map))
+    }
+
+    /// Parses a file's contents held in memory (copied into an anonymous map); `name` stands
+    /// for the file in errors. For tests and fuzzing.
+    pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<GgufFile> {
+        GgufFile::parse(name, anonymous_map(name, bytes)?)
     }
 
     fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile> {

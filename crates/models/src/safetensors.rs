@@ -46,7 +46,16 @@ impl SafetensorsFile {
         let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only map; see `GgufFile::open`.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        let map = Arc::new(map);
+        SafetensorsFile::parse(path, Arc::new(map))
+    }
+
+    /// Parses a file's contents held in memory (copied into an anonymous map); `name` stands
+    /// for the file in errors. For tests and fuzzing.
+    pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<SafetensorsFile> {
+        SafetensorsFile::parse(name, crate::gguf::anonymous_map(name, bytes)?)
+    }
+
+    fn parse(path: &Path, map: Arc<Mmap>) -> Result<SafetensorsFile> {
         let fmt = |m: String| ModelError::format(path, m);
         if map.len() < 8 {
             return Err(fmt(format!(

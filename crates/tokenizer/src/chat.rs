@@ -3,15 +3,44 @@
 //! special tokens and `add_generation_prompt` in the context, HF's extension functions).
 //!
 //! Rendering is bounded: templates run with a fuel limit and minijinja's recursion limit, so a
-//! hostile template fails with an error instead of hanging.
+//! hostile template fails with an error instead of hanging; the output goes into a writer that
+//! refuses more than [`MAX_RENDERED_BYTES`] (a loop printing 100 kB strings 100,000 times fails
+//! at the cap instead of filling memory), and minijinja refuses string repetition and ranges
+//! beyond 100,000. What stays open: a template that concatenates a string with itself again and
+//! again (`{% set s = s ~ s %}`) doubles memory per step within its fuel; see
+//! docs/reliability.md.
 
-use crate::template_fns::{raise_exception, strftime_now, tojson};
+use crate::template_fns::{indent, raise_exception, strftime_now, tojson};
 use crate::{Result, SpecialTokens, TokenizerError};
 use minijinja::{Environment, Value};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Instructions a single render may execute.
 const FUEL: u64 = 20_000_000;
 const TEMPLATE_NAME: &str = "chat";
+/// The most text a render may produce (far more than any context window holds).
+pub const MAX_RENDERED_BYTES: usize = 32 << 20;
+
+/// Collects rendered output, refusing to grow past its cap.
+struct Capped {
+    buf: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("chat template output over the cap"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,9 +88,15 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_filter("indent", indent);
         let cleaned = strip_generation_tags(source);
-        env.add_template_owned(TEMPLATE_NAME, cleaned)
-            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        // minijinja has panicked on some malformed templates (found by fuzzing): a panic is one
+        // more way for a template to be bad, not a reason to take the process down.
+        catch_unwind(AssertUnwindSafe(|| {
+            env.add_template_owned(TEMPLATE_NAME, cleaned)
+        }))
+        .map_err(|p| panicked("compiling", p.as_ref()))?
+        .map_err(|e| TokenizerError::Template(describe(&e)))?;
         Ok(ChatTemplate {
             env,
             source: source.to_owned(),
@@ -104,9 +139,40 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        tmpl.render(Value::from_iter(ctx))
-            .map_err(|e| TokenizerError::Template(describe(&e)))
+        let mut out = Capped {
+            buf: Vec::new(),
+            overflowed: false,
+        };
+        let rendered = catch_unwind(AssertUnwindSafe(|| {
+            tmpl.render_captured_to(Value::from_iter(ctx), &mut out)
+        }))
+        .map_err(|p| panicked("rendering", p.as_ref()))?;
+        match rendered {
+            Ok(_) => {}
+            Err(_) if out.overflowed => {
+                return Err(TokenizerError::Template(format!(
+                    "the chat template's output grew past {} MiB",
+                    MAX_RENDERED_BYTES >> 20
+                )))
+            }
+            Err(e) => return Err(TokenizerError::Template(describe(&e))),
+        }
+        String::from_utf8(out.buf).map_err(|e| {
+            TokenizerError::Template(format!("the chat template rendered invalid UTF-8: {e}"))
+        })
     }
+}
+
+/// The error for a panic inside minijinja.
+fn panicked(what: &str, p: &(dyn std::any::Any + Send)) -> TokenizerError {
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    TokenizerError::Template(format!(
+        "the template engine failed while {what} the chat template: {msg}"
+    ))
 }
 
 /// An error message with minijinja's cause chain and location.
@@ -207,6 +273,33 @@ mod tests {
         assert!(err.to_string().contains("fuel"), "{err}");
         let recursive = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
         assert!(render(recursive, &[]).is_err());
+        // 100,000 x 100 kB of output would be 10 GB: stopped at the cap.
+        let flood = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let err = render(flood, &[]).unwrap_err();
+        assert!(err.to_string().contains("grew past 32 MiB"), "{err}");
+        let huge = "{{ 'x' * 10000000000 }}";
+        assert!(render(huge, &[]).is_err());
+        let wide = "{{ 'a\nb'|indent(600000000) }}";
+        assert!(render(wide, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("at most 256"));
+        let wide_json = "{{ messages|tojson(indent=100000000) }}";
+        assert!(render(wide_json, &[]).is_err());
+        // minijinja 2.24 panics compiling this (found by crates/fuzz): an error here.
+        let err = ChatTemplate::new("{% import 'x' as y %te%}", &special()).unwrap_err();
+        assert!(err.to_string().contains("chat template"), "{err}");
+    }
+
+    #[test]
+    fn indent_works_as_in_jinja() {
+        let msgs = [ChatMessage::new("user", "a\n\nb\n")];
+        let out = |f: &str| render(&format!("{{{{ messages[0].content|{f} }}}}"), &msgs).unwrap();
+        assert_eq!(out("indent"), "a\n\n    b");
+        assert_eq!(out("indent(2, true)"), "  a\n\n  b");
+        assert_eq!(out("indent(2, blank=true)"), "a\n  \n  b");
+        assert_eq!(out("indent('> ', first=true)"), "> a\n\n> b");
+        assert_eq!(out("indent(width=1)"), "a\n\n b");
     }
 
     #[test]

@@ -124,6 +124,9 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The widest `tojson` indent accepted: wider ones only serve to blow up the output.
+const MAX_INDENT: usize = 64;
+
 /// The `tojson` filter with Python `json.dumps` formatting.
 pub(crate) fn tojson(
     value: &Value,
@@ -133,10 +136,10 @@ pub(crate) fn tojson(
     let indent = match kwargs.get::<Option<Value>>("indent")?.or(indent) {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) => Some(v.as_usize().ok_or_else(|| {
+        Some(v) => Some(v.as_usize().filter(|&n| n <= MAX_INDENT).ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidOperation,
-                "tojson: indent must be a non-negative integer",
+                format!("tojson: indent must be an integer from 0 to {MAX_INDENT}"),
             )
         })?),
     };
@@ -285,6 +288,73 @@ fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
         }
     }
     out.push('"');
+}
+
+/// The widest `indent` accepted (Jinja's `indent` filter, otherwise as minijinja has it).
+const MAX_INDENT_WIDTH: usize = 256;
+
+/// Jinja's `indent(width=4, first=false, blank=false)`, refusing widths that only serve to
+/// blow up memory (minijinja's own builds `width` spaces first, whatever the width).
+pub(crate) fn indent(
+    value: String,
+    width: Option<Value>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let width = match width {
+        Some(w) => Some(w),
+        None => kwargs.get::<Option<Value>>("width")?,
+    };
+    // An integer is a number of spaces; a string is the indentation itself.
+    let prefix = match width {
+        None => "    ".to_string(),
+        Some(w) if w.as_str().is_some() => w.as_str().unwrap_or_default().to_string(),
+        Some(w) => " ".repeat(
+            w.as_usize()
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        "indent: width must be a non-negative integer or a string",
+                    )
+                })?
+                .min(MAX_INDENT_WIDTH + 1),
+        ),
+    };
+    if prefix.len() > MAX_INDENT_WIDTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("indent: width must be at most {MAX_INDENT_WIDTH}"),
+        ));
+    }
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    fn strip_newline(s: &str) -> &str {
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        s.strip_suffix('\r').unwrap_or(s)
+    }
+    let mut lines = strip_newline(&value).split('\n');
+    let mut out = String::new();
+    if !first {
+        out.push_str(lines.next().unwrap_or_default());
+        out.push('\n');
+    }
+    for line in lines {
+        if !line.is_empty() || blank {
+            out.push_str(&prefix);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.truncate(strip_newline(&out).len());
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,130 @@
+//! Fuzz target: parsing and validating OpenAI request bodies (`/v1/chat/completions` and
+//! `/v1/completions`). Any body gets a typed request or a 4xx error that serializes to
+//! OpenAI's error JSON; never a panic and never a 5xx.
+
+use ferrum_fuzz::harness::{run, Limits, Target};
+use ferrum_fuzz::mutate::Mutator;
+use ferrum_server::fields::Fields;
+use ferrum_server::protocol::{ChatRequest, CompletionRequest};
+use ferrum_server::ServerError;
+
+#[global_allocator]
+static ALLOC: ferrum_fuzz::alloc::Counting = ferrum_fuzz::alloc::Counting;
+
+const SEEDS: &[&str] = &[
+    r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}],"max_tokens":16,"temperature":0.7,"top_p":0.9,"n":2,"stream":true,"stop":["\n","."],"seed":1,"logprobs":true,"top_logprobs":3,"logit_bias":{"42":-100},"presence_penalty":0.5,"frequency_penalty":-0.5,"stream_options":{"include_usage":true}}"#,
+    r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"max_completion_tokens":3,"top_k":5,"min_p":0.1,"repetition_penalty":1.1,"ignore_eos":true,"stop_token_ids":[2,3],"user":"u"}"#,
+    r#"{"model":"m","prompt":"Once upon a time","max_tokens":5,"echo":true,"logprobs":2,"stop":"\n","n":1,"best_of":1,"suffix":null}"#,
+    r#"{"prompt":[[1,2,3],[4,5]],"max_tokens":2,"stream":false}"#,
+    r#"{"prompt":["a","b"],"temperature":0,"seed":-1}"#,
+    r#"{"messages":[],"tools":[{"type":"function"}],"response_format":{"type":"json_object"}}"#,
+];
+
+fn check(r: Result<(), ServerError>) -> Result<String, String> {
+    match r {
+        Ok(()) => Ok("ok".into()),
+        Err(e) => {
+            let status = e.status();
+            if !status.is_client_error() {
+                return Err(format!("status {status} for a bad body: {e}"));
+            }
+            let json = e.to_json();
+            if json["error"]["message"].as_str().is_none_or(str::is_empty) {
+                return Err(format!("error without a message: {json}"));
+            }
+            Ok(format!("{status} {e}"))
+        }
+    }
+}
+
+#[test]
+fn fuzz_openai_request() {
+    let dictionary = [
+        "\"model\"",
+        "\"messages\"",
+        "\"prompt\"",
+        "\"role\"",
+        "\"content\"",
+        "\"user\"",
+        "\"assistant\"",
+        "\"system\"",
+        "\"tool\"",
+        "\"max_tokens\"",
+        "\"max_completion_tokens\"",
+        "\"temperature\"",
+        "\"top_p\"",
+        "\"top_k\"",
+        "\"min_p\"",
+        "\"n\"",
+        "\"stream\"",
+        "\"stop\"",
+        "\"seed\"",
+        "\"logprobs\"",
+        "\"top_logprobs\"",
+        "\"logit_bias\"",
+        "\"presence_penalty\"",
+        "\"frequency_penalty\"",
+        "\"repetition_penalty\"",
+        "\"echo\"",
+        "\"stream_options\"",
+        "\"include_usage\"",
+        "\"ignore_eos\"",
+        "\"stop_token_ids\"",
+        "\"type\"",
+        "\"text\"",
+        "\"image_url\"",
+        "18446744073709551615",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "4294967296",
+        "1e308",
+        "-1e308",
+        "1e-320",
+        "-0",
+        "0.0",
+        "-1",
+        "129",
+        "21",
+        "100000",
+        "null",
+        "true",
+        "false",
+        "[]",
+        "{}",
+        "\"\"",
+        "[[]]",
+        "[[-1]]",
+        "\"\\u0000\"",
+        "\"\\ud800\"",
+        ",",
+        ":",
+        "[",
+        "]",
+        "{",
+        "}",
+    ];
+    let target = Target {
+        name: "openai_request",
+        seeds: SEEDS.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        mutator: Mutator {
+            hot: 4096,
+            dictionary: dictionary.iter().map(|w| w.as_bytes().to_vec()).collect(),
+            max_len: 64 << 10,
+        },
+        limits: Limits {
+            memory_base: 16 << 20,
+            memory_per_input_byte: 64,
+            ..Limits::default()
+        },
+    };
+    let report = run(target, |body| {
+        let fields = match Fields::parse(body) {
+            Ok(f) => f,
+            Err(e) => return check(Err(e)),
+        };
+        let chat = check(ChatRequest::parse(&fields).map(|_| ()))?;
+        let completion = check(CompletionRequest::parse(&fields).map(|_| ()))?;
+        Ok(format!("{chat} | {completion}"))
+    });
+    assert!(report.execs > 0);
+}
