@@ -28,7 +28,12 @@ impl Server {
     fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
             .args(["serve", "--model", &tiny(), "--port", "0"])
-            .args(["--served-model-name", "tiny", "--num-kv-blocks", "256"])
+            .args(["--served-model-name", "tiny"])
+            .args(if extra.contains(&"--num-kv-blocks") {
+                &[][..]
+            } else {
+                &["--num-kv-blocks", "256"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -55,6 +60,18 @@ impl Server {
                 };
             }
         }
+    }
+
+    /// Resident memory of the server process (VmRSS), in bytes.
+    fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb * 1024
     }
 
     fn url(&self, path: &str) -> String {
@@ -409,6 +426,15 @@ async fn error_statuses() {
             None,
         ),
         ("/v1/nothing", "{}".into(), key, 404, None),
+        // The model name is compared, never used as a path.
+        (
+            "/v1/chat/completions",
+            json!({"model": "../../../../etc/passwd", "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+            key,
+            404,
+            None,
+        ),
         ("/v1/completions", "x".repeat(5000), key, 413, None),
     ];
     for (path, body, k, expect, param) in cases {
@@ -471,4 +497,183 @@ async fn hundreds_of_concurrent_streams() {
     }
     wait_all_free(&c, &s, Duration::from_secs(10)).await;
     assert_eq!(gauge(&c, &s, "ferrum_request_success_total").await, 300.0);
+}
+
+/// A prompt longer than the whole KV cache is refused at admission with a 400 naming the
+/// limit, at once; a request whose samples together outgrow the cache still completes (its
+/// samples take turns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_that_cannot_fit_the_kv_cache_are_refused_at_admission() {
+    // 4 blocks of 16 tokens: 64 tokens in all.
+    let s = Server::start(&["--num-kv-blocks", "4"]);
+    let c = reqwest::Client::new();
+    let long = "one two three four five six seven eight nine ten ".repeat(20);
+    let t = Instant::now();
+    let r = c
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": long, "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("64 tokens"),
+        "{v}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // 3 samples of up to 20 + 30 tokens: more than 64 together, each one fits.
+    let prompt = "one two three four five six seven eight nine ten ".repeat(2);
+    let r = c
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": prompt, "max_tokens": 30, "n": 3, "ignore_eos": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 90, "{v}");
+    wait_all_free(&c, &s, Duration::from_secs(10)).await;
+}
+
+/// Bursts far beyond the queue limit: every request gets a 200 or a 503 with `Retry-After`
+/// and OpenAI's error JSON, the server keeps serving, and its memory does not grow with the
+/// bursts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_with_503_and_memory_stays_bounded() {
+    let s = Server::start(&["--max-num-seqs", "2", "--max-waiting-requests", "4"]);
+    let c = reqwest::Client::new();
+    let burst = |round: usize| {
+        let tasks: Vec<_> = (0..150)
+            .map(|i| {
+                let c = c.clone();
+                let url = s.url("/v1/completions");
+                tokio::spawn(async move {
+                    let body = json!({"prompt": format!("Burst {round} request {i}"),
+                                      "max_tokens": 8, "ignore_eos": true, "stream": i % 2 == 0});
+                    let r = c.post(url).json(&body).send().await.unwrap();
+                    let status = r.status().as_u16();
+                    let retry = r.headers().get("retry-after").cloned();
+                    let text = r.text().await.unwrap();
+                    (status, retry, text)
+                })
+            })
+            .collect::<Vec<_>>();
+        async move {
+            let mut ok = 0;
+            let mut refused = 0;
+            for t in tasks {
+                let (status, retry, text) = t.await.unwrap();
+                match status {
+                    200 => ok += 1,
+                    503 => {
+                        refused += 1;
+                        assert_eq!(retry.unwrap(), "1");
+                        let v: Value = serde_json::from_str(&text).unwrap();
+                        assert_eq!(v["error"]["code"], "overloaded", "{v}");
+                    }
+                    other => panic!("status {other}: {text}"),
+                }
+            }
+            (ok, refused)
+        }
+    };
+    let (ok, refused) = burst(0).await;
+    assert!(ok >= 6 && refused > 0, "{ok} served, {refused} refused");
+    wait_all_free(&c, &s, Duration::from_secs(20)).await;
+    let before = s.rss();
+    for round in 1..=3 {
+        let (ok, refused) = burst(round).await;
+        assert!(ok >= 6 && refused > 0, "{ok} served, {refused} refused");
+        wait_all_free(&c, &s, Duration::from_secs(20)).await;
+    }
+    let after = s.rss();
+    assert!(
+        after < before + (32 << 20),
+        "resident memory grew from {} to {} MiB over three bursts",
+        before >> 20,
+        after >> 20
+    );
+    // Still serving.
+    let r = c
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// A chat template that asks for tens of gigabytes when a message says "boom": the render
+/// fails with a 400 (its worker process hits its memory cap and dies), the server itself
+/// stays small and healthy, and the next chat request gets a fresh worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_chat_template_cannot_take_the_server_down() {
+    let src = PathBuf::from(tiny());
+    let dir = std::env::temp_dir().join(format!("ferrum-hostile-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% if 'boom' in messages[-1].content %}{{ (range(100000) * 30000)|list|length }}{% endif %}\
+         {% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+        .args(["--served-model-name", "tiny", "--num-kv-blocks", "64"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let base = loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        if let Some(at) = line.find("http://") {
+            break line[at..].trim().to_string();
+        }
+    };
+    let s = Server {
+        child,
+        base,
+        stderr: rx,
+    };
+    let c = reqwest::Client::new();
+    let chat = |text: &str| {
+        c.post(s.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": text}], "max_tokens": 2}))
+            .send()
+    };
+    assert_eq!(chat("hello").await.unwrap().status(), 200);
+    let t = Instant::now();
+    let r = chat("boom").await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("memory"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(15));
+    assert!(s.rss() < 512 << 20, "server RSS {} MiB", s.rss() >> 20);
+    assert_eq!(chat("hello again").await.unwrap().status(), 200);
+    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

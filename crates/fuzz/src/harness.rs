@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Inputs kept for mutation, at most.
 const MAX_CORPUS: usize = 256;
+/// Distinct outcomes remembered, at most.
+const MAX_OUTCOMES: usize = 1 << 20;
 
 /// What one input may cost.
 #[derive(Debug, Clone)]
@@ -60,6 +62,8 @@ pub struct Report {
     pub seed: u64,
     /// The most heap any one input used at its peak.
     pub max_peak_bytes: usize,
+    /// Heap live at the end of the run (the corpus included): flat if nothing leaks.
+    pub live_bytes_at_end: usize,
 }
 
 impl std::fmt::Display for Report {
@@ -67,7 +71,7 @@ impl std::fmt::Display for Report {
         let secs = self.elapsed.as_secs_f64();
         write!(
             f,
-            "fuzz {}: {} execs in {:.1} s ({:.0}/s), {} distinct outcomes, corpus {}, max heap per input {:.1} MiB, seed {:#x}",
+            "fuzz {}: {} execs in {:.1} s ({:.0}/s), {} distinct outcomes, corpus {}, max heap per input {:.1} MiB, heap at end {:.1} MiB, seed {:#x}",
             self.name,
             self.execs,
             secs,
@@ -75,6 +79,7 @@ impl std::fmt::Display for Report {
             self.distinct_outcomes,
             self.corpus,
             self.max_peak_bytes as f64 / (1 << 20) as f64,
+            self.live_bytes_at_end as f64 / (1 << 20) as f64,
             self.seed
         )
     }
@@ -168,7 +173,7 @@ pub fn run(mut t: Target, mut f: impl FnMut(&[u8]) -> Outcome) -> Report {
     let seed = seed();
     let budget = budget();
     let mut rng = Rng::new(seed);
-    let mut seen = HashSet::new();
+    let mut seen: HashSet<u64> = HashSet::new();
     let mut corpus: Vec<Vec<u8>> = Vec::new();
     let seeds = std::mem::take(&mut t.seeds);
     let n_seeds = seeds.len();
@@ -180,6 +185,7 @@ pub fn run(mut t: Target, mut f: impl FnMut(&[u8]) -> Outcome) -> Report {
         corpus: 0,
         seed,
         max_peak_bytes: 0,
+        live_bytes_at_end: 0,
     };
     // Warm up once so lazily initialised statics (regex caches and the like) are not charged
     // to the first input.
@@ -233,8 +239,12 @@ pub fn run(mut t: Target, mut f: impl FnMut(&[u8]) -> Outcome) -> Report {
                 input.len()
             )),
             Ok(Ok(outcome)) => {
-                // Seeds always join; a mutant joins when its outcome is new.
-                if seen.insert(shape(&outcome)) || is_seed {
+                // Seeds always join; a mutant joins when its outcome is new. Outcomes are kept
+                // as hashes, at most MAX_OUTCOMES of them, so a long run's memory stays flat.
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::hash::Hash::hash(&shape(&outcome), &mut h);
+                let new = seen.len() < MAX_OUTCOMES && seen.insert(std::hash::Hasher::finish(&h));
+                if new || is_seed {
                     if corpus.len() < MAX_CORPUS {
                         corpus.push(input.clone());
                     } else if n_seeds < MAX_CORPUS {
@@ -259,6 +269,7 @@ pub fn run(mut t: Target, mut f: impl FnMut(&[u8]) -> Outcome) -> Report {
     report.elapsed = start.elapsed();
     report.distinct_outcomes = seen.len();
     report.corpus = corpus.len();
+    report.live_bytes_at_end = alloc::reset();
     println!("{report}");
     eprintln!("{report}");
     report

@@ -1,13 +1,16 @@
-//! Fuzz target: compiling and rendering chat templates, hostile ones included. Seeds: real
+//! Fuzz target: compiling and rendering chat templates, hostile ones included, the way
+//! `ferrum serve` does: compiled in-process, rendered in a memory-capped worker process
+//! (`ferrum_server::sandbox`; the worker is this binary, hence `harness = false`). Seeds: real
 //! templates (SmolLM2's, the tiny fixture's) and templates built to hang or flood (runaway
-//! recursion, nested huge loops, huge repetition, output floods). Every render must end within
-//! the time limit with bounded memory: fuel, the recursion limit, minijinja's range and
-//! repetition caps and the output cap do it.
+//! recursion, nested huge loops, huge repetition, output floods, lazily repeated lists).
+//! Every input must end within the time limit, with the server side's memory bounded, in a
+//! rendered prompt or a clean error; a worker that runs out of memory is an error, not a crash.
 
 mod common;
 
 use ferrum_fuzz::harness::{run, Limits, Target};
 use ferrum_fuzz::mutate::Mutator;
+use ferrum_server::sandbox::{worker_main, SandboxedTemplate, RENDER_TIMEOUT, WORKER_ARG};
 use ferrum_tokenizer::{ChatMessage, ChatTemplate, SpecialTokens};
 use std::time::Duration;
 
@@ -39,10 +42,32 @@ const HOSTILE: &[&str] = &[
     "{% for m in messages %}{{ m.content.replace('', 'xxxxxxxx') }}{% endfor %}",
     "{{ messages|batch(0) }}{{ messages|slice(0) }}{{ 1 / 0 }}{{ 1 // 0 }}{{ 1 % 0 }}",
     "{{ 2 ** 100000 }}{{ 9223372036854775807 + 1 }}{{ -9223372036854775808 * -1 }}",
+    "{{ (range(100000) * 30000)|list|length }}",
+    "{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(40) %}{% set s = s ~ s %}{% endfor %}{{ s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
 ];
 
-#[test]
+fn main() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == WORKER_ARG) {
+        std::process::exit(worker_main());
+    }
+    // `cargo test NAME`: run only when NAME selects this target.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if filters
+        .iter()
+        .any(|f| !"fuzz_chat_template".contains(f.as_str()))
+    {
+        return;
+    }
+    fuzz_chat_template();
+    println!("test fuzz_chat_template ... ok");
+}
+
 fn fuzz_chat_template() {
+    let exe = std::env::current_exe().expect("this test's path");
     let mut seeds: Vec<Vec<u8>> = vec![
         common::read("smollm2-135m/chat_template.jinja"),
         common::read("tiny-smollm/chat_template.jinja"),
@@ -126,10 +151,10 @@ fn fuzz_chat_template() {
             max_len: 16 << 10,
         },
         limits: Limits {
-            time: Duration::from_secs(10),
-            // minijinja lets one string repetition reach 100 MB (then refuses); the output cap
-            // is 32 MiB; and room for the copies rendering makes.
-            memory_base: 320 << 20,
+            // The worker's own timeout, its start and a margin.
+            time: RENDER_TIMEOUT + Duration::from_secs(10),
+            // Compiling happens here; rendering in the worker.
+            memory_base: 32 << 20,
             memory_per_input_byte: 1024,
         },
     };
@@ -152,7 +177,15 @@ fn fuzz_chat_template() {
             Ok(t) => t,
             Err(e) => return Ok(e.to_string()),
         };
-        Ok(match t.render(&messages, true) {
+        let sandboxed = match SandboxedTemplate::start(exe.clone(), &t) {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(format!(
+                    "the worker did not start for a template that compiles: {e}"
+                ))
+            }
+        };
+        Ok(match sandboxed.render(&messages, true) {
             Ok(s) => format!("ok {}", s.len().min(1)),
             Err(e) => e.to_string(),
         })

@@ -4,11 +4,13 @@
 //!
 //! Rendering is bounded: templates run with a fuel limit and minijinja's recursion limit, so a
 //! hostile template fails with an error instead of hanging; the output goes into a writer that
-//! refuses more than [`MAX_RENDERED_BYTES`] (a loop printing 100 kB strings 100,000 times fails
-//! at the cap instead of filling memory), and minijinja refuses string repetition and ranges
-//! beyond 100,000. What stays open: a template that concatenates a string with itself again and
-//! again (`{% set s = s ~ s %}`) doubles memory per step within its fuel; see
-//! docs/reliability.md.
+//! refuses more than 1 MiB plus four times the messages' text (a loop printing 100 kB strings
+//! 100,000 times fails at the cap instead of filling memory); minijinja refuses string
+//! repetition over 100 MB and ranges over 100,000 items. What no in-process check can stop:
+//! lazily repeated sequences materialized by a filter (`(range(100000) * 30000)|list` asks for
+//! 72 GB) or printed (`messages * 100000000` iterates for seconds after the output cap), and
+//! strings concatenated with themselves step after step; `ferrum serve` therefore renders in
+//! a memory-capped worker process with a timeout (`ferrum_server::sandbox`).
 
 use crate::template_fns::{indent, raise_exception, strftime_now, tojson};
 use crate::{Result, SpecialTokens, TokenizerError};
@@ -18,18 +20,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Instructions a single render may execute.
 const FUEL: u64 = 20_000_000;
 const TEMPLATE_NAME: &str = "chat";
-/// The most text a render may produce (far more than any context window holds).
-pub const MAX_RENDERED_BYTES: usize = 32 << 20;
-
+/// Rendered text allowed beyond four times the messages' own text.
+const RENDER_SLACK_BYTES: usize = 1 << 20;
 /// Collects rendered output, refusing to grow past its cap.
 struct Capped {
     buf: Vec<u8>,
+    cap: usize,
     overflowed: bool,
 }
 
 impl std::io::Write for Capped {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if self.buf.len() + b.len() > MAX_RENDERED_BYTES {
+        if self.buf.len() + b.len() > self.cap {
             self.overflowed = true;
             return Err(std::io::Error::other("chat template output over the cap"));
         }
@@ -112,6 +114,18 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// The special tokens the template sees (`bos_token`, `eos_token`, `pad_token`,
+    /// `unk_token`; the other fields are defaults).
+    pub fn special(&self) -> SpecialTokens {
+        SpecialTokens {
+            bos_token: Some(self.bos_token.clone()).filter(|t| !t.is_empty()),
+            eos_token: Some(self.eos_token.clone()).filter(|t| !t.is_empty()),
+            pad_token: self.pad_token.clone(),
+            unk_token: self.unk_token.clone(),
+            ..SpecialTokens::default()
+        }
+    }
+
     /// Renders a conversation to the prompt text.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let msgs: Vec<Value> = messages
@@ -139,8 +153,13 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        let text: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
         let mut out = Capped {
             buf: Vec::new(),
+            cap: text.saturating_mul(4).saturating_add(RENDER_SLACK_BYTES),
             overflowed: false,
         };
         let rendered = catch_unwind(AssertUnwindSafe(|| {
@@ -151,8 +170,8 @@ impl ChatTemplate {
             Ok(_) => {}
             Err(_) if out.overflowed => {
                 return Err(TokenizerError::Template(format!(
-                    "the chat template's output grew past {} MiB",
-                    MAX_RENDERED_BYTES >> 20
+                    "the chat template's output grew past {} bytes (1 MiB plus four times the messages' text)",
+                    out.cap
                 )))
             }
             Err(e) => return Err(TokenizerError::Template(describe(&e))),
@@ -276,7 +295,7 @@ mod tests {
         // 100,000 x 100 kB of output would be 10 GB: stopped at the cap.
         let flood = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}";
         let err = render(flood, &[]).unwrap_err();
-        assert!(err.to_string().contains("grew past 32 MiB"), "{err}");
+        assert!(err.to_string().contains("grew past 1048576 bytes"), "{err}");
         let huge = "{{ 'x' * 10000000000 }}";
         assert!(render(huge, &[]).is_err());
         let wide = "{{ 'a\nb'|indent(600000000) }}";
