@@ -43,12 +43,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // `ferrum serve` runs its chat template in a child process: this binary, with this arg.
+    // Chat templates run in a child process: this binary, with this arg.
     if std::env::args_os()
         .nth(1)
-        .is_some_and(|a| a == ferrum_server::sandbox::WORKER_ARG)
+        .is_some_and(|a| a == ferrum_tokenizer::sandbox::WORKER_ARG)
     {
-        return ExitCode::from(ferrum_server::sandbox::worker_main() as u8);
+        return ExitCode::from(ferrum_tokenizer::sandbox::worker_main() as u8);
     }
     let cli = Cli::parse();
     let result = match cli.command {

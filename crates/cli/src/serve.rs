@@ -34,10 +34,6 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
-    /// Render the chat template in this process instead of a memory-capped worker process
-    /// (faster by about 0.1 ms a request; a hostile template can then exhaust memory).
-    #[arg(long)]
-    no_template_sandbox: bool,
     #[command(flatten, next_help_heading = "Batching engine")]
     engine: EngineArgs,
 }
@@ -80,14 +76,6 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_request_bytes,
         grace_period: Duration::from_secs_f64(args.shutdown_timeout),
         http_threads: 2,
-        template_worker: if args.no_template_sandbox {
-            None
-        } else {
-            Some(
-                std::env::current_exe()
-                    .context("cannot find the ferrum executable for the chat template worker")?,
-            )
-        },
     };
     let has_template = chat_template.is_some();
     ferrum_server::run(engine, chat_template, &server, |addr| {

@@ -1,6 +1,6 @@
-//! Fuzz target: compiling and rendering chat templates, hostile ones included, the way
-//! `ferrum serve` does: compiled in-process, rendered in a memory-capped worker process
-//! (`ferrum_server::sandbox`; the worker is this binary, hence `harness = false`). Seeds: real
+//! Fuzz target: compiling and rendering chat templates, hostile ones included, the way the
+//! `ferrum` binary does: in a memory-capped worker process (`ferrum_tokenizer::sandbox`; the
+//! worker is this binary, hence `harness = false`). Seeds: real
 //! templates (SmolLM2's, the tiny fixture's) and templates built to hang or flood (runaway
 //! recursion, nested huge loops, huge repetition, output floods, lazily repeated lists).
 //! Every input must end within the time limit, with the server side's memory bounded, in a
@@ -10,7 +10,7 @@ mod common;
 
 use ferrum_fuzz::harness::{run, Limits, Target};
 use ferrum_fuzz::mutate::Mutator;
-use ferrum_server::sandbox::{worker_main, SandboxedTemplate, RENDER_TIMEOUT, WORKER_ARG};
+use ferrum_tokenizer::sandbox::{worker_main, RENDER_TIMEOUT, WORKER_ARG};
 use ferrum_tokenizer::{ChatMessage, ChatTemplate, SpecialTokens};
 use std::time::Duration;
 
@@ -153,8 +153,8 @@ fn fuzz_chat_template() {
         limits: Limits {
             // The worker's own timeout, its start and a margin.
             time: RENDER_TIMEOUT + Duration::from_secs(10),
-            // Compiling happens here; rendering in the worker.
-            memory_base: 32 << 20,
+            // Compiling and rendering happen in the worker.
+            memory_base: 16 << 20,
             memory_per_input_byte: 1024,
         },
     };
@@ -173,19 +173,11 @@ fn fuzz_chat_template() {
         let Ok(src) = std::str::from_utf8(bytes) else {
             return Ok("not utf-8".into());
         };
-        let t = match ChatTemplate::new(src, &special) {
+        let t = match ChatTemplate::in_worker(src, &special, &exe) {
             Ok(t) => t,
             Err(e) => return Ok(e.to_string()),
         };
-        let sandboxed = match SandboxedTemplate::start(exe.clone(), &t) {
-            Ok(s) => s,
-            Err(e) => {
-                return Err(format!(
-                    "the worker did not start for a template that compiles: {e}"
-                ))
-            }
-        };
-        Ok(match sandboxed.render(&messages, true) {
+        Ok(match t.render(&messages, true) {
             Ok(s) => format!("ok {}", s.len().min(1)),
             Err(e) => e.to_string(),
         })

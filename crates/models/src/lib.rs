@@ -29,4 +29,4 @@ pub use loader::{load_model, LoadOptions, Model};
 pub use registry::{ArchSpec, Family};
 pub use safetensors::SafetensorsFile;
 pub use source::{ModelFormat, WeightSource};
-pub use text::{gguf_vocab, load_text_assets};
+pub use text::{gguf_vocab, load_text_assets, load_text_assets_with};

@@ -4,13 +4,18 @@
 use crate::gguf::{GgufFile, GgufValue};
 use crate::source::WeightSource;
 use crate::{ModelError, Result};
-use ferrum_tokenizer::{GgufVocab, TextAssets};
+use ferrum_tokenizer::{GgufVocab, TemplateMode, TextAssets};
 use std::path::Path;
 
 /// Loads the tokenizer and chat template of a model folder or `.gguf` file.
 pub fn load_text_assets(path: &Path) -> Result<TextAssets> {
+    load_text_assets_with(path, &TemplateMode::InProcess)
+}
+
+/// [`load_text_assets`], the chat template compiled where `mode` says.
+pub fn load_text_assets_with(path: &Path, mode: &TemplateMode) -> Result<TextAssets> {
     match WeightSource::open(path)? {
-        WeightSource::HfFolder { dir, .. } => Ok(TextAssets::from_folder(&dir)?),
+        WeightSource::HfFolder { dir, .. } => Ok(TextAssets::from_folder_with(&dir, mode)?),
         WeightSource::Gguf(g) => {
             let vocab = gguf_vocab(&g)?;
             let tokenizer = vocab.build().map_err(|e| ModelError::Format {
@@ -18,7 +23,7 @@ pub fn load_text_assets(path: &Path) -> Result<TextAssets> {
                 msg: e.to_string(),
             })?;
             let template = opt_str(&g, "tokenizer.chat_template")?;
-            Ok(TextAssets::new(tokenizer, template)?)
+            Ok(TextAssets::new_with(tokenizer, template, mode)?)
         }
     }
 }

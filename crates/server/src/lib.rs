@@ -25,16 +25,12 @@ pub mod generate;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;
-pub mod sandbox;
 pub mod sse;
 pub mod state;
-pub mod template;
 
 pub use error::{Result, ServerError};
 pub use routes::router;
-use sandbox::SandboxedTemplate;
 pub use state::AppState;
-use template::Renderer;
 
 use ferrum_engine::EngineHandle;
 use ferrum_tokenizer::ChatTemplate;
@@ -58,9 +54,6 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     /// Tokio worker threads for HTTP (the engine has its own threads).
     pub http_threads: usize,
-    /// Render chat templates in a worker process running this executable (see [`sandbox`]);
-    /// `None` renders in-process.
-    pub template_worker: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -73,7 +66,6 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             grace_period: Duration::from_secs(30),
             http_threads: 2,
-            template_worker: None,
         }
     }
 }
@@ -110,14 +102,6 @@ pub fn run(
     cfg: &ServerConfig,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    let template = match (template, &cfg.template_worker) {
-        (None, _) => None,
-        (Some(t), None) => Some(Renderer::InProcess(Box::new(t))),
-        (Some(t), Some(exe)) => Some(Renderer::Sandboxed(SandboxedTemplate::start(
-            exe.clone(),
-            &t,
-        )?)),
-    };
     let state = Arc::new(AppState::new(
         engine.clone(),
         template,

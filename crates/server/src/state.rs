@@ -2,12 +2,11 @@
 //! checks every generation request goes through (model name, context length, body size).
 
 use crate::error::{Result, ServerError};
-use crate::template::Renderer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use ferrum_engine::EngineHandle;
-use ferrum_tokenizer::Tokenizer;
+use ferrum_tokenizer::{ChatTemplate, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<Arc<Renderer>>,
+    pub template: Option<Arc<ChatTemplate>>,
     /// The name clients pass as `model`.
     pub model_name: String,
     pub api_key: Option<String>,
@@ -38,7 +37,7 @@ pub fn unix_now() -> u64 {
 impl AppState {
     pub fn new(
         engine: EngineHandle,
-        template: Option<Renderer>,
+        template: Option<ChatTemplate>,
         model_name: String,
         api_key: Option<String>,
         max_body_bytes: usize,

@@ -3,7 +3,7 @@
 //! [`crate::GgufVocab`] plus a template string).
 
 use crate::tokenizer::{load_special_tokens, read_json_opt};
-use crate::{ChatMessage, ChatTemplate, Result, Tokenizer, TokenizerError};
+use crate::{ChatMessage, ChatTemplate, Result, TemplateMode, Tokenizer, TokenizerError};
 use serde_json::Value;
 use std::path::Path;
 
@@ -15,10 +15,19 @@ pub struct TextAssets {
 }
 
 impl TextAssets {
-    /// Builds assets from a tokenizer and an optional template source.
+    /// Builds assets from a tokenizer and an optional template source (compiled in-process).
     pub fn new(tokenizer: Tokenizer, template: Option<&str>) -> Result<TextAssets> {
+        TextAssets::new_with(tokenizer, template, &TemplateMode::InProcess)
+    }
+
+    /// Builds assets, the template compiled where `mode` says.
+    pub fn new_with(
+        tokenizer: Tokenizer,
+        template: Option<&str>,
+        mode: &TemplateMode,
+    ) -> Result<TextAssets> {
         let chat_template = template
-            .map(|src| ChatTemplate::new(src, tokenizer.special()))
+            .map(|src| ChatTemplate::with_mode(src, tokenizer.special(), mode))
             .transpose()?;
         Ok(TextAssets {
             tokenizer,
@@ -28,6 +37,11 @@ impl TextAssets {
 
     /// Loads `tokenizer.json`, the special tokens and the chat template from a folder.
     pub fn from_folder(dir: &Path) -> Result<TextAssets> {
+        TextAssets::from_folder_with(dir, &TemplateMode::InProcess)
+    }
+
+    /// [`TextAssets::from_folder`], the template compiled where `mode` says.
+    pub fn from_folder_with(dir: &Path, mode: &TemplateMode) -> Result<TextAssets> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(TokenizerError::Invalid(format!(
@@ -38,7 +52,7 @@ impl TextAssets {
         let special = load_special_tokens(dir)?;
         let tokenizer = Tokenizer::from_json_file(&path, special)?;
         let template = find_chat_template(dir)?;
-        TextAssets::new(tokenizer, template.as_deref())
+        TextAssets::new_with(tokenizer, template.as_deref(), mode)
     }
 
     /// The template, or the error that says the model has none.

@@ -12,6 +12,7 @@
 //! strings concatenated with themselves step after step; `ferrum serve` therefore renders in
 //! a memory-capped worker process with a timeout (`ferrum_server::sandbox`).
 
+use crate::sandbox::TemplateWorker;
 use crate::template_fns::{indent, raise_exception, strftime_now, tojson};
 use crate::{Result, SpecialTokens, TokenizerError};
 use minijinja::{Environment, Value};
@@ -60,9 +61,26 @@ impl ChatMessage {
     }
 }
 
+/// Where a chat template is compiled and rendered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TemplateMode {
+    /// In this process: fastest, but a hostile template can exhaust its memory.
+    #[default]
+    InProcess,
+    /// In a memory-capped worker process running this executable (which must dispatch
+    /// [`crate::sandbox::WORKER_ARG`] to [`crate::sandbox::worker_main`]); see
+    /// [`crate::sandbox`].
+    Worker(std::path::PathBuf),
+}
+
+enum Engine {
+    InProcess(Box<Environment<'static>>),
+    Worker(TemplateWorker),
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    engine: Engine,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -79,7 +97,52 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; syntax errors are reported here, not at the first request.
+    /// Compiles `source` where `mode` says; syntax errors are reported here, not at the first
+    /// request.
+    pub fn with_mode(
+        source: &str,
+        special: &SpecialTokens,
+        mode: &TemplateMode,
+    ) -> Result<ChatTemplate> {
+        match mode {
+            TemplateMode::InProcess => ChatTemplate::new(source, special),
+            TemplateMode::Worker(exe) => ChatTemplate::in_worker(source, special, exe),
+        }
+    }
+
+    /// Compiles and renders `source` in a worker process running `exe` (see
+    /// [`crate::sandbox`]); this process never compiles it.
+    pub fn in_worker(
+        source: &str,
+        special: &SpecialTokens,
+        exe: &std::path::Path,
+    ) -> Result<ChatTemplate> {
+        let worker = TemplateWorker::start(exe.to_path_buf(), source, special)?;
+        Ok(ChatTemplate::assemble(
+            Engine::Worker(worker),
+            source,
+            special,
+        ))
+    }
+
+    fn assemble(engine: Engine, source: &str, special: &SpecialTokens) -> ChatTemplate {
+        ChatTemplate {
+            engine,
+            source: source.to_owned(),
+            bos_token: special.bos_token.clone().unwrap_or_default(),
+            eos_token: special.eos_token.clone().unwrap_or_default(),
+            pad_token: special.pad_token.clone(),
+            unk_token: special.unk_token.clone(),
+        }
+    }
+
+    /// Whether this template runs in a worker process.
+    pub fn is_sandboxed(&self) -> bool {
+        matches!(self.engine, Engine::Worker(_))
+    }
+
+    /// Compiles `source` in this process; syntax errors are reported here, not at the first
+    /// request.
     pub fn new(source: &str, special: &SpecialTokens) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -99,14 +162,11 @@ impl ChatTemplate {
         }))
         .map_err(|p| panicked("compiling", p.as_ref()))?
         .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        Ok(ChatTemplate {
-            env,
-            source: source.to_owned(),
-            bos_token: special.bos_token.clone().unwrap_or_default(),
-            eos_token: special.eos_token.clone().unwrap_or_default(),
-            pad_token: special.pad_token.clone(),
-            unk_token: special.unk_token.clone(),
-        })
+        Ok(ChatTemplate::assemble(
+            Engine::InProcess(Box::new(env)),
+            source,
+            special,
+        ))
     }
 
     /// The template text as the model ships it.
@@ -128,6 +188,10 @@ impl ChatTemplate {
 
     /// Renders a conversation to the prompt text.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let env = match &self.engine {
+            Engine::InProcess(env) => env,
+            Engine::Worker(w) => return w.render(messages, add_generation_prompt),
+        };
         let msgs: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -149,8 +213,7 @@ impl ChatTemplate {
         if let Some(u) = &self.unk_token {
             ctx.push(("unk_token", Value::from(u.as_str())));
         }
-        let tmpl = self
-            .env
+        let tmpl = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
         let text: usize = messages

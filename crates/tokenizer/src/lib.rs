@@ -7,13 +7,14 @@ mod chat;
 mod detokenizer;
 mod error;
 mod gguf_vocab;
+pub mod sandbox;
 mod special;
 mod stop;
 mod template_fns;
 mod tokenizer;
 
 pub use assets::{find_chat_template, TextAssets};
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateMode};
 pub use detokenizer::{IncrementalDetokenizer, CONTEXT_TOKENS, MAX_PENDING_TOKENS};
 pub use error::{Result, TokenizerError};
 pub use gguf_vocab::{GgufVocab, SUPPORTED_PRE};

@@ -5,9 +5,11 @@
 //! runaway templates in-process, but not all: minijinja repeats and concatenates sequences
 //! lazily, so `(range(100000) * 30000)|list` asks for tens of gigabytes in one filter call, and
 //! `{% set s = s ~ s %}` doubles a string per step. No in-process check can refuse an
-//! allocation gracefully, so `ferrum serve` renders in a worker: the same binary started with
-//! [`WORKER_ARG`], its address space capped at [`WORKER_MEMORY`] bytes (on Linux), each render
-//! bounded by [`RENDER_TIMEOUT`].
+//! allocation gracefully, and minijinja even folds constant expressions while compiling
+//! (`{{ 'x' * 100000000 }}` allocates 100 MB before any render). So the `ferrum` binary
+//! compiles and renders templates in a worker ([`ChatTemplate::in_worker`]): the same binary
+//! started with [`WORKER_ARG`], its address space capped at [`WORKER_MEMORY`] bytes (on
+//! Linux), each render bounded by [`RENDER_TIMEOUT`]; the parent never compiles the template.
 //!
 //! Protocol (one JSON object per line): the parent sends the template and special tokens; the
 //! worker answers `{"ready": true}` or `{"fatal": msg}`; then each request
@@ -18,7 +20,7 @@
 //! refused, crash) or overruns the timeout is killed and replaced by the next render, and the
 //! render that hit it fails alone with a template error (a 400), whatever happened.
 
-use ferrum_tokenizer::{ChatMessage, ChatTemplate, SpecialTokens, TokenizerError};
+use crate::{ChatMessage, ChatTemplate, SpecialTokens, TokenizerError};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -54,35 +56,34 @@ impl Drop for Worker {
     }
 }
 
-/// A chat template rendered by a worker process.
-pub struct SandboxedTemplate {
+/// A chat template compiled and rendered by a worker process.
+pub(crate) struct TemplateWorker {
     exe: PathBuf,
     hello: String,
     worker: Mutex<Option<Worker>>,
 }
 
-impl std::fmt::Debug for SandboxedTemplate {
+impl std::fmt::Debug for TemplateWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SandboxedTemplate")
+        f.debug_struct("TemplateWorker")
             .field("exe", &self.exe)
             .finish_non_exhaustive()
     }
 }
 
-impl SandboxedTemplate {
-    /// Starts a worker running `exe` (the `ferrum` binary) for `template`, and renders once to
-    /// check it works.
-    pub fn start(exe: PathBuf, template: &ChatTemplate) -> Result<SandboxedTemplate> {
-        let sp = template.special();
+impl TemplateWorker {
+    /// Starts a worker running `exe` (the `ferrum` binary) for the template `source`; it
+    /// compiles the template and says whether that worked.
+    pub(crate) fn start(exe: PathBuf, source: &str, sp: &SpecialTokens) -> Result<TemplateWorker> {
         let hello = json!({
-            "source": template.source(),
+            "source": source,
             "bos_token": sp.bos_token,
             "eos_token": sp.eos_token,
             "pad_token": sp.pad_token,
             "unk_token": sp.unk_token,
         })
         .to_string();
-        let t = SandboxedTemplate {
+        let t = TemplateWorker {
             exe,
             hello,
             worker: Mutex::new(None),
@@ -132,10 +133,16 @@ impl SandboxedTemplate {
             stdin,
             lines,
         };
-        let first = w
-            .lines
-            .recv_timeout(RENDER_TIMEOUT)
-            .map_err(|_| err("the chat template worker did not start"))?;
+        let first = w.lines.recv_timeout(RENDER_TIMEOUT).map_err(|e| match e {
+            RecvTimeoutError::Timeout => err(format!(
+                "compiling the chat template took more than {} s",
+                RENDER_TIMEOUT.as_secs()
+            )),
+            RecvTimeoutError::Disconnected => err(format!(
+                "compiling the chat template failed: it needed more than {} MiB of memory or crashed",
+                WORKER_MEMORY >> 20
+            )),
+        })?;
         let v: Value = serde_json::from_str(&first)
             .map_err(|_| err("the chat template worker answered garbage"))?;
         if let Some(msg) = v.get("fatal").and_then(Value::as_str) {
@@ -148,7 +155,11 @@ impl SandboxedTemplate {
     }
 
     /// Renders in the worker (starting a new one if the last died).
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub(crate) fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let mut slot = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(self.spawn()?);
