@@ -37,6 +37,9 @@ enum BenchCommand {
     /// Online load on any OpenAI-compatible server (Ferrum, vLLM, llama.cpp) at several
     /// concurrency levels: throughput, TTFT and inter-token latency.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// Fault-injecting load on a server: a random request mix, clients that disconnect, and
+    /// checks that every response is well-formed and memory and KV blocks come back.
+    Soak(crate::soak::SoakArgs),
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +91,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
+        BenchCommand::Soak(a) => crate::soak::soak(a),
     }
 }
 

@@ -13,8 +13,8 @@
 
 mod prompts;
 mod report;
-mod request;
-mod sse;
+pub(crate) mod request;
+pub(crate) mod sse;
 mod stats;
 
 use crate::svg_plot;
@@ -154,7 +154,7 @@ fn validate(args: &ServeBenchArgs) -> Result<Duration> {
 }
 
 /// `http://host:port` without a trailing `/` or `/v1`.
-fn base_url(s: &str) -> Result<String> {
+pub(crate) fn base_url(s: &str) -> Result<String> {
     let url = reqwest::Url::parse(s.trim()).map_err(|e| {
         anyhow!("--base-url {s:?}: not a URL ({e}); expected one like http://127.0.0.1:8000")
     })?;

@@ -11,6 +11,7 @@ mod inspect;
 mod model_path;
 mod run;
 mod serve;
+mod soak;
 mod svg_plot;
 mod tokenize;
 

@@ -142,7 +142,32 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         "Time from arrival to the end of a request.",
         &m.e2e_latency,
     );
+    if let Some(rss) = resident_bytes() {
+        // Prometheus' standard process metric, unlabelled.
+        let _ = writeln!(
+            o.text,
+            "# HELP process_resident_memory_bytes Resident memory size in bytes."
+        );
+        let _ = writeln!(o.text, "# TYPE process_resident_memory_bytes gauge");
+        let _ = writeln!(o.text, "process_resident_memory_bytes {rss}");
+    }
     o.text
+}
+
+/// This process's resident memory (Linux: `Rss` of /proc/self/smaps_rollup, else VmRSS);
+/// `None` where the platform does not say.
+pub fn resident_bytes() -> Option<u64> {
+    let kb = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].split_whitespace().next()?.parse().ok()
+    };
+    if let Ok(t) = std::fs::read_to_string("/proc/self/smaps_rollup") {
+        if let Some(v) = kb(&t, "Rss:") {
+            return Some(v * 1024);
+        }
+    }
+    let t = std::fs::read_to_string("/proc/self/status").ok()?;
+    kb(&t, "VmRSS:").map(|v| v * 1024)
 }
 
 #[cfg(test)]
@@ -169,6 +194,16 @@ mod tests {
             "ferrum_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"+Inf\"} 2\n"
         ));
         assert!(t.contains("ferrum_time_to_first_token_seconds_count{model_name=\"a\\\"b\"} 2\n"));
+        #[cfg(target_os = "linux")]
+        {
+            let rss = t
+                .lines()
+                .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap();
+            // A test process holds more than a megabyte and less than the machine.
+            assert!(rss > 1 << 20 && rss < 1 << 40, "{rss}");
+        }
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{line}");
