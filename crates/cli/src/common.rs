@@ -284,6 +284,7 @@ impl EngineArgs {
             max_model_len,
             enable_prefix_caching: !self.no_prefix_caching,
             max_waiting,
+            prefault_kv_cache: false,
         })
     }
 }

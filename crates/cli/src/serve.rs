@@ -63,9 +63,12 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         tokenizer,
         chat_template,
     } = text.map_err(|why| anyhow::anyhow!("the server needs a tokenizer: {why}"))?;
-    let cfg = args
+    let mut cfg = args
         .engine
         .config(args.model.max_model_len, args.max_waiting_requests)?;
+    // A server's KV cache becomes resident in the first seconds, not over hours of traffic:
+    // its resident size then stays flat under load.
+    cfg.prefault_kv_cache = true;
     let engine = EngineHandle::start(model, Some(Arc::new(tokenizer)), &cfg)?;
     let max_model_len = engine.max_model_len();
     let server = ServerConfig {

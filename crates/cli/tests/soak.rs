@@ -35,7 +35,14 @@ fn soak_with_disconnects_passes_on_the_tiny_model() {
     };
     let out = Command::new(env!("CARGO_BIN_EXE_ferrum"))
         .args(["bench", "soak", "--base-url", &base, "--json"])
-        .args(["--num-requests", "200", "--concurrency", "32", "--warmup", "16"])
+        .args([
+            "--num-requests",
+            "200",
+            "--concurrency",
+            "32",
+            "--warmup",
+            "16",
+        ])
         .args(["--disconnect-fraction", "0.2", "--seed", "7"])
         .output()
         .unwrap();
@@ -60,7 +67,14 @@ fn soak_with_disconnects_passes_on_the_tiny_model() {
 #[test]
 fn soak_reports_an_unreachable_server() {
     let out = Command::new(env!("CARGO_BIN_EXE_ferrum"))
-        .args(["bench", "soak", "--base-url", "http://127.0.0.1:9", "--num-requests", "3"])
+        .args([
+            "bench",
+            "soak",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--num-requests",
+            "3",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -25,6 +25,10 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Requests queued beyond the running ones before `generate` refuses new ones.
     pub max_waiting: usize,
+    /// Make the whole KV cache resident right after start, in the background (see
+    /// `KvCache::populate_in_background`); off, pages become resident as blocks are first
+    /// used.
+    pub prefault_kv_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -37,6 +41,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             max_waiting: 1024,
+            prefault_kv_cache: false,
         }
     }
 }

@@ -156,6 +156,9 @@ impl EngineHandle {
             )));
         }
         let kv = KvCache::new(&mc, num_blocks, cfg.block_size)?;
+        if cfg.prefault_kv_cache {
+            kv.populate_in_background();
+        }
         let eos = match &tokenizer {
             Some(t) => t.special().stop_token_ids.clone(),
             None => mc.eos_token_ids.clone(),

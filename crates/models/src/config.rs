@@ -158,7 +158,8 @@ impl ModelConfig {
         })?;
         let hidden_size = k.req_usize("hidden_size")?;
         let num_attention_heads = k.req_usize("num_attention_heads")?;
-        let num_hidden_layers = k.req_usize("num_hidden_layers")?;
+        let num_hidden_layers = max_layers(k.req_usize("num_hidden_layers")?, MAX_LAYERS)
+            .ok_or_else(|| k.err("num_hidden_layers", too_many_layers(MAX_LAYERS)))?;
         let head_dim = match k.usize("head_dim")? {
             Some(h) => h,
             None if num_attention_heads > 0 && hidden_size % num_attention_heads == 0 => {
@@ -252,7 +253,15 @@ impl ModelConfig {
         };
         let hidden_size = req("embedding_length")?;
         let num_attention_heads = req("attention.head_count")?;
-        let num_hidden_layers = req("block_count")?;
+        // Every layer has tensors: a count beyond the file's tensors (or MAX_LAYERS) is a
+        // broken header, refused before anything is sized by it.
+        let limit = MAX_LAYERS.min(g.tensor_infos().len());
+        let num_hidden_layers =
+            max_layers(req("block_count")?, limit).ok_or_else(|| ModelError::Config {
+                path: path.to_path_buf(),
+                key: format!("{arch}.block_count"),
+                msg: too_many_layers(limit),
+            })?;
         let head_dim = match uint("attention.key_length")? {
             Some(h) => h,
             None if num_attention_heads > 0 && hidden_size % num_attention_heads == 0 => {
@@ -330,6 +339,7 @@ impl ModelConfig {
     }
 
     fn validate(&self, path: &Path) -> Result<()> {
+        debug_assert!(self.num_hidden_layers <= MAX_LAYERS);
         let err = |key: &str, msg: &str| ModelError::Config {
             path: PathBuf::from(path),
             key: key.to_string(),
@@ -371,6 +381,17 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// The most layers a config may declare (the largest open models have under 200).
+pub const MAX_LAYERS: usize = 1024;
+
+fn max_layers(n: usize, limit: usize) -> Option<usize> {
+    (n <= limit).then_some(n)
+}
+
+fn too_many_layers(limit: usize) -> String {
+    format!("is larger than this file can hold (at most {limit} layers)")
 }
 
 /// RoPE base and scaling from either key style.

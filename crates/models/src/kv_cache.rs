@@ -57,6 +57,49 @@ impl KvCache {
         })
     }
 
+    /// Makes the whole cache resident, on a background thread (Linux: `madvise` with
+    /// `MADV_POPULATE_WRITE`, which faults pages in without touching their contents, so the
+    /// engine may use the cache meanwhile). A server's resident size then stays flat while
+    /// requests cycle through the blocks, and reaches its full size seconds after start
+    /// instead of hours into traffic. Elsewhere, or on kernels without it, pages stay lazy.
+    pub fn populate_in_background(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            let ranges: Vec<(usize, usize)> = self
+                .layers
+                .iter()
+                .flat_map(|(k, v)| [k, v])
+                .map(|b| (b.as_ptr() as usize, std::mem::size_of_val(b.as_slice())))
+                .collect();
+            let _ = std::thread::Builder::new()
+                .name("ferrum-kv-populate".into())
+                .spawn(move || {
+                    const PAGE: usize = 4096;
+                    for (addr, len) in ranges {
+                        // Whole pages inside the buffer only.
+                        let start = addr.next_multiple_of(PAGE);
+                        let end = (addr + len) / PAGE * PAGE;
+                        if end <= start {
+                            continue;
+                        }
+                        // SAFETY: madvise only changes page tables of a range inside a live
+                        // allocation (or fails harmlessly with ENOMEM if the cache was freed
+                        // meanwhile); it reads and writes no memory.
+                        let r = unsafe {
+                            libc::madvise(
+                                start as *mut libc::c_void,
+                                end - start,
+                                libc::MADV_POPULATE_WRITE,
+                            )
+                        };
+                        if r != 0 {
+                            break;
+                        }
+                    }
+                });
+        }
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }

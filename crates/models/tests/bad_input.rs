@@ -287,3 +287,40 @@ fn not_a_model_path_is_explained() {
         Err(ModelError::Io { .. })
     ));
 }
+
+/// A layer count sizes per-layer tables: one far beyond what the file holds is refused before
+/// anything is allocated for it (a fuzzed GGUF once asked for 61 GB this way).
+#[test]
+fn a_huge_layer_count_is_refused_before_allocating() {
+    let bytes = std::fs::read(fixtures().join("tiny-smollm/model-q8_0.gguf")).unwrap();
+    let key = b"llama.block_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("block_count key")
+        + key.len();
+    // The value type, then the value.
+    let ty = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!(ty, 4, "block_count is a u32");
+    let mut b = bytes.clone();
+    b[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let dir = scratch("bad-layers");
+    let path = dir.join("layers.gguf");
+    std::fs::write(&path, &b).unwrap();
+    let msg = load_err(&path);
+    assert!(
+        msg.contains("llama.block_count") && msg.contains("at most"),
+        "{msg}"
+    );
+    let hf = scratch("bad-layers-hf");
+    edited_llama(
+        &hf,
+        |c| c["num_hidden_layers"] = (1u64 << 40).into(),
+        |_| {},
+    );
+    let msg = load_err(&hf);
+    assert!(
+        msg.contains("num_hidden_layers") && msg.contains("at most 1024"),
+        "{msg}"
+    );
+}
