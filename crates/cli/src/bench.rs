@@ -11,7 +11,8 @@
 //! the engine at once; output tok/s and requests/s are over the wall time from submission to
 //! the last token.
 //!
-//! Serve: an HTTP client measuring a running server; see [`crate::bench_serve`].
+//! Serve: an HTTP client measuring a running server; see [`crate::bench_serve`]. Soak: a
+//! fault-injecting load that checks a server's responses and recovery; see [`crate::bench_soak`].
 
 use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
@@ -39,7 +40,7 @@ enum BenchCommand {
     Serve(crate::bench_serve::ServeBenchArgs),
     /// Fault-injecting load on a server: a random request mix, clients that disconnect, and
     /// checks that every response is well-formed and memory and KV blocks come back.
-    Soak(crate::soak::SoakArgs),
+    Soak(crate::bench_soak::SoakArgs),
 }
 
 #[derive(Debug, Args)]
@@ -91,7 +92,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
-        BenchCommand::Soak(a) => crate::soak::soak(a),
+        BenchCommand::Soak(a) => crate::bench_soak::soak(a),
     }
 }
 

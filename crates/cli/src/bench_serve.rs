@@ -11,7 +11,7 @@
 //! request rates, and TTFT, inter-token, per-output-token and end-to-end latency percentiles.
 //! `--compare` draws several saved `--json` reports on one `--plot`.
 
-mod prompts;
+pub(crate) mod prompts;
 mod report;
 pub(crate) mod request;
 pub(crate) mod sse;
@@ -179,7 +179,7 @@ pub(crate) fn base_url(s: &str) -> Result<String> {
 }
 
 /// A tokenizer from a tokenizer.json, a Hugging Face folder or a .gguf file.
-fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     let what = || format!("loading the tokenizer {}", path.display());
     if !path.exists() {
         bail!("--tokenizer {}: no such file or folder", path.display());

@@ -5,13 +5,13 @@
 mod batch;
 mod bench;
 mod bench_serve;
+mod bench_soak;
 mod chat;
 mod common;
 mod inspect;
 mod model_path;
 mod run;
 mod serve;
-mod soak;
 mod svg_plot;
 mod tokenize;
 
@@ -37,7 +37,8 @@ enum Command {
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
     /// Benchmarks: `latency` (prefill and decode speed of the model), `throughput`
-    /// (offline requests through the batching engine) and `serve` (online load on a server).
+    /// (offline requests through the batching engine), `serve` (online load on a server) and
+    /// `soak` (fault-injecting load that checks a server's responses and recovery).
     Bench(bench::BenchArgs),
     /// Describe a model: architecture, sizes, tensor types, tokenizer and chat template.
     Inspect(inspect::InspectArgs),

@@ -294,8 +294,18 @@ impl EngineCore {
                 }
             }
         }
+        self.count_finished(r.arrived);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let _ = r.tx.send(Event::Done { usage: r.usage });
+    }
+
+    /// A request left the engine (done, aborted or failed): the counter and the end-to-end
+    /// histogram see every one, as their help says.
+    fn count_finished(&self, arrived: Instant) {
+        if let Ok(mut m) = self.metrics.lock() {
+            m.e2e_latency.observe(arrived.elapsed().as_secs_f64());
+            m.requests_finished += 1;
+        }
     }
 
     fn step(&mut self) -> Result<()> {
@@ -422,6 +432,7 @@ impl EngineCore {
             self.sched.remove(*seq);
             self.seqs.remove(seq);
         }
+        self.count_finished(r.arrived);
         let _ = r.tx.send(Event::Error(msg.to_owned()));
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }

@@ -267,6 +267,9 @@ fn dropping_a_stream_aborts_and_frees_its_blocks() {
     }
     assert_eq!(reason, Some(FinishReason::Abort));
     wait_for_idle(&e);
+    // Aborted requests count as finished, as the metric's help says.
+    assert_eq!(e.metrics().requests_finished, 2);
+    assert_eq!(e.metrics().e2e_latency.count, 2);
     e.shutdown();
 }
 

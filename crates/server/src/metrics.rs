@@ -1,5 +1,7 @@
 //! The engine's [`Metrics`] as Prometheus text (exposition format 0.0.4), every series
-//! labelled with the served model name as vLLM does.
+//! labelled with the served model name as vLLM does; plus, on Linux, Prometheus' standard
+//! unlabelled `process_resident_memory_bytes`, read at each scrape (left out where the
+//! platform does not report it).
 
 use ferrum_engine::metrics::Histogram;
 use ferrum_engine::Metrics;
@@ -95,12 +97,12 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     let counters = [
         (
             "ferrum_prefix_cache_queries_total",
-            "Prompt blocks looked up in the prefix cache.",
+            "Prompt tokens looked up in the prefix cache (each sequence at admission).",
             m.prefix_cache_queries,
         ),
         (
             "ferrum_prefix_cache_hits_total",
-            "Prompt blocks found in the prefix cache.",
+            "Prompt tokens found in the prefix cache.",
             m.prefix_cache_hits,
         ),
         (
@@ -154,20 +156,31 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     o.text
 }
 
-/// This process's resident memory (Linux: `Rss` of /proc/self/smaps_rollup, else VmRSS);
-/// `None` where the platform does not say.
+/// A `Key:   123 kB` field of a /proc file, in bytes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn proc_kib_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..].split_whitespace().next()?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// This process's resident memory: `Rss` of /proc/self/smaps_rollup, else `VmRSS` of
+/// /proc/self/status (kernels before 4.14).
+#[cfg(target_os = "linux")]
 pub fn resident_bytes() -> Option<u64> {
-    let kb = |text: &str, key: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..].split_whitespace().next()?.parse().ok()
-    };
-    if let Ok(t) = std::fs::read_to_string("/proc/self/smaps_rollup") {
-        if let Some(v) = kb(&t, "Rss:") {
-            return Some(v * 1024);
-        }
-    }
-    let t = std::fs::read_to_string("/proc/self/status").ok()?;
-    kb(&t, "VmRSS:").map(|v| v * 1024)
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|t| proc_kib_field(&t, "Rss:"))
+        .or_else(|| {
+            let t = std::fs::read_to_string("/proc/self/status").ok()?;
+            proc_kib_field(&t, "VmRSS:")
+        })
+}
+
+/// This process's resident memory: not reported off Linux.
+#[cfg(not(target_os = "linux"))]
+pub fn resident_bytes() -> Option<u64> {
+    None
 }
 
 #[cfg(test)]
@@ -208,5 +221,29 @@ mod tests {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{line}");
         }
+    }
+
+    #[test]
+    fn resident_memory_from_proc() {
+        let rollup = "55d0c0a3e000-7ffd1a5f7000 ---p 00000000 00:00 0    [rollup]\n\
+            Rss:               12345 kB\n\
+            Pss:               10000 kB\n";
+        assert_eq!(proc_kib_field(rollup, "Rss:"), Some(12345 * 1024));
+        assert_eq!(proc_kib_field(rollup, "Swap:"), None);
+        let status = "Name:\tferrum\nVmRSS:\t    2048 kB\nRssAnon:\t 1 kB\n";
+        assert_eq!(proc_kib_field(status, "VmRSS:"), Some(2 << 20));
+        assert_eq!(proc_kib_field("Rss: lots kB\n", "Rss:"), None);
+        assert_eq!(proc_kib_field("Rss: 18446744073709551615 kB", "Rss:"), None);
+        #[cfg(target_os = "linux")]
+        {
+            let before = resident_bytes().unwrap();
+            // Touch 64 MiB: resident memory follows.
+            let held = vec![1u8; 64 << 20];
+            let after = resident_bytes().unwrap();
+            assert!(held.iter().step_by(4096).all(|&b| b == 1));
+            assert!(after >= before + (48 << 20), "{before} -> {after}");
+        }
+        #[cfg(not(target_os = "linux"))]
+        assert_eq!(resident_bytes(), None);
     }
 }

@@ -1,25 +1,35 @@
 //! `ferrum bench soak`: a fault-injecting load test for an OpenAI-compatible server.
 //!
 //! Sends `--num-requests` requests, at most `--concurrency` at once, each drawn at random
-//! (seeded): chat or completions, `n` from 1 to 3, `max_tokens` from 1 to 64, zero to three
-//! stop strings, streamed or not, `ignore_eos` or not. A `--disconnect-fraction` of clients
-//! walk away mid-request: a stream is dropped after a few chunks, a plain request after a short
-//! random wait. Every response that completes is checked to be well-formed ([`check`]).
+//! (seeded, [`mix`]): chat or completions, `n` from 1 to 3, `max_tokens` from 1 to 64, zero to
+//! three stop strings, streamed or not, `ignore_eos` or not, prompts of random length (exact
+//! with `--tokenizer`), some sharing a prefix. A `--disconnect-fraction` of clients walk away
+//! mid-request: a stream is dropped after a few chunks, a plain request after a short random
+//! wait; they are counted, not checked. Every response that completes is checked to be
+//! well-formed ([`check`]); a malformed one, any status but 200, or a connection error is a
+//! failure, and the first ten reasons are kept.
 //!
-//! Around the load it reads the server's `/metrics`: resident memory after a warm-up and again
-//! once the server is idle, and the KV gauges. The soak passes when no request failed, no
-//! status was 5xx, every KV block is free again once idle, and resident memory grew by at most
-//! `--max-rss-growth-mib`; otherwise it exits non-zero, saying why.
+//! Around the load it reads the server's `/metrics` ([`gauges`]): after `--warmup` requests
+//! once the server is idle, and again once it is idle after the load: resident memory and the
+//! KV gauges. The soak passes when no request failed, no status was 5xx, every KV block is free
+//! again once idle, and resident memory grew by at most `--max-rss-growth-mib`; otherwise it
+//! exits non-zero, saying why. The report counts every request sent exactly once: completed +
+//! disconnected + failed = sent.
 
 pub mod check;
+pub mod gauges;
+pub mod mix;
 
-use crate::bench_serve::base_url;
 use crate::bench_serve::sse::{SseEvent, SseParser};
+use crate::bench_serve::{base_url, load_tokenizer};
 use anyhow::{anyhow, bail, Context, Result};
-use check::Endpoint;
 use clap::Args;
+use gauges::Gauges;
+use mix::Plan;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,113 +54,35 @@ pub struct SoakArgs {
     /// Seed of the request mix.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Requests run first, not counted, before resident memory is read.
-    #[arg(long, default_value_t = 64)]
+    /// Requests run first (checked, but kept out of the counts and rates) before the gauges
+    /// are first read. A server's allocator and buffers keep growing for a few hundred
+    /// requests (about 90 MiB on the tiny fixture at concurrency 64, most of it in the first
+    /// 300); fewer warm-up requests leave that growth to the memory check.
+    #[arg(long, default_value_t = 256)]
     warmup: usize,
     /// The most resident memory may grow between the warm-up and the end, in MiB.
     #[arg(long, default_value_t = 64)]
     max_rss_growth_mib: u64,
+    /// Longest prompt, in tokens (exact with --tokenizer, else approximate); each prompt's
+    /// length is drawn from 1 to this.
+    #[arg(long, default_value_t = 64)]
+    max_input_len: usize,
+    /// A tokenizer.json, Hugging Face folder or .gguf file, for prompts of exact lengths.
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
     /// Seconds one request may take.
     #[arg(long, default_value_t = 300.0)]
     timeout: f64,
+    /// Seconds to wait for the server to become idle (nothing running or waiting, every KV
+    /// block free) after the warm-up and after the load.
+    #[arg(long, default_value_t = 60.0)]
+    idle_timeout: f64,
     /// Bearer token for servers started with an API key.
     #[arg(long)]
     api_key: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// splitmix64, for the request mix.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-const WORDS: &[&str] = &[
-    "the", "a", "river", "city", "light", "quiet", "ran", "over", "history", "of", "and",
-    "machine", "why", "is", "blue", "tell", "me", "about", "seven", "bridges", "learning", "green",
-    "under", "summer", "write", "poem", "list", "three", "facts", "on", "Paris",
-];
-const STOPS: &[&str] = &["\n", ".", " the", ",", "!"];
-
-/// One request of the mix.
-#[derive(Debug, Clone)]
-struct Plan {
-    endpoint: Endpoint,
-    n: usize,
-    stream: bool,
-    body: Value,
-    /// Walk away: after this many stream chunks, or after this many milliseconds.
-    disconnect: Option<u64>,
-}
-
-fn plan(seed: u64, i: usize, model: &str, disconnect_fraction: f64) -> Plan {
-    let mut r = Rng(seed ^ (i as u64).wrapping_mul(0xA076_1D64_78BD_642F));
-    let words = 3 + r.below(40) as usize;
-    let text: Vec<&str> = (0..words)
-        .map(|_| WORDS[r.below(WORDS.len() as u64) as usize])
-        .collect();
-    let text = text.join(" ");
-    let endpoint = if r.below(2) == 0 {
-        Endpoint::Chat
-    } else {
-        Endpoint::Completions
-    };
-    let n = 1 + r.below(3) as usize;
-    let stream = r.below(2) == 0;
-    let mut body = json!({
-        "model": model,
-        "max_tokens": 1 + r.below(64),
-        "n": n,
-        "stream": stream,
-        "temperature": 0.8,
-        "seed": i,
-    });
-    match endpoint {
-        Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": text}]),
-        Endpoint::Completions => body["prompt"] = json!(text),
-    }
-    let stops = r.below(4) as usize;
-    if stops > 0 {
-        let list: Vec<&str> = (0..stops)
-            .map(|_| STOPS[r.below(STOPS.len() as u64) as usize])
-            .collect();
-        body["stop"] = json!(list);
-    }
-    if r.below(2) == 0 {
-        body["ignore_eos"] = json!(true);
-    }
-    if stream {
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    let disconnect = (r.unit() < disconnect_fraction).then(|| {
-        if stream {
-            1 + r.below(4)
-        } else {
-            5 + r.below(300)
-        }
-    });
-    Plan {
-        endpoint,
-        n,
-        stream,
-        body,
-        disconnect,
-    }
 }
 
 /// What happened to one request.
@@ -187,9 +119,9 @@ async fn run_one(
     }
     if !p.stream {
         let work = async {
-            let r = req.send().await.map_err(|e| e.to_string())?;
+            let r = req.send().await.map_err(|e| causes(&e))?;
             let status = r.status().as_u16();
-            let text = r.text().await.map_err(|e| e.to_string())?;
+            let text = r.text().await.map_err(|e| causes(&e))?;
             Ok::<_, String>((status, text))
         };
         let done = match p.disconnect {
@@ -210,7 +142,7 @@ async fn run_one(
     }
     let mut r = match req.send().await {
         Ok(r) => r,
-        Err(e) => return (None, Fate::Failed(format!("connection: {e}"))),
+        Err(e) => return (None, Fate::Failed(format!("connection: {}", causes(&e)))),
     };
     let status = r.status().as_u16();
     if status != 200 {
@@ -236,7 +168,12 @@ async fn run_one(
                 }
             }
             Ok(None) => break,
-            Err(e) => return (Some(status), Fate::Failed(format!("stream broke: {e}"))),
+            Err(e) => {
+                return (
+                    Some(status),
+                    Fate::Failed(format!("stream broke: {}", causes(&e))),
+                )
+            }
         }
     }
     parser.finish(&mut events);
@@ -246,40 +183,45 @@ async fn run_one(
     }
 }
 
+/// An error and its causes, on one line (reqwest's own message leaves out why).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
 fn clip(s: &str) -> String {
     crate::bench_serve::request::clip(s, 200)
 }
 
-/// Runs `count` planned requests (`first..first + count`) at the concurrency.
+/// Runs `plans[range]`, at most `concurrency` at once.
 async fn load(
     c: &reqwest::Client,
     base: &str,
-    model: &str,
-    args: &SoakArgs,
-    first: usize,
-    count: usize,
+    key: Option<&str>,
+    plans: &Arc<Vec<Plan>>,
+    range: Range<usize>,
+    concurrency: usize,
+    timeout: Duration,
 ) -> Tally {
-    let next = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(range.start));
     let tally = Arc::new(Mutex::new(Tally::default()));
-    let timeout = Duration::from_secs_f64(args.timeout);
-    let workers: Vec<_> = (0..args.concurrency.min(count.max(1)))
+    let workers: Vec<_> = (0..concurrency.min(range.len()))
         .map(|_| {
-            let (c, base, model, next, tally) = (
-                c.clone(),
-                base.to_string(),
-                model.to_string(),
-                next.clone(),
-                tally.clone(),
-            );
-            let (seed, frac, key) = (args.seed, args.disconnect_fraction, args.api_key.clone());
+            let (c, base, key) = (c.clone(), base.to_string(), key.map(str::to_owned));
+            let (plans, next, tally, end) = (plans.clone(), next.clone(), tally.clone(), range.end);
             tokio::task::spawn_local(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= count {
+                    let Some(p) = plans.get(i).filter(|_| i < end) else {
                         break;
-                    }
-                    let p = plan(seed, first + i, &model, frac);
-                    let (status, fate) = run_one(&c, &base, key.as_deref(), &p, timeout).await;
+                    };
+                    let (status, fate) = run_one(&c, &base, key.as_deref(), p, timeout).await;
                     let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(s) = status {
                         *t.statuses.entry(s).or_default() += 1;
@@ -293,7 +235,7 @@ async fn load(
                         Fate::Failed(why) => {
                             t.failed += 1;
                             if t.failures.len() < 10 {
-                                t.failures.push(why);
+                                t.failures.push(format!("request {i}: {why}"));
                             }
                         }
                     }
@@ -301,64 +243,22 @@ async fn load(
             })
         })
         .collect();
+    let mut panicked = 0;
     for w in workers {
-        let _ = w.await;
+        panicked += usize::from(w.await.is_err());
     }
-    let t = std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut t = std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
+    if panicked > 0 {
+        // A client task that died lost its request: count it as failed so the sums hold.
+        let lost = range
+            .len()
+            .saturating_sub(t.completed + t.disconnected + t.failed);
+        t.failed += lost;
+        t.failures.push(format!(
+            "{panicked} client tasks panicked, {lost} requests lost"
+        ));
+    }
     t
-}
-
-/// The gauges the soak watches, from `/metrics`.
-#[derive(Debug, Clone, Copy, Default)]
-struct Gauges {
-    running: f64,
-    waiting: f64,
-    blocks_total: f64,
-    blocks_free: f64,
-    rss_bytes: Option<f64>,
-}
-
-async fn gauges(c: &reqwest::Client, base: &str) -> Result<Gauges> {
-    let text = c
-        .get(format!("{base}/metrics"))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| anyhow!("GET {base}/metrics: {e}"))?
-        .text()
-        .await?;
-    let find = |name: &str| -> Option<f64> {
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .find(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-            })
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
-    let need = |name: &str| find(name).ok_or_else(|| anyhow!("{base}/metrics has no {name}"));
-    Ok(Gauges {
-        running: need("ferrum_num_requests_running")?,
-        waiting: need("ferrum_num_requests_waiting")?,
-        blocks_total: need("ferrum_kv_blocks_total")?,
-        blocks_free: need("ferrum_kv_blocks_free")?,
-        rss_bytes: find("process_resident_memory_bytes"),
-    })
-}
-
-/// Polls until nothing runs or waits and every KV block is free; the last gauges either way.
-async fn settle(c: &reqwest::Client, base: &str, within: Duration) -> Result<(Gauges, bool)> {
-    let deadline = Instant::now() + within;
-    loop {
-        let g = gauges(c, base).await?;
-        let idle = g.running == 0.0 && g.waiting == 0.0 && g.blocks_free == g.blocks_total;
-        if idle || Instant::now() > deadline {
-            return Ok((g, idle));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn model_name(c: &reqwest::Client, base: &str, args: &SoakArgs) -> Result<String> {
@@ -394,10 +294,19 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
             args.disconnect_fraction
         );
     }
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        bail!("--timeout must be a positive number of seconds");
+    for (flag, secs) in [
+        ("--timeout", args.timeout),
+        ("--idle-timeout", args.idle_timeout),
+    ] {
+        if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+            bail!("{flag} must be a positive number of seconds, got {secs}");
+        }
+    }
+    if args.max_input_len == 0 {
+        bail!("--max-input-len must be at least 1");
     }
     let base = base_url(&args.base_url)?;
+    let tokenizer = args.tokenizer.as_deref().map(load_tokenizer).transpose()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -409,13 +318,34 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
             .build()
             .context("building the HTTP client")?;
         let model = model_name(&c, &base, args).await?;
-        let warm = load(&c, &base, &model, args, 0, args.warmup).await;
-        let settle_time = Duration::from_secs(60);
-        let (before, _) = settle(&c, &base, settle_time).await?;
+        let total = args.warmup + args.num_requests;
+        let plans = (0..total)
+            .map(|i| {
+                let (seed, frac) = (args.seed, args.disconnect_fraction);
+                mix::plan(
+                    seed,
+                    i,
+                    &model,
+                    frac,
+                    args.max_input_len,
+                    tokenizer.as_ref(),
+                )
+            })
+            .collect::<Result<Vec<_>>>()
+            .context("making the prompts")?;
+        let plans = Arc::new(plans);
+        let (key, timeout) = (
+            args.api_key.as_deref(),
+            Duration::from_secs_f64(args.timeout),
+        );
+        let settle_time = Duration::from_secs_f64(args.idle_timeout);
+        let run = |range| load(&c, &base, key, &plans, range, args.concurrency, timeout);
+        let warm = run(0..args.warmup).await;
+        let (before, _) = gauges::settle(&c, &base, settle_time).await?;
         let start = Instant::now();
-        let t = load(&c, &base, &model, args, args.warmup, args.num_requests).await;
+        let t = run(args.warmup..total).await;
         let elapsed = start.elapsed().as_secs_f64();
-        let (after, idle) = settle(&c, &base, settle_time).await?;
+        let (after, idle) = gauges::settle(&c, &base, settle_time).await?;
         Ok::<_, anyhow::Error>(report(args, &warm, &t, elapsed, before, after, idle))
     })?;
     if args.json {
@@ -433,12 +363,18 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
     Ok(())
 }
 
+const MIB: f64 = (1u64 << 20) as f64;
+
 fn mib(b: Option<f64>) -> Value {
-    b.map_or(Value::Null, |b| {
-        json!((b / (1u64 << 20) as f64 * 10.0).round() / 10.0)
-    })
+    b.map_or(Value::Null, |b| json!((b / MIB * 10.0).round() / 10.0))
 }
 
+/// How much a counter rose between two readings, where both have it.
+fn delta(before: Option<f64>, after: Option<f64>) -> Value {
+    before.zip(after).map_or(Value::Null, |(b, a)| json!(a - b))
+}
+
+/// The JSON report, with `problems` (empty when the soak passed).
 fn report(
     args: &SoakArgs,
     warm: &Tally,
@@ -451,6 +387,7 @@ fn report(
     let server_errors: usize = t
         .statuses
         .iter()
+        .chain(&warm.statuses)
         .filter(|(s, _)| **s >= 500)
         .map(|(_, n)| n)
         .sum();
@@ -463,30 +400,26 @@ fn report(
     }
     if !idle {
         problems.push(format!(
-            "once idle, {} of {} KV blocks are free ({} running, {} waiting)",
-            after.blocks_free, after.blocks_total, after.running, after.waiting
+            "{} s after the load, {} of {} KV blocks are free ({} running, {} waiting)",
+            args.idle_timeout, after.blocks_free, after.blocks_total, after.running, after.waiting
         ));
     }
-    let growth = match (before.rss_bytes, after.rss_bytes) {
-        (Some(b), Some(a)) => Some(a - b),
-        _ => None,
-    };
-    if let Some(g) = growth {
-        if g > (args.max_rss_growth_mib << 20) as f64 {
-            problems.push(format!(
-                "resident memory grew by {:.1} MiB (limit {} MiB)",
-                g / (1u64 << 20) as f64,
-                args.max_rss_growth_mib
-            ));
-        }
+    let growth = before.rss_bytes.zip(after.rss_bytes).map(|(b, a)| a - b);
+    if let Some(g) = growth.filter(|&g| g > args.max_rss_growth_mib as f64 * MIB) {
+        problems.push(format!(
+            "resident memory grew by {:.1} MiB (limit {} MiB)",
+            g / MIB,
+            args.max_rss_growth_mib
+        ));
     }
     let statuses: serde_json::Map<String, Value> = t
         .statuses
         .iter()
         .map(|(s, n)| (s.to_string(), json!(n)))
         .collect();
+    let sent = t.completed + t.disconnected + t.failed;
     json!({
-        "requests": args.num_requests,
+        "sent": sent,
         "concurrency": args.concurrency,
         "disconnect_fraction": args.disconnect_fraction,
         "seed": args.seed,
@@ -494,17 +427,23 @@ fn report(
         "completed": t.completed,
         "disconnected": t.disconnected,
         "failed": t.failed,
-        "failures": t.failures.iter().chain(&warm.failures).take(10).collect::<Vec<_>>(),
+        "warmup_failed": warm.failed,
+        "failures": warm.failures.iter().chain(&t.failures).take(10).collect::<Vec<_>>(),
         "statuses": statuses,
         "elapsed_s": (elapsed * 100.0).round() / 100.0,
-        "requests_per_s": (t.completed + t.disconnected + t.failed) as f64 / elapsed.max(1e-9),
+        "requests_per_s": (sent as f64 / elapsed.max(1e-9) * 100.0).round() / 100.0,
         "output_tokens": t.output_tokens,
         "rss_before_mib": mib(before.rss_bytes),
         "rss_after_mib": mib(after.rss_bytes),
-        "kv_blocks_total": after.blocks_total,
+        "rss_growth_mib": mib(growth),
+        "max_rss_growth_mib": args.max_rss_growth_mib,
+        "kv_blocks_total_before": before.blocks_total,
         "kv_blocks_free_before": before.blocks_free,
+        "kv_blocks_total_after": after.blocks_total,
         "kv_blocks_free_after": after.blocks_free,
         "idle_after": idle,
+        "prefix_cache_hit_tokens": delta(before.prefix_cache_hits, after.prefix_cache_hits),
+        "preemptions": delta(before.preemptions, after.preemptions),
         "problems": problems,
         "passed": problems.is_empty(),
     })
@@ -512,13 +451,36 @@ fn report(
 
 fn print_report(r: &Value) {
     println!(
-        "soak: {} requests at concurrency {} in {} s: {} completed, {} disconnected on purpose, {} failed",
-        r["requests"], r["concurrency"], r["elapsed_s"], r["completed"], r["disconnected"], r["failed"]
+        "soak: {} requests at concurrency {} in {} s ({} req/s): {} completed, {} disconnected \
+         on purpose, {} failed; {} output tokens",
+        r["sent"],
+        r["concurrency"],
+        r["elapsed_s"],
+        r["requests_per_s"],
+        r["completed"],
+        r["disconnected"],
+        r["failed"],
+        r["output_tokens"]
     );
     println!("statuses: {}", r["statuses"]);
+    if r["rss_after_mib"].is_null() {
+        println!("resident memory: not exported by the server (not checked)");
+    } else {
+        println!(
+            "resident memory: {} MiB after the warm-up, {} MiB once idle (limit +{} MiB)",
+            r["rss_before_mib"], r["rss_after_mib"], r["max_rss_growth_mib"]
+        );
+    }
     println!(
-        "resident memory: {} MiB after the warm-up, {} MiB once idle; KV blocks free once idle: {} of {}",
-        r["rss_before_mib"], r["rss_after_mib"], r["kv_blocks_free_after"], r["kv_blocks_total"]
+        "KV blocks free: {} of {} after the warm-up, {} of {} once idle",
+        r["kv_blocks_free_before"],
+        r["kv_blocks_total_before"],
+        r["kv_blocks_free_after"],
+        r["kv_blocks_total_after"]
+    );
+    println!(
+        "prompt tokens found in the prefix cache: {}; preemptions: {}",
+        r["prefix_cache_hit_tokens"], r["preemptions"]
     );
     if let Some(f) = r["failures"].as_array().filter(|f| !f.is_empty()) {
         println!("first failures:");
