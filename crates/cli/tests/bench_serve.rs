@@ -4,61 +4,12 @@
 // The child is killed and waited for in `Server::drop`.
 #![allow(clippy::unwrap_used, clippy::zombie_processes)]
 
+mod common;
+
+use common::{tiny, Server};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-fn tiny() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny-smollm")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A running `ferrum serve`; killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
-            .args(["serve", "--model", &tiny(), "--port", "0"])
-            .args(["--served-model-name", "tiny", "--num-kv-blocks", "256"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("the server did not print its address");
-            if let Some(at) = line.find("http://") {
-                let base = line[at..].trim().to_string();
-                return Server { child, base };
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::{Command, Output};
 
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrum"))
@@ -78,7 +29,7 @@ fn tmp(name: &str) -> PathBuf {
 
 #[test]
 fn measures_a_real_server_and_plots() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let svg = tmp("plot.svg");
     let out = bench(&[
         "--base-url",

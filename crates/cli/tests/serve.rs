@@ -3,109 +3,12 @@
 // The child is killed and waited for in `Server::drop`.
 #![allow(clippy::unwrap_used, clippy::zombie_processes)]
 
+mod common;
+
+use common::{tiny, Server};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn tiny() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny-smollm")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A running `ferrum serve`; killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
-            .args(["serve", "--model", &tiny(), "--port", "0"])
-            .args(["--served-model-name", "tiny"])
-            .args(if extra.contains(&"--num-kv-blocks") {
-                &[][..]
-            } else {
-                &["--num-kv-blocks", "256"][..]
-            })
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("the server did not print its address");
-            if let Some(at) = line.find("http://") {
-                let base = line[at..].trim().to_string();
-                return Server {
-                    child,
-                    base,
-                    stderr: rx,
-                };
-            }
-        }
-    }
-
-    /// Resident memory of the server process (VmRSS), in bytes.
-    fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kb: u64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kb * 1024
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-
-    /// Waits for the process to exit; its status, or `None` on timeout.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A gauge from `/metrics`.
 async fn gauge(c: &reqwest::Client, s: &Server, name: &str) -> f64 {
@@ -632,31 +535,7 @@ async fn a_hostile_chat_template_cannot_take_the_server_down() {
          {% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrum"))
-        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-        .args(["--served-model-name", "tiny", "--num-kv-blocks", "64"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let base = loop {
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap();
-        if let Some(at) = line.find("http://") {
-            break line[at..].trim().to_string();
-        }
-    };
-    let s = Server {
-        child,
-        base,
-        stderr: rx,
-    };
+    let s = Server::start_model(dir.to_str().unwrap(), &["--num-kv-blocks", "64"]);
     let c = reqwest::Client::new();
     let chat = |text: &str| {
         c.post(s.url("/v1/chat/completions"))

@@ -6,12 +6,14 @@
 // The child is killed and waited for at the end of the test.
 #![allow(clippy::unwrap_used, clippy::zombie_processes)]
 
+mod common;
+
+use common::Server;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-smollm")
@@ -28,26 +30,8 @@ fn soak(base: &str, extra: &[&str]) -> Output {
 #[test]
 fn soak_with_disconnects_passes_on_the_tiny_model() {
     let model = fixture();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_ferrum"))
-        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .args(["--served-model-name", "tiny", "--num-kv-blocks", "512"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let err = server.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let base = loop {
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap();
-        if let Some(at) = line.find("http://") {
-            break line[at..].trim().to_string();
-        }
-    };
+    let server = Server::start_model(model.to_str().unwrap(), &["--num-kv-blocks", "512"]);
+    let base = server.base.clone();
     let out = soak(
         &base,
         &[
@@ -66,8 +50,7 @@ fn soak_with_disconnects_passes_on_the_tiny_model() {
             model.to_str().unwrap(),
         ],
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "soak failed:\n{stdout}\n{stderr}");
