@@ -294,16 +294,16 @@ impl EngineCore {
                 }
             }
         }
-        self.count_finished(r.arrived);
+        self.count_finished(r.arrived, Instant::now());
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let _ = r.tx.send(Event::Done { usage: r.usage });
     }
 
     /// A request left the engine (done, aborted or failed): the counter and the end-to-end
     /// histogram see every one, as their help says.
-    fn count_finished(&self, arrived: Instant) {
+    fn count_finished(&self, arrived: Instant, now: Instant) {
         if let Ok(mut m) = self.metrics.lock() {
-            m.e2e_latency.observe(arrived.elapsed().as_secs_f64());
+            m.e2e_latency.observe((now - arrived).as_secs_f64());
             m.requests_finished += 1;
         }
     }
@@ -432,7 +432,7 @@ impl EngineCore {
             self.sched.remove(*seq);
             self.seqs.remove(seq);
         }
-        self.count_finished(r.arrived);
+        self.count_finished(r.arrived, Instant::now());
         let _ = r.tx.send(Event::Error(msg.to_owned()));
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -450,10 +450,7 @@ impl EngineCore {
             if let Some(r) = self.reqs.remove(&s.request) {
                 // Metrics and the in-flight count first: a caller that has seen `Done` sees
                 // them updated.
-                if let Ok(mut m) = self.metrics.lock() {
-                    m.e2e_latency.observe((now - r.arrived).as_secs_f64());
-                    m.requests_finished += 1;
-                }
+                self.count_finished(r.arrived, now);
                 self.in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = r.tx.send(Event::Done { usage: r.usage });
             }

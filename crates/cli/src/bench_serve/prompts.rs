@@ -41,23 +41,38 @@ const WORDS: &[&str] = &[
     "fall", "cut", "reach", "kill", "remain", "river", "green", "music",
 ];
 
-/// splitmix64: small, fast and good enough to pick words.
+/// splitmix64: small, fast and good enough to pick words (and, in `bench soak`, requests).
 #[derive(Debug, Clone)]
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
+    /// The stream for item `index` of a run seeded with `seed`.
+    pub(crate) fn for_index(seed: u64, index: usize) -> Rng {
+        Rng(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F))
+    }
+
     fn for_prompt(seed: u64, index: usize) -> Rng {
-        let mut r = Rng(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F));
+        let mut r = Rng::for_index(seed, index);
         r.next();
         r
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     fn word(&mut self) -> &'static str {

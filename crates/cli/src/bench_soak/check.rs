@@ -27,6 +27,15 @@ impl Endpoint {
     }
 }
 
+/// A choice's `index`, which must be below `n`.
+fn choice_index(c: &Value, n: usize) -> Result<usize, String> {
+    c["index"]
+        .as_u64()
+        .map(|i| i as usize)
+        .filter(|&i| i < n)
+        .ok_or_else(|| format!("bad choice index {}", c["index"]))
+}
+
 fn finish_ok(v: &Value) -> bool {
     matches!(v.as_str(), Some("stop" | "length"))
 }
@@ -67,11 +76,7 @@ pub fn response(ep: Endpoint, n: usize, body: &str) -> Result<u64, String> {
     }
     let mut seen = vec![false; n];
     for c in choices {
-        let i = c["index"]
-            .as_u64()
-            .map(|i| i as usize)
-            .filter(|&i| i < n)
-            .ok_or_else(|| format!("bad choice index {}", c["index"]))?;
+        let i = choice_index(c, n)?;
         if std::mem::replace(&mut seen[i], true) {
             return Err(format!("choice index {i} twice"));
         }
@@ -126,11 +131,7 @@ pub fn stream(ep: Endpoint, n: usize, events: &[SseEvent]) -> Result<u64, String
             continue;
         }
         for c in choices {
-            let i = c["index"]
-                .as_u64()
-                .map(|i| i as usize)
-                .filter(|&i| i < n)
-                .ok_or_else(|| format!("bad choice index {}", c["index"]))?;
+            let i = choice_index(c, n)?;
             if !c["finish_reason"].is_null() {
                 if !finish_ok(&c["finish_reason"]) {
                     return Err(format!("choice {i} finish_reason {}", c["finish_reason"]));

@@ -11,35 +11,10 @@
 //! mix.
 
 use super::check::Endpoint;
-use crate::bench_serve::prompts;
+use crate::bench_serve::prompts::{self, Rng};
 use anyhow::Result;
 use ferrum_tokenizer::Tokenizer;
 use serde_json::{json, Value};
-
-/// splitmix64.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn for_request(seed: u64, i: usize) -> Rng {
-        Rng(seed ^ (i as u64).wrapping_mul(0xA076_1D64_78BD_642F))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (0 when `n` is 0).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 const STOPS: &[&str] = &["\n", ".", " the", ",", "!"];
 
@@ -71,7 +46,7 @@ pub fn plan(
     max_input_len: usize,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<Plan> {
-    let mut r = Rng::for_request(seed, i);
+    let mut r = Rng::for_index(seed, i);
     let input_len = 1 + r.below(max_input_len as u64) as usize;
     let mut text = prompts::prompt(seed, i, input_len, tokenizer)?.text;
     if r.below(4) == 0 {
