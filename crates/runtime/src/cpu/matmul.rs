@@ -130,9 +130,9 @@ impl Linear {
     }
 }
 
-/// `out[m, n] = acts[m, k] · w[n, k]ᵀ` with integer dot products over repacked weights. Weight
-/// rows are split over the pool; each task walks its rows in tiles that stay in L1 while the
-/// activation rows pass them four at a time.
+/// `out[m, n] = acts[m, k] · w[n, k]ᵀ` with integer dot products over repacked weights. Tiles
+/// of sixteen weight rows are split over the pool; each task walks its tiles one at a time,
+/// every tile staying in L1 while the activation rows pass it four at a time.
 pub fn matmul_q8(
     pool: &ThreadPool,
     isa: Isa,
@@ -154,30 +154,25 @@ pub fn matmul_q8(
             out.len()
         )));
     }
+    const TILE: usize = qdot::TILE_ROWS;
     let out_shared = DisjointMut::new(out);
-    // Weight rows per kernel call: a tile that stays in L1 while the activation rows pass it.
-    const TILE: usize = 32;
-    pool.parallel_ranges(n, 16, |rows| {
-        let mut res = [0f32; TILE * qdot::MAX_ACT_ROWS];
-        let mut start = rows.start;
-        while start < rows.end {
-            let tile = start..(start + TILE).min(rows.end);
+    pool.parallel_ranges(w.tiles(), 1, |tiles| {
+        let mut res = [[0f32; TILE]; qdot::MAX_ACT_ROWS];
+        for tile in tiles {
+            let r0 = tile * TILE;
+            let live = (n - r0).min(TILE);
             let mut i = 0;
             while i < m {
                 let na = (m - i).min(qdot::MAX_ACT_ROWS);
                 let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
                     std::array::from_fn(|d| acts.row((i + d).min(m - 1)));
-                let res = &mut res[..tile.len() * na];
-                qdot::dot_rows(isa, w, tile.clone(), &a[..na], res);
-                for (j, r) in tile.clone().enumerate() {
-                    for d in 0..na {
-                        // SAFETY: column r belongs to the task owning weight row r.
-                        unsafe { out_shared.slice((i + d) * n + r, 1)[0] = res[j * na + d] };
-                    }
+                qdot::dot_tile(isa, w, tile, &a[..na], &mut res[..na]);
+                for (d, r) in res[..na].iter().enumerate() {
+                    // SAFETY: columns r0..r0 + live belong to the task owning this tile.
+                    unsafe { out_shared.slice((i + d) * n + r0, live) }.copy_from_slice(&r[..live]);
                 }
                 i += na;
             }
-            start = tile.end;
         }
     });
     Ok(())

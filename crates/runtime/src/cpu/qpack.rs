@@ -1,37 +1,41 @@
 //! Block-quantized weights repacked once at load for the integer kernels ([`super::qdot`]).
 //!
-//! Every supported format is rewritten as the same thing: unsigned integer codes `u`, a scale
-//! per 32 (or, for Q6_K, per 16) elements and optionally a minimum per 32 elements, so that
-//! `w = scale * (u - bias) + min` exactly reproduces the format's own decoding (`bias`: Q4_0 8,
-//! Q5_0 16, Q8_0 128, Q6_K 32, else 0). K-quant super-block scales are folded into f32
-//! sub-block scales (`d * sc`, exact in f32), and f16 scales are widened once here instead of
-//! once per block per activation row.
+//! Every supported format is rewritten as the same thing: unsigned integer codes `u`, an f32
+//! scale per 32 (Q6_K: per 16) elements and, for formats with one, an f32 minimum per 32
+//! elements, so that `w = scale * (u - bias) + min` exactly reproduces the format's own decoding
+//! (`bias`: Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32, else 0). K-quant super-block scales are folded
+//! into f32 sub-block scales (`d * sc`, exact in f32), and f16 scales are widened once here
+//! instead of once per block per activation row.
 //!
-//! Rows are cut into groups of [`GROUP`] = 64 elements, laid out as the 64 bytes of one
-//! 512-bit register (two 256-bit halves on AVX2). Byte `p` sits in 32-bit lane `i = p / 4`,
-//! which covers four elements of 16-element sub-block `s(i) = 2 (i % 2) + (i % 4) / 2`, so lane
-//! `i` belongs to 32-element block `i % 2`: a group's two block scales are one 64-bit
-//! broadcast, and Q6_K's four sub-block scales (stored in lane order `s0, s2, s1, s3`) one
-//! 128-bit broadcast. Storage per row:
+//! Rows are interleaved in tiles of [`TILE`] = 16, one row per 32-bit lane of a 512-bit
+//! register (two 256-bit halves on AVX2): lane `r` of a code register holds four consecutive
+//! codes of tile row `r`, so one integer dot-product instruction against four activation bytes
+//! broadcast to every lane advances sixteen rows at once, and a block's result per row is
+//! already whole in its lane (no horizontal sums). A tile is stored as its 32-element blocks in
+//! order, each block as:
 //!
-//! | codes | unit | bytes |
+//! | part | bytes | content |
 //! | --- | --- | --- |
-//! | 4-bit (Q4_0, Q4_1, Q4_K) | two groups | 64 (group `2j` in the low nibbles, `2j + 1` in the high) + 4 f32 scales |
-//! | 5-bit (Q5_0, Q5_1, Q5_K) | two groups | as 4-bit, plus one `u64` per group whose bit `p` is bit 4 of byte `p`, before the scales |
-//! | 8-bit (Q8_0, Q6_K) | one group | 64 + 2 (Q6_K: 4) f32 scales |
+//! | codes, 4-bit (Q4_0, Q4_1, Q4_K) | 256 | register `j` (0..4): byte `4r + i` holds element `8j + i` of row `r` in its low nibble and element `8j + 4 + i` in its high nibble |
+//! | codes, 5-bit (Q5_0, Q5_1, Q5_K) | 256 + 64 | as 4-bit, then per register `j` two `u64` masks (low nibbles, high nibbles) whose bit `p` is bit 4 of the code in byte `p` |
+//! | codes, 8-bit (Q8_0, Q6_K) | 512 | register `t` (0..8): byte `4r + i` holds element `4t + i` of row `r` |
+//! | scales | 64 (Q6_K: 128) | one f32 per row (Q6_K: per row for elements 0..16, then per row for 16..32) |
+//! | minimums | 64, with minimums only | one f32 per row |
 //!
-//! A last unpaired 4/5-bit group is 32 bytes (byte `p % 32`: low nibble for `p < 32`, high
-//! nibble else), its `u64` and 2 scales. Minimums live in a separate `[rows, min_stride]`
-//! array, zero-padded to a multiple of 16 per row. A row whose length is not a multiple of 64
-//! is padded with zero codes and zero scales, which contribute exact zeros.
+//! Rows past the end of the matrix (the last tile's padding) have zero codes, scales and
+//! minimums, so they compute exact zeros that no one reads.
 
-use super::qacts::{GROUP, LANES};
 use crate::dtype::QK_K;
 use crate::quant::scale_min_k4;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 use half::f16;
 
-/// How a format's codes are stored in a group.
+/// Weight rows per tile: the 32-bit lanes of a 512-bit register.
+pub const TILE: usize = 16;
+/// Elements per block: what one scale (two for Q6_K) and one minimum cover.
+pub const QK: usize = 32;
+
+/// How a format's codes are stored in a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codes {
     Nib4,
@@ -43,8 +47,8 @@ pub enum Codes {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackFormat {
     pub codes: Codes,
-    /// Four scales per group (per 16 elements) instead of two (per 32).
-    pub scales4: bool,
+    /// A scale per 16 elements (two per block) instead of per 32.
+    pub sub16: bool,
     /// `log2(bias)`, 0 for formats without a bias.
     pub bias_shift: u32,
     pub has_min: bool,
@@ -53,10 +57,10 @@ pub struct PackFormat {
 impl PackFormat {
     /// The repacked form of `dtype`, when it has an integer kernel.
     pub fn of(dtype: DType) -> Option<PackFormat> {
-        let f = |codes, scales4, bias_shift, has_min| {
+        let f = |codes, sub16, bias_shift, has_min| {
             Some(PackFormat {
                 codes,
-                scales4,
+                sub16,
                 bias_shift,
                 has_min,
             })
@@ -72,95 +76,62 @@ impl PackFormat {
         }
     }
 
-    /// Whether two 4/5-bit groups share one 64-byte code block.
-    pub const fn paired(self) -> bool {
-        !matches!(self.codes, Codes::Byte)
+    /// Bytes of a block's codes (and 5-bit masks) for a whole tile.
+    pub const fn code_bytes(self) -> usize {
+        match self.codes {
+            Codes::Nib4 => 256,
+            Codes::Nib5 => 256 + 64,
+            Codes::Byte => 512,
+        }
     }
 
-    /// Bytes of the per-group high-bit mask (5-bit codes).
-    pub const fn mask_bytes(self) -> usize {
-        if matches!(self.codes, Codes::Nib5) {
-            8
+    /// Scales per row per block.
+    pub const fn num_scales(self) -> usize {
+        if self.sub16 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Offset of a block's scales from its start.
+    pub const fn scales_at(self) -> usize {
+        self.code_bytes()
+    }
+
+    /// Offset of a block's minimums from its start.
+    pub const fn mins_at(self) -> usize {
+        self.code_bytes() + 4 * TILE * self.num_scales()
+    }
+
+    /// Bytes of one block of a tile.
+    pub const fn block_bytes(self) -> usize {
+        self.mins_at() + if self.has_min { 4 * TILE } else { 0 }
+    }
+
+    /// The bias subtracted from the codes.
+    pub const fn bias(self) -> i32 {
+        if self.bias_shift > 0 {
+            1 << self.bias_shift
         } else {
             0
         }
     }
-
-    /// Bytes of scales per group.
-    pub const fn scale_bytes(self) -> usize {
-        if self.scales4 {
-            16
-        } else {
-            8
-        }
-    }
-
-    /// Bytes of a storage unit: two groups when paired, else one.
-    pub const fn unit_bytes(self) -> usize {
-        if self.paired() {
-            64 + 2 * self.mask_bytes() + 2 * self.scale_bytes()
-        } else {
-            64 + self.scale_bytes()
-        }
-    }
-
-    /// Bytes of a row of `groups` groups.
-    pub const fn row_bytes(self, groups: usize) -> usize {
-        if self.paired() {
-            groups / 2 * self.unit_bytes()
-                + (groups % 2) * (32 + self.mask_bytes() + self.scale_bytes())
-        } else {
-            groups * self.unit_bytes()
-        }
-    }
 }
 
-/// Sub-block (of 16 elements) covered by 32-bit lane `i`.
-#[inline]
-pub const fn lane_sub_block(i: usize) -> usize {
-    2 * (i % 2) + (i % 4) / 2
-}
-
-/// Element of a group held by register byte `p`.
-#[inline]
-pub const fn element_of(p: usize) -> usize {
-    let i = p / 4;
-    16 * lane_sub_block(i) + 4 * (i / 4) + p % 4
-}
-
-/// [`element_of`] for every register byte.
-pub const ORDER: [usize; GROUP] = {
-    let mut o = [0; GROUP];
-    let mut p = 0;
-    while p < GROUP {
-        o[p] = element_of(p);
-        p += 1;
-    }
-    o
-};
-
-/// A weight matrix `[rows, cols]` in the repacked layout.
+/// A weight matrix `[rows, cols]` in the tiled layout.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
     dtype: DType,
     format: PackFormat,
     rows: usize,
     cols: usize,
-    groups: usize,
-    /// `[rows, groups * group_bytes]`.
+    /// `[tiles, cols / 32, block_bytes]`.
     data: Vec<u8>,
-    /// `[rows, min_stride]`, empty for formats without minimums.
-    mins: Vec<f32>,
-    min_stride: usize,
-}
-
-/// Minimum entries per row: one per 32 elements, padded to a multiple of [`LANES`].
-pub fn min_stride(groups: usize) -> usize {
-    (2 * groups).div_ceil(LANES) * LANES
 }
 
 impl PackedWeight {
-    /// Repacks `t` (`[rows, cols]`, a format with [`PackFormat::of`]); rows are split over
+    /// Repacks `t` (`[rows, cols]`, a format with [`PackFormat::of`]); tiles are split over
     /// `pool`.
     pub fn pack(t: &Tensor, pool: &ThreadPool) -> Result<PackedWeight> {
         let dtype = t.dtype();
@@ -168,29 +139,29 @@ impl PackedWeight {
             RuntimeError::Shape(format!("{dtype} weights have no integer kernel"))
         })?;
         let (rows, cols) = (t.rows(), t.cols());
-        let groups = cols.div_ceil(GROUP);
-        let rb = format.row_bytes(groups);
-        let ms = min_stride(groups);
-        let mut data = vec![0u8; rows * rb];
-        let mut mins = if format.has_min {
-            vec![0f32; rows * ms]
-        } else {
-            Vec::new()
-        };
-        let data_rows = super::DisjointMut::new(&mut data);
-        let min_rows = super::DisjointMut::new(&mut mins);
-        pool.parallel_ranges(rows, 16, |range| {
-            let mut parts = RowParts::new(groups * GROUP);
-            for r in range {
-                parts.decode(dtype, t.row(r));
-                // SAFETY: each row's byte and minimum ranges belong to this task alone.
-                let dst = unsafe { data_rows.slice(r * rb, rb) };
-                parts.write(format, groups, dst);
-                if format.has_min {
-                    // SAFETY: as above.
-                    let m = unsafe { min_rows.slice(r * ms, ms) };
-                    m[..parts.mins.len()].copy_from_slice(&parts.mins);
+        if !cols.is_multiple_of(QK) {
+            return Err(RuntimeError::Shape(format!(
+                "{dtype} weights of {cols} columns are not whole blocks of {QK}"
+            )));
+        }
+        let tiles = rows.div_ceil(TILE);
+        let tb = cols / QK * format.block_bytes();
+        let mut data = vec![0u8; tiles * tb];
+        let tiles_mut = super::DisjointMut::new(&mut data);
+        pool.parallel_ranges(tiles, 1, |range| {
+            let mut parts: Vec<RowParts> = (0..TILE).map(|_| RowParts::new(cols)).collect();
+            for tile in range {
+                let live = (rows - tile * TILE).min(TILE);
+                for (l, p) in parts.iter_mut().enumerate() {
+                    if l < live {
+                        p.decode(dtype, t.row(tile * TILE + l));
+                    } else {
+                        p.clear();
+                    }
                 }
+                // SAFETY: each tile's bytes belong to this task alone.
+                let dst = unsafe { tiles_mut.slice(tile * tb, tb) };
+                write_tile(format, &parts, dst);
             }
         });
         Ok(PackedWeight {
@@ -198,10 +169,7 @@ impl PackedWeight {
             format,
             rows,
             cols,
-            groups,
             data,
-            mins,
-            min_stride: ms,
         })
     }
 
@@ -221,28 +189,130 @@ impl PackedWeight {
         self.cols
     }
 
-    pub fn groups(&self) -> usize {
-        self.groups
+    /// 32-element blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.cols / QK
     }
 
-    /// The groups of row `r`.
-    pub fn row(&self, r: usize) -> &[u8] {
-        let n = self.format.row_bytes(self.groups);
-        &self.data[r * n..(r + 1) * n]
+    /// Tiles of [`TILE`] rows (the last one padded).
+    pub fn tiles(&self) -> usize {
+        self.rows.div_ceil(TILE)
     }
 
-    /// The minimums of row `r` (`min_stride` values), empty without minimums.
-    pub fn row_mins(&self, r: usize) -> &[f32] {
-        if self.format.has_min {
-            &self.mins[r * self.min_stride..(r + 1) * self.min_stride]
-        } else {
-            &[]
-        }
+    /// The bytes of tile `t`: its blocks in order.
+    pub fn tile(&self, t: usize) -> &[u8] {
+        let n = self.blocks() * self.format.block_bytes();
+        &self.data[t * n..(t + 1) * n]
     }
 
     /// Bytes held.
     pub fn num_bytes(&self) -> usize {
-        self.data.len() + 4 * self.mins.len()
+        self.data.len()
+    }
+}
+
+/// Writes one tile's blocks from its rows' decoded parts.
+fn write_tile(f: PackFormat, parts: &[RowParts], dst: &mut [u8]) {
+    let bb = f.block_bytes();
+    for (b, blk) in dst.chunks_exact_mut(bb).enumerate() {
+        let code = |r: usize, e: usize| parts[r].codes[b * QK + e];
+        match f.codes {
+            Codes::Nib4 | Codes::Nib5 => {
+                for j in 0..4 {
+                    let mut masks = [0u64; 2];
+                    for r in 0..TILE {
+                        for i in 0..4 {
+                            let p = 4 * r + i;
+                            let (lo, hi) = (code(r, 8 * j + i), code(r, 8 * j + 4 + i));
+                            blk[64 * j + p] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+                            masks[0] |= u64::from((lo >> 4) & 1) << p;
+                            masks[1] |= u64::from((hi >> 4) & 1) << p;
+                        }
+                    }
+                    if f.codes == Codes::Nib5 {
+                        for (h, m) in masks.iter().enumerate() {
+                            let o = 256 + 16 * j + 8 * h;
+                            blk[o..o + 8].copy_from_slice(&m.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            Codes::Byte => {
+                for t in 0..8 {
+                    for r in 0..TILE {
+                        for i in 0..4 {
+                            blk[64 * t + 4 * r + i] = code(r, 4 * t + i);
+                        }
+                    }
+                }
+            }
+        }
+        for s in 0..f.num_scales() {
+            for (r, p) in parts.iter().enumerate() {
+                let v = if f.sub16 {
+                    p.scales16[2 * b + s]
+                } else {
+                    p.scales16[2 * b]
+                };
+                let o = f.scales_at() + 4 * (TILE * s + r);
+                blk[o..o + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        if f.has_min {
+            for (r, p) in parts.iter().enumerate() {
+                let o = f.mins_at() + 4 * r;
+                blk[o..o + 4].copy_from_slice(&p.mins[b].to_le_bytes());
+            }
+        }
+    }
+}
+
+/// One block of one row of a tile, read back: its 32 unsigned codes, its scales (the second
+/// one only for 16-element sub-blocks) and its minimum (0 without minimums).
+pub fn block_parts(f: PackFormat, blk: &[u8], r: usize) -> ([u8; QK], [f32; 2], f32) {
+    let mut c = [0u8; QK];
+    for (e, c) in c.iter_mut().enumerate() {
+        *c = match f.codes {
+            Codes::Byte => blk[64 * (e / 4) + 4 * r + e % 4],
+            Codes::Nib4 | Codes::Nib5 => {
+                let (j, h, i) = (e / 8, (e % 8) / 4, e % 4);
+                let p = 4 * r + i;
+                let nib = (blk[64 * j + p] >> (4 * h)) & 0x0F;
+                let high = if f.codes == Codes::Nib5 {
+                    let o = 256 + 16 * j + 8 * h;
+                    let m = u64::from_le_bytes(blk[o..o + 8].try_into().unwrap_or([0; 8]));
+                    (((m >> p) & 1) as u8) << 4
+                } else {
+                    0
+                };
+                nib | high
+            }
+        };
+    }
+    let f32_at = |o: usize| f32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
+    let mut sc = [0f32; 2];
+    for (s, v) in sc.iter_mut().enumerate().take(f.num_scales()) {
+        *v = f32_at(f.scales_at() + 4 * (TILE * s + r));
+    }
+    let min = if f.has_min {
+        f32_at(f.mins_at() + 4 * r)
+    } else {
+        0.0
+    };
+    (c, sc, min)
+}
+
+/// Decodes packed row `r` back to f32 (`cols` values), for tests: the repacking is exact.
+pub fn unpack_row(w: &PackedWeight, r: usize, out: &mut [f32]) {
+    let f = w.format;
+    let bb = f.block_bytes();
+    let tile = w.tile(r / TILE);
+    for (b, blk) in tile.chunks_exact(bb).enumerate() {
+        let (codes, sc, min) = block_parts(f, blk, r % TILE);
+        for (e, &u) in codes.iter().enumerate() {
+            let s = if f.sub16 { sc[e / 16] } else { sc[0] };
+            out[b * QK + e] = s * (u as i32 - f.bias()) as f32 + min;
+        }
     }
 }
 
@@ -259,20 +329,23 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 }
 
 impl RowParts {
-    fn new(padded: usize) -> RowParts {
+    fn new(cols: usize) -> RowParts {
         RowParts {
-            codes: vec![0; padded],
-            scales16: vec![0.0; padded / 16],
-            mins: vec![0.0; padded / 32],
+            codes: vec![0; cols],
+            scales16: vec![0.0; cols / 16],
+            mins: vec![0.0; cols / 32],
         }
     }
 
-    /// Decodes one stored row (`cols` elements) into codes, scales and minimums; the padding
-    /// stays zero.
-    fn decode(&mut self, dtype: DType, row: &[u8]) {
+    /// All zero: a padding row.
+    fn clear(&mut self) {
         self.codes.fill(0);
         self.scales16.fill(0.0);
         self.mins.fill(0.0);
+    }
+
+    /// Decodes one stored row (`cols` elements) into codes, scales and minimums.
+    fn decode(&mut self, dtype: DType, row: &[u8]) {
         let bb = dtype.block_bytes();
         for (bi, b) in row.chunks_exact(bb).enumerate() {
             match dtype {
@@ -378,150 +451,6 @@ impl RowParts {
             }
         }
     }
-
-    /// Writes the row's groups in the register layout.
-    fn write(&self, format: PackFormat, groups: usize, dst: &mut [u8]) {
-        let codes = |g: usize, p: usize| self.codes[g * GROUP + ORDER[p]];
-        let mut at = 0;
-        let mut put = |dst: &mut [u8], bytes: &[u8]| {
-            dst[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        let mask = |g: usize| {
-            let mut high = 0u64;
-            for p in 0..GROUP {
-                high |= (((codes(g, p) >> 4) & 1) as u64) << p;
-            }
-            high.to_le_bytes()
-        };
-        let mut g = 0;
-        while g < groups {
-            let pair = format.paired() && g + 1 < groups;
-            let mut block = [0u8; GROUP];
-            match format.codes {
-                Codes::Byte => (0..GROUP).for_each(|p| block[p] = codes(g, p)),
-                _ if pair => (0..GROUP).for_each(|p| {
-                    block[p] = (codes(g, p) & 0x0F) | ((codes(g + 1, p) & 0x0F) << 4)
-                }),
-                _ => (0..32).for_each(|p| {
-                    block[p] = (codes(g, p) & 0x0F) | ((codes(g, p + 32) & 0x0F) << 4)
-                }),
-            }
-            let code_len = if format.paired() && !pair { 32 } else { GROUP };
-            put(dst, &block[..code_len]);
-            let both = [g, g + 1];
-            let unit = if pair { &both[..] } else { &both[..1] };
-            if format.codes == Codes::Nib5 {
-                for &u in unit {
-                    put(dst, &mask(u));
-                }
-            }
-            for &u in unit {
-                let sc = &self.scales16[u * 4..u * 4 + 4];
-                let vals: &[f32] = if format.scales4 {
-                    // Lane order: lane i % 4 holds sub-block 2 (i % 2) + (i % 4) / 2.
-                    &[sc[0], sc[2], sc[1], sc[3]]
-                } else {
-                    &[sc[0], sc[2]]
-                };
-                for v in vals {
-                    put(dst, &v.to_le_bytes());
-                }
-            }
-            g += unit.len();
-        }
-    }
-}
-
-/// Where group `g` of a row lives: (codes offset, nibble shift or `None` for bytes, whether
-/// a lone group's 32-byte nibble layout, mask offset, scales offset).
-pub fn group_offsets(
-    f: PackFormat,
-    g: usize,
-    groups: usize,
-) -> (usize, Option<u32>, bool, usize, usize) {
-    if !f.paired() {
-        let base = g * f.unit_bytes();
-        return (base, None, false, base + 64, base + 64);
-    }
-    let base = g / 2 * f.unit_bytes();
-    if g.is_multiple_of(2) && g + 1 == groups {
-        let m = base + 32;
-        return (base, Some(0), true, m, m + f.mask_bytes());
-    }
-    let h = g % 2;
-    let m = base + 64 + h * f.mask_bytes();
-    let sc = base + 64 + 2 * f.mask_bytes() + h * f.scale_bytes();
-    (base, Some(4 * h as u32), false, m, sc)
-}
-
-/// The 64 unsigned codes of group `g` of a packed row, in register order, and its scales
-/// (two, or Q6_K's four, in lane order).
-pub fn group_parts(f: PackFormat, row: &[u8], g: usize, groups: usize) -> ([u8; GROUP], [f32; 4]) {
-    let (co, shift, lone, mo, so) = group_offsets(f, g, groups);
-    let mut c = [0u8; GROUP];
-    match shift {
-        None => c.copy_from_slice(&row[co..co + GROUP]),
-        Some(sh) => {
-            let high = if f.codes == Codes::Nib5 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&row[mo..mo + 8]);
-                u64::from_le_bytes(b)
-            } else {
-                0
-            };
-            for (p, c) in c.iter_mut().enumerate() {
-                let nib = if lone {
-                    if p < 32 {
-                        row[co + p] & 0x0F
-                    } else {
-                        row[co + p - 32] >> 4
-                    }
-                } else {
-                    (row[co + p] >> sh) & 0x0F
-                };
-                *c = nib | ((((high >> p) & 1) as u8) << 4);
-            }
-        }
-    }
-    let mut sc = [0f32; 4];
-    for (j, v) in sc.iter_mut().enumerate().take(f.scale_bytes() / 4) {
-        let o = so + 4 * j;
-        *v = f32::from_le_bytes([row[o], row[o + 1], row[o + 2], row[o + 3]]);
-    }
-    (c, sc)
-}
-
-/// Scale of lane `i` from a group's scales.
-#[inline]
-pub fn lane_scale(f: PackFormat, sc: &[f32; 4], i: usize) -> f32 {
-    if f.scales4 {
-        sc[i % 4]
-    } else {
-        sc[i % 2]
-    }
-}
-
-/// Decodes packed row `r` back to f32 (`cols` values), for tests: the repacking is exact.
-pub fn unpack_row(w: &PackedWeight, r: usize, out: &mut [f32]) {
-    let f = w.format;
-    let bias = if f.bias_shift > 0 {
-        1i32 << f.bias_shift
-    } else {
-        0
-    };
-    let mins = w.row_mins(r);
-    for g in 0..w.groups {
-        let (codes, sc) = group_parts(f, w.row(r), g, w.groups);
-        for (p, &u) in codes.iter().enumerate() {
-            let e = element_of(p);
-            let min = if f.has_min { mins[2 * g + e / 32] } else { 0.0 };
-            let idx = g * GROUP + e;
-            if idx < out.len() {
-                out[idx] = lane_scale(f, &sc, p / 4) * (u as i32 - bias) as f32 + min;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -529,19 +458,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_layout_is_a_permutation_of_a_group() {
-        let mut seen = [false; GROUP];
-        for p in 0..GROUP {
-            seen[element_of(p)] = true;
+    fn a_tile_holds_sixteen_rows_and_pads_the_last() {
+        // 20 rows of Q8_0: two tiles, the second with 4 live rows and 12 zero rows.
+        let (rows, cols) = (20, 64);
+        let mut bytes = Vec::new();
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                let d = half::f16::from_f32(0.5 + r as f32);
+                bytes.extend_from_slice(&d.to_bits().to_le_bytes());
+                bytes.extend((0..32).map(|e| (e as i8 - 16 + b as i8) as u8));
+            }
         }
-        assert!(seen.iter().all(|&s| s));
-        // Lane 5 covers elements 4..8 of sub-block 2; lane 2 the first four of sub-block 1.
-        assert_eq!(element_of(20), 32 + 4);
-        assert_eq!(element_of(8), 16);
-        // Every lane stays inside one 32-element block, the block of its parity.
-        for p in 0..GROUP {
-            assert_eq!(element_of(p) / 32, (p / 4) % 2);
+        let t = Tensor::new(DType::Q8_0, vec![rows, cols], crate::Storage::owned(bytes))
+            .expect("tensor");
+        let p = PackedWeight::pack(&t, &ThreadPool::new(2).expect("pool")).expect("pack");
+        assert_eq!((p.tiles(), p.blocks()), (2, 2));
+        let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+        for r in 0..rows {
+            t.dequantize_row(r, &mut want);
+            unpack_row(&p, r, &mut got);
+            assert_eq!(got, want, "row {r}");
         }
+        let f = p.format();
+        let (codes, sc, _) = block_parts(f, &p.tile(1)[..f.block_bytes()], 5);
+        assert_eq!((codes, sc[0]), ([0u8; QK], 0.0));
+        // Element 4t + i of row r sits in byte 64t + 4r + i: element 5 of row 3 is byte 77.
+        let (codes, _, _) = block_parts(f, &p.tile(0)[..f.block_bytes()], 3);
+        assert_eq!(codes[5], p.tile(0)[77]);
     }
 
     #[test]
@@ -583,6 +526,7 @@ mod tests {
             )
             .expect("tensor");
             let p = PackedWeight::pack(&t, &pool).expect("pack");
+            assert_eq!(p.tiles(), rows.div_ceil(TILE));
             let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
             for r in 0..rows {
                 t.dequantize_row(r, &mut want);
