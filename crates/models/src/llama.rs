@@ -322,10 +322,16 @@ impl LlamaModel {
             };
             cpu::rms_norm(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
             // q: [t, nh*hd], k and v: [t, nkv*hd]; the input is quantized once for all three.
-            let input = lin.prepare(&s.h, h, &mut s.qa, &[&layer.wq, &layer.wk, &layer.wv]);
-            lin.matmul(pool, &input, &layer.wq, &mut s.q)?;
-            lin.matmul(pool, &input, &layer.wk, &mut s.k)?;
-            lin.matmul(pool, &input, &layer.wv, &mut s.v)?;
+            let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.wq, &layer.wk, &layer.wv]);
+            lin.matmul_many(
+                pool,
+                &input,
+                &mut [
+                    (&layer.wq, &mut s.q[..]),
+                    (&layer.wk, &mut s.k[..]),
+                    (&layer.wv, &mut s.v[..]),
+                ],
+            )?;
             if let Some([bq, bk, bv]) = &layer.qkv_bias {
                 cpu::add_bias(&mut s.q, bq);
                 cpu::add_bias(&mut s.k, bk);
@@ -352,17 +358,23 @@ impl LlamaModel {
                 &mut s.attn,
             );
             // [t, h]
-            let input = lin.prepare(&s.attn, qd, &mut s.qa, &[&layer.wo]);
+            let input = lin.prepare(pool, &s.attn, qd, &mut s.qa, &[&layer.wo]);
             lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
             cpu::rms_norm(&s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
             // [t, inter]
-            let input = lin.prepare(&s.h, h, &mut s.qa, &[&layer.w_gate, &layer.w_up]);
-            lin.matmul(pool, &input, &layer.w_gate, &mut s.gate)?;
-            lin.matmul(pool, &input, &layer.w_up, &mut s.up)?;
+            let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.w_gate, &layer.w_up]);
+            lin.matmul_many(
+                pool,
+                &input,
+                &mut [
+                    (&layer.w_gate, &mut s.gate[..]),
+                    (&layer.w_up, &mut s.up[..]),
+                ],
+            )?;
             cpu::silu_mul(&mut s.gate, &s.up);
             // [t, h]
-            let input = lin.prepare(&s.gate, inter, &mut s.qa, &[&layer.w_down]);
+            let input = lin.prepare(pool, &s.gate, inter, &mut s.qa, &[&layer.w_down]);
             lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
             add_in_place(&mut s.x, &s.h);
         }
@@ -381,7 +393,7 @@ impl LlamaModel {
             &mut s.rows,
         );
         // [num_logits, vocab]
-        let input = lin.prepare(&s.rows, h, &mut s.qa, &[&self.lm_head]);
+        let input = lin.prepare(pool, &s.rows, h, &mut s.qa, &[&self.lm_head]);
         lin.matmul(pool, &input, &self.lm_head, &mut s.logits)?;
         Ok(&s.logits)
     }

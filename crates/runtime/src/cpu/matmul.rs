@@ -12,6 +12,7 @@ use super::qdot::{self, ActRow, Isa, Q8Acts};
 use super::qpack::PackedWeight;
 use super::DisjointMut;
 use crate::{Result, RuntimeError, Tensor, ThreadPool};
+use std::ops::Range;
 
 /// How products with block-quantized weights treat the activations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,9 +95,10 @@ impl Linear {
     }
 
     /// Prepares `x` (`[m, k]`) for its products with `weights`: quantizes it once into `q`
-    /// when at least one of them was repacked for the int8 path.
+    /// (rows split over `pool`) when at least one of them was repacked for the int8 path.
     pub fn prepare<'a>(
         &self,
+        pool: &ThreadPool,
         x: &'a [f32],
         k: usize,
         q: &'a mut Q8Acts,
@@ -108,11 +110,47 @@ impl Linear {
             && !x.is_empty()
             && weights.iter().any(|w| w.packed.is_some() && w.cols() == k);
         if int8 {
-            q.quantize(x, k);
+            q.quantize_par(x, k, pool);
             LinearInput { x, q: Some(q) }
         } else {
             LinearInput { x, q: None }
         }
+    }
+
+    /// `out_i[m, n_i] = input[m, k] · w_i[n_i, k]ᵀ` for every `(w_i, out_i)`: one parallel call
+    /// over all their rows when they all take the int8 path, else one product at a time.
+    pub fn matmul_many(
+        &self,
+        pool: &ThreadPool,
+        input: &LinearInput<'_>,
+        products: &mut [(&Weight, &mut [f32])],
+    ) -> Result<()> {
+        let all_packed = |q: &Q8Acts| {
+            products.len() <= MAX_PRODUCTS
+                && products
+                    .iter()
+                    .all(|(w, _)| w.packed.as_ref().is_some_and(|p| p.cols() == q.cols()))
+        };
+        match (input.q, products.first()) {
+            (Some(q), Some((first, _))) if all_packed(q) => {
+                let Some(filler) = first.packed.as_ref() else {
+                    return Ok(());
+                };
+                let mut ws = [filler; MAX_PRODUCTS];
+                let mut outs: [&mut [f32]; MAX_PRODUCTS] = Default::default();
+                for (i, (w, out)) in products.iter_mut().enumerate() {
+                    ws[i] = w.packed.as_ref().unwrap_or(filler);
+                    outs[i] = std::mem::take(out);
+                }
+                let n = products.len();
+                return matmul_q8_many(pool, self.isa, q, &ws[..n], &mut outs[..n]);
+            }
+            _ => {}
+        }
+        for (w, out) in products.iter_mut() {
+            self.matmul(pool, input, w, out)?;
+        }
+        Ok(())
     }
 
     /// `out[m, n] = input[m, k] · w[n, k]ᵀ`.
@@ -140,42 +178,116 @@ pub fn matmul_q8(
     w: &PackedWeight,
     out: &mut [f32],
 ) -> Result<()> {
-    let (n, k, m) = (w.rows(), w.cols(), acts.rows());
-    if acts.cols() != k {
+    matmul_q8_many(pool, isa, acts, &[w], &mut [out])
+}
+
+/// Most products [`matmul_q8_many`] takes at once.
+pub const MAX_PRODUCTS: usize = 4;
+
+/// [`matmul_q8`] for several weights of one input at once (q, k and v; gate and up): one
+/// parallel call over all their tiles.
+pub fn matmul_q8_many(
+    pool: &ThreadPool,
+    isa: Isa,
+    acts: &Q8Acts,
+    weights: &[&PackedWeight],
+    outs: &mut [&mut [f32]],
+) -> Result<()> {
+    let (k, m) = (acts.cols(), acts.rows());
+    if weights.len() != outs.len() || weights.len() > MAX_PRODUCTS {
         return Err(RuntimeError::Shape(format!(
-            "matmul_q8: {} weights [{n}, {k}] against quantized rows of {}",
-            w.dtype(),
-            acts.cols()
+            "matmul_q8: {} weights for {} outputs (at most {MAX_PRODUCTS})",
+            weights.len(),
+            outs.len()
         )));
     }
-    if out.len() != m * n {
-        return Err(RuntimeError::Shape(format!(
-            "matmul_q8: output of {} values for [{m}, {n}]",
-            out.len()
-        )));
+    for (w, out) in weights.iter().zip(outs.iter()) {
+        let n = w.rows();
+        if w.cols() != k {
+            return Err(RuntimeError::Shape(format!(
+                "matmul_q8: {} weights [{n}, {}] against quantized rows of {k}",
+                w.dtype(),
+                w.cols()
+            )));
+        }
+        if out.len() != m * n {
+            return Err(RuntimeError::Shape(format!(
+                "matmul_q8: output of {} values for [{m}, {n}]",
+                out.len()
+            )));
+        }
     }
-    const TILE: usize = qdot::TILE_ROWS;
-    let out_shared = DisjointMut::new(out);
-    pool.parallel_ranges(w.tiles(), 1, |tiles| {
-        let mut res = [[0f32; TILE]; qdot::MAX_ACT_ROWS];
-        for tile in tiles {
-            let r0 = tile * TILE;
-            let live = (n - r0).min(TILE);
-            let mut i = 0;
-            while i < m {
-                let na = (m - i).min(qdot::MAX_ACT_ROWS);
-                let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
-                    std::array::from_fn(|d| acts.row((i + d).min(m - 1)));
-                qdot::dot_tile(isa, w, tile, &a[..na], &mut res[..na]);
-                for (d, r) in res[..na].iter().enumerate() {
-                    // SAFETY: columns r0..r0 + live belong to the task owning this tile.
-                    unsafe { out_shared.slice((i + d) * n + r0, live) }.copy_from_slice(&r[..live]);
-                }
-                i += na;
+    if m == 0 {
+        return Ok(());
+    }
+    let mut dst: [Option<DisjointMut<f32>>; MAX_PRODUCTS] = Default::default();
+    for (d, out) in dst.iter_mut().zip(outs.iter_mut()) {
+        *d = Some(DisjointMut::new(out));
+    }
+    let total: usize = weights.iter().map(|w| w.tiles()).sum();
+    pool.parallel_ranges(total, 1, |range| {
+        // Map the global tile range onto each weight's own tiles.
+        let mut first = 0;
+        for (w, out) in weights.iter().zip(dst.iter().flatten()) {
+            let t = w.tiles();
+            let (lo, hi) = (range.start.max(first), range.end.min(first + t));
+            if lo < hi {
+                run_tiles(isa, acts, w, lo - first..hi - first, out);
             }
+            first += t;
         }
     });
     Ok(())
+}
+
+/// Tiles `tiles` of `w` against every activation row, into `out` (`[m, n]`).
+fn run_tiles(
+    isa: Isa,
+    acts: &Q8Acts,
+    w: &PackedWeight,
+    tiles: Range<usize>,
+    out: &DisjointMut<f32>,
+) {
+    const TILE: usize = qdot::TILE_ROWS;
+    /// Tiles per kernel call when at most four activation rows come (decode).
+    const CHUNK: usize = 32;
+    let (n, m) = (w.rows(), acts.rows());
+    let mut res = [[0f32; TILE]; CHUNK * qdot::MAX_ACT_ROWS];
+    let store = |res: &[[f32; TILE]], tile: usize, i: usize| {
+        let r0 = tile * TILE;
+        let live = (n - r0).min(TILE);
+        // SAFETY: columns r0..r0 + live belong to the task owning this tile.
+        unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[0][..live]);
+    };
+    if m <= qdot::MAX_ACT_ROWS {
+        let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] = std::array::from_fn(|d| acts.row(d.min(m - 1)));
+        let mut t = tiles.start;
+        while t < tiles.end {
+            let chunk = t..(t + CHUNK).min(tiles.end);
+            let res = &mut res[..chunk.len() * m];
+            qdot::dot_tiles(isa, w, chunk.clone(), &a[..m], res);
+            for (j, tile) in chunk.clone().enumerate() {
+                for i in 0..m {
+                    store(&res[j * m + i..], tile, i);
+                }
+            }
+            t = chunk.end;
+        }
+        return;
+    }
+    for tile in tiles {
+        let mut i = 0;
+        while i < m {
+            let na = (m - i).min(qdot::MAX_ACT_ROWS);
+            let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
+                std::array::from_fn(|d| acts.row((i + d).min(m - 1)));
+            qdot::dot_tiles(isa, w, tile..tile + 1, &a[..na], &mut res[..na]);
+            for d in 0..na {
+                store(&res[d..], tile, i + d);
+            }
+            i += na;
+        }
+    }
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with `w` of shape `[n, k]` in any supported dtype.
@@ -294,7 +406,7 @@ mod tests {
         let mut q = Q8Acts::default();
         let wi = Weight::new(w.clone(), &int8, &pool).unwrap();
         assert!(wi.packed().is_some());
-        let input = int8.prepare(&x, k, &mut q, &[&wi]);
+        let input = int8.prepare(&pool, &x, k, &mut q, &[&wi]);
         int8.matmul(&pool, &input, &wi, &mut fast).unwrap();
         matmul(&pool, &x, &w, &mut reference).unwrap();
         for (a, b) in fast.iter().zip(&reference) {
@@ -303,7 +415,7 @@ mod tests {
         // Row 3 alone gives the same bits as inside the batch.
         let mut alone = vec![0f32; n];
         let mut q1 = Q8Acts::default();
-        let input = int8.prepare(&x[3 * k..4 * k], k, &mut q1, &[&wi]);
+        let input = int8.prepare(&pool, &x[3 * k..4 * k], k, &mut q1, &[&wi]);
         int8.matmul(&pool, &input, &wi, &mut alone).unwrap();
         assert_eq!(alone, fast[3 * n..4 * n]);
         // The float setting never quantizes.
@@ -311,7 +423,7 @@ mod tests {
         let mut q2 = Q8Acts::default();
         let wf = Weight::new(w, &float, &pool).unwrap();
         assert!(wf.packed().is_none());
-        let input = float.prepare(&x, k, &mut q2, &[&wf]);
+        let input = float.prepare(&pool, &x, k, &mut q2, &[&wf]);
         float.matmul(&pool, &input, &wf, &mut fast).unwrap();
         assert_eq!(fast, reference);
     }

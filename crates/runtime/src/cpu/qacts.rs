@@ -1,12 +1,15 @@
 //! Activation rows quantized to 8 bits for the integer kernels, once per row per layer input.
 //!
-//! Per 32-element block: `d = max|x| / 127`, codes `q = round(x / d)` (`|q| <= 127`), kept in
+//! Per 32-element block: `d = max|x| / 127`, codes `q = round(x / d)` (ties to even,
+//! `|q| <= 127`), kept in
 //! element order (the kernels broadcast four codes at a time to every lane of a register), next
 //! to what the kernels need: per block the scale `d` and `d * Σq` (for the weights' minimums),
 //! and per 16 elements `Σq` (for the weights' code bias).
 
 use super::qpack::QK;
 use super::simd::multiversion;
+use super::DisjointMut;
+use crate::ThreadPool;
 
 /// `[m, k]` activation rows, quantized (`k` a multiple of 32).
 #[derive(Debug, Default, Clone)]
@@ -58,6 +61,48 @@ impl Q8Acts {
         }
     }
 
+    /// [`Q8Acts::quantize`] with the rows split over `pool` (when there are enough of them).
+    pub fn quantize_par(&mut self, x: &[f32], k: usize, pool: &ThreadPool) {
+        assert!(
+            k.is_multiple_of(QK) && k > 0 && x.len().is_multiple_of(k),
+            "Q8Acts: bad shape"
+        );
+        let m = x.len() / k;
+        if m < 8 || pool.num_threads() == 1 {
+            self.quantize(x, k);
+            return;
+        }
+        self.k = k;
+        self.m = m;
+        self.qs.resize(m * k, 0);
+        self.d.resize(m * k / QK, 0.0);
+        self.bsum.resize(m * k / QK, 0.0);
+        self.sum16.resize(m * k / 16, 0);
+        let nb = k / QK;
+        let (qs, d) = (
+            DisjointMut::new(&mut self.qs),
+            DisjointMut::new(&mut self.d),
+        );
+        let (bsum, sum16) = (
+            DisjointMut::new(&mut self.bsum),
+            DisjointMut::new(&mut self.sum16),
+        );
+        pool.parallel_ranges(m, 4, |rows| {
+            for r in rows {
+                // SAFETY: row r's ranges of every buffer belong to this task alone.
+                unsafe {
+                    quantize_row(
+                        &x[r * k..(r + 1) * k],
+                        qs.slice(r * k, k),
+                        d.slice(r * nb, nb),
+                        bsum.slice(r * nb, nb),
+                        sum16.slice(2 * r * nb, 2 * nb),
+                    )
+                };
+            }
+        });
+    }
+
     pub fn rows(&self) -> usize {
         self.m
     }
@@ -107,7 +152,7 @@ fn quantize_row_impl(
         let db = amax / 127.0;
         let id = if db > 0.0 { 1.0 / db } else { 0.0 };
         for (q, &v) in q.iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
+            *q = (v * id).round_ties_even() as i8;
         }
         let s0: i32 = q[..16].iter().map(|&v| v as i32).sum();
         let s1: i32 = q[16..].iter().map(|&v| v as i32).sum();
@@ -137,6 +182,17 @@ mod tests {
             assert_eq!(r.sum16[2 * b], s);
             let all: i32 = r.qs[32 * b..32 * b + 32].iter().map(|&q| q as i32).sum();
             assert_eq!(r.bsum[b], r.d[b] * all as f32);
+        }
+        // The parallel form gives the same rows.
+        let big: Vec<f32> = (0..40 * 64)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.3)
+            .collect();
+        let (mut one, mut par) = (Q8Acts::default(), Q8Acts::default());
+        one.quantize(&big, 64);
+        par.quantize_par(&big, 64, &ThreadPool::new(2).expect("pool"));
+        for i in 0..40 {
+            let (x, y) = (one.row(i), par.row(i));
+            assert_eq!((x.qs, x.d, x.bsum, x.sum16), (y.qs, y.d, y.bsum, y.sum16));
         }
         a.quantize(&[0.0; 32], 32);
         assert_eq!(a.row(0).d[0], 0.0);

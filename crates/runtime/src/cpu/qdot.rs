@@ -71,19 +71,20 @@ impl Isa {
 /// Activation rows one kernel call takes at most (the tile's codes are unpacked once for all).
 pub const MAX_ACT_ROWS: usize = 4;
 
-/// `out[i][l] = w[TILE * tile + l] · acts[i]` for the sixteen rows of tile `tile` (padding rows
-/// give zeros) and one to four activation rows; `isa` must be one of [`Isa::available`].
-pub fn dot_tile(
+/// `out[j * acts.len() + i][l] = w[TILE * (tiles.start + j) + l] · acts[i]` for the sixteen
+/// rows of every tile in `tiles` (padding rows give zeros) and one to four activation rows;
+/// `isa` must be one of [`Isa::available`].
+pub fn dot_tiles(
     isa: Isa,
     w: &PackedWeight,
-    tile: usize,
+    tiles: std::ops::Range<usize>,
     acts: &[ActRow<'_>],
     out: &mut [[f32; TILE]],
 ) {
     let na = acts.len();
     assert!(
-        (1..=MAX_ACT_ROWS).contains(&na) && tile < w.tiles() && out.len() == na,
-        "dot_tile: no product of tile {tile} of {} with {na} activation rows",
+        (1..=MAX_ACT_ROWS).contains(&na) && tiles.end <= w.tiles() && out.len() == tiles.len() * na,
+        "dot_tiles: no product of tiles {tiles:?} of {} with {na} activation rows",
         w.tiles()
     );
     let nb = w.blocks();
@@ -93,7 +94,7 @@ pub fn dot_tile(
                 && a.d.len() == nb
                 && a.bsum.len() == nb
                 && a.sum16.len() == 2 * nb,
-            "dot_tile: activations of {} elements against {nb} weight blocks",
+            "dot_tiles: activations of {} elements against {nb} weight blocks",
             a.qs.len()
         );
     }
@@ -101,14 +102,16 @@ pub fn dot_tile(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa` comes from `Isa::detect`/`available`, so the CPU has the features;
         // every row's lengths were checked above against the weight's block count.
-        Isa::Avx512Vnni => unsafe { x86::tile_vnni(w, tile, acts, out) },
+        Isa::Avx512Vnni => unsafe { x86::tiles_vnni(w, tiles, acts, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::tile_avx2(w, tile, acts, out) },
+        Isa::Avx2 => unsafe { x86::tiles_avx2(w, tiles, acts, out) },
         _ => {
-            for (a, o) in acts.iter().zip(out.iter_mut()) {
-                for (l, o) in o.iter_mut().enumerate() {
-                    *o = dot_scalar(w, TILE * tile + l, a);
+            for (j, tile) in tiles.enumerate() {
+                for (a, o) in acts.iter().zip(&mut out[j * na..(j + 1) * na]) {
+                    for (l, o) in o.iter_mut().enumerate() {
+                        *o = dot_scalar(w, TILE * tile + l, a);
+                    }
                 }
             }
         }
@@ -152,6 +155,7 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 mod x86 {
     use super::{ActRow, Codes, PackedWeight, QK, TILE};
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     // Formats as const parameters (codes kind, scales per 16, bias shift, minimums), so each
     // loop is compiled for one format.
@@ -159,22 +163,31 @@ mod x86 {
     const NIB5: u8 = 1;
     const BYTE: u8 = 2;
 
-    /// Runs `$f::<codes, sub16, bias_shift, has_min, NA>` for the call's format and row count.
+    /// Runs `$f::<codes, sub16, bias_shift, has_min, NA>` on every tile, for the call's format
+    /// and row count.
     macro_rules! dispatch {
-        ($f:ident, $w:expr, $tile:expr, $acts:expr, $out:expr) => {{
+        ($f:ident, $w:expr, $tiles:expr, $acts:expr, $out:expr) => {{
             let fm = $w.format();
             let c = match fm.codes {
                 Codes::Nib4 => NIB4,
                 Codes::Nib5 => NIB5,
                 Codes::Byte => BYTE,
             };
+            macro_rules! tiles {
+                ($C:expr, $S16:expr, $SH:expr, $M:expr, $NA:expr) => {
+                    for (j, tile) in $tiles.clone().enumerate() {
+                        let o = &mut $out[j * $NA..(j + 1) * $NA];
+                        $f::<$C, $S16, $SH, $M, $NA>($w, tile, $acts, o);
+                    }
+                };
+            }
             macro_rules! shape {
                 ($C:expr, $S16:expr, $SH:expr, $M:expr) => {
                     match $acts.len() {
-                        4 => $f::<$C, $S16, $SH, $M, 4>($w, $tile, $acts, $out),
-                        3 => $f::<$C, $S16, $SH, $M, 3>($w, $tile, $acts, $out),
-                        2 => $f::<$C, $S16, $SH, $M, 2>($w, $tile, $acts, $out),
-                        _ => $f::<$C, $S16, $SH, $M, 1>($w, $tile, $acts, $out),
+                        4 => tiles!($C, $S16, $SH, $M, 4),
+                        3 => tiles!($C, $S16, $SH, $M, 3),
+                        2 => tiles!($C, $S16, $SH, $M, 2),
+                        _ => tiles!($C, $S16, $SH, $M, 1),
                     }
                 };
             }
@@ -191,29 +204,29 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; the call was checked by `dot_tile`.
+    /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; the call was checked by `dot_tiles`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn tile_vnni(
+    pub(super) unsafe fn tiles_vnni(
         w: &PackedWeight,
-        tile: usize,
+        tiles: Range<usize>,
         acts: &[ActRow<'_>],
         out: &mut [[f32; TILE]],
     ) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(vnni, w, tile, acts, out) }
+        unsafe { dispatch!(vnni, w, tiles, acts, out) }
     }
 
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; the call was checked by `dot_tile`.
+    /// The CPU has AVX2, FMA and F16C; the call was checked by `dot_tiles`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn tile_avx2(
+    pub(super) unsafe fn tiles_avx2(
         w: &PackedWeight,
-        tile: usize,
+        tiles: Range<usize>,
         acts: &[ActRow<'_>],
         out: &mut [[f32; TILE]],
     ) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(avx2, w, tile, acts, out) }
+        unsafe { dispatch!(avx2, w, tiles, acts, out) }
     }
 
     /// The integer bias correction `-bias * Σq` of elements `16 s0 .. 16 (s0 + n)` of block `b`.
@@ -222,7 +235,7 @@ mod x86 {
         if SH == 0 {
             return 0;
         }
-        // SAFETY: `dot_tile` checked that `sum16` holds two entries per block.
+        // SAFETY: `dot_tiles` checked that `sum16` holds two entries per block.
         let s: i32 = (0..n)
             .map(|s| unsafe { *a.sum16.get_unchecked(2 * b + s0 + s) })
             .sum();
@@ -239,7 +252,7 @@ mod x86 {
     ) {
         let fm = w.format();
         let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
-        // SAFETY: `dot_tile` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
+        // SAFETY: `dot_tiles` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
         // and that every activation row has `nb` blocks, so all offsets below are in bounds.
         unsafe {
             let base = w.tile(tile).as_ptr();
@@ -357,7 +370,7 @@ mod x86 {
     ) {
         let fm = w.format();
         let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
-        // SAFETY: as in `vnni`: every offset below was bounds-checked by `dot_tile`.
+        // SAFETY: as in `vnni`: every offset below was bounds-checked by `dot_tiles`.
         unsafe {
             let base = w.tile(tile).as_ptr();
             let ap: [&ActRow<'_>; NA] = std::array::from_fn(|i| &acts[i]);
@@ -510,17 +523,18 @@ mod tests {
             let act_rows: Vec<ActRow<'_>> = (0..4).map(|i| acts.row(i)).collect();
             for isa in Isa::available() {
                 for na in 1..=MAX_ACT_ROWS {
-                    for tile in 0..w.tiles() {
-                        let mut out = vec![[f32::NAN; TILE]; na];
-                        dot_tile(isa, &w, tile, &act_rows[..na], &mut out);
-                        for (i, o) in out.iter().enumerate() {
+                    for tiles in [0..w.tiles(), 1..2, 0..1] {
+                        let mut out = vec![[f32::NAN; TILE]; na * tiles.len()];
+                        dot_tiles(isa, &w, tiles.clone(), &act_rows[..na], &mut out);
+                        for (j, o) in out.iter().enumerate() {
+                            let (tile, i) = (tiles.start + j / na, j % na);
                             for (l, &v) in o.iter().enumerate() {
                                 let r = TILE * tile + l;
                                 let want = dot_scalar(&w, r, &act_rows[i]);
                                 assert_eq!(
                                     v.to_bits(),
                                     want.to_bits(),
-                                    "{dtype} {isa:?} na {na} row {r} act {i}"
+                                    "{dtype} {isa:?} na {na} {tiles:?} row {r} act {i}"
                                 );
                                 if r >= rows {
                                     assert_eq!(v, 0.0, "padding row {r}");
