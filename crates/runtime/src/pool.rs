@@ -10,10 +10,11 @@
 //! then park on a condition variable, so an idle pool costs nothing.
 
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::fmt;
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,17 +27,6 @@ struct Job {
     f: *const TaskFn<'static>,
     next: *const AtomicUsize,
     num_tasks: usize,
-}
-
-// SAFETY: the pointers are only dereferenced between publication and the caller's wait for
-// `active == 0`, while the pointees are alive on the caller's stack; the closure is `Sync`.
-unsafe impl Send for Job {}
-
-struct State {
-    epoch: u64,
-    job: Option<Job>,
-    panic: Option<Box<dyn Any + Send>>,
-    shutdown: bool,
 }
 
 /// How long a thread spins for the next job (or for the workers to finish) before parking.
@@ -58,19 +48,41 @@ fn spin_until(done: impl Fn() -> bool) -> bool {
     }
 }
 
+/// What the caller and the workers share. The hot path is lock-free: the caller writes the job,
+/// then publishes it by bumping `epoch`; workers that see the new epoch read the job and count
+/// `active` down when done. The mutex and condition variables are touched only by threads that
+/// stopped spinning (`sleepers`, `caller_parked`) and by whoever must wake them; every such
+/// check is `SeqCst` on both sides, so a thread about to park either sees the change it waits
+/// for or is seen (and woken) by the thread making it.
 struct Shared {
-    state: Mutex<State>,
-    /// Mirrors `State::epoch` for spinning workers (written under the lock).
+    /// The current job: written by the caller only while no worker runs one (`active == 0`),
+    /// read by workers only after they see its epoch.
+    job: UnsafeCell<Option<Job>>,
     epoch: AtomicU64,
     /// Workers still running the current job.
     active: AtomicUsize,
+    shutdown: AtomicBool,
+    /// Workers parked (or about to park) on `work_ready`.
+    sleepers: AtomicUsize,
+    /// The caller parked (or about to park) on `work_done`.
+    caller_parked: AtomicBool,
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    lock: Mutex<()>,
     work_ready: Condvar,
     work_done: Condvar,
 }
 
+// SAFETY: `job` is written only by the submitting thread (serialized by `ThreadPool::submit`)
+// while no worker reads it (between jobs, `active == 0`), and read by workers only between its
+// publication (the `epoch` store, Release/SeqCst) and their `active` decrement; the pointers in
+// it are valid for that whole window (the caller waits for `active == 0`).
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointers are only dereferenced inside the window.
+unsafe impl Send for Shared {}
+
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -93,14 +105,14 @@ impl ThreadPool {
     /// A pool of `num_threads` threads in all (the caller counts as one); at least one.
     pub fn new(num_threads: usize) -> std::io::Result<ThreadPool> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                epoch: 0,
-                job: None,
-                panic: None,
-                shutdown: false,
-            }),
+            job: UnsafeCell::new(None),
             epoch: AtomicU64::new(0),
             active: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            caller_parked: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            lock: Mutex::new(()),
             work_ready: Condvar::new(),
             work_done: Condvar::new(),
         });
@@ -141,41 +153,46 @@ impl ThreadPool {
             return;
         }
         let _submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
+        let sh = &*self.shared;
         let next = AtomicUsize::new(0);
         let f_ref: &TaskFn<'_> = &f;
-        // SAFETY: only the lifetime is erased; `wait_idle` below outlives every use.
+        // SAFETY: only the lifetime is erased; the wait for `active == 0` below outlives every
+        // use.
         let f_static: *const TaskFn<'static> = unsafe { std::mem::transmute(f_ref) };
-        let job = Job {
-            f: f_static,
-            next: &next,
-            num_tasks,
+        // SAFETY: no worker runs a job (the previous call waited for `active == 0`), so none
+        // reads the slot; `submit` keeps other callers out.
+        unsafe {
+            *sh.job.get() = Some(Job {
+                f: f_static,
+                next: &next,
+                num_tasks,
+            })
         };
-        {
-            let mut st = self.shared.lock();
-            st.epoch = st.epoch.wrapping_add(1);
-            st.job = Some(job);
-            self.shared
-                .active
-                .store(self.workers.len(), Ordering::Release);
-            self.shared.epoch.store(st.epoch, Ordering::Release);
-            self.shared.work_ready.notify_all();
+        sh.active.store(self.workers.len(), Ordering::SeqCst);
+        sh.epoch.fetch_add(1, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = sh.lock();
+            sh.work_ready.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(&f, &next, num_tasks)));
-        let active = &self.shared.active;
-        spin_until(|| active.load(Ordering::Acquire) == 0);
-        let worker_panic = {
-            let mut st = self.shared.lock();
-            // A worker that brings `active` to zero notifies under this lock: no lost wake-up.
-            while active.load(Ordering::Acquire) > 0 {
-                st = self
-                    .shared
+        if !spin_until(|| sh.active.load(Ordering::Acquire) == 0) {
+            let mut g = sh.lock();
+            sh.caller_parked.store(true, Ordering::SeqCst);
+            while sh.active.load(Ordering::SeqCst) > 0 {
+                g = sh
                     .work_done
-                    .wait(st)
+                    .wait(g)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            st.job = None;
-            st.panic.take()
-        };
+            sh.caller_parked.store(false, Ordering::SeqCst);
+        }
+        // SAFETY: every worker is done with the job.
+        unsafe { *sh.job.get() = None };
+        let worker_panic = sh
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Err(p) = mine {
             resume_unwind(p);
         }
@@ -210,46 +227,55 @@ fn run_tasks(f: &TaskFn<'_>, next: &AtomicUsize, num_tasks: usize) {
     }
 }
 
-fn worker_loop(shared: &Shared) {
+fn worker_loop(sh: &Shared) {
     let mut seen = 0u64;
     loop {
-        spin_until(|| shared.epoch.load(Ordering::Acquire) != seen);
-        let job = {
-            let mut st = shared.lock();
-            while !st.shutdown && (st.epoch == seen || st.job.is_none()) {
-                st = shared
+        let fresh = |sh: &Shared| sh.epoch.load(Ordering::SeqCst) != seen;
+        if !spin_until(|| fresh(sh)) {
+            let mut g = sh.lock();
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            while !fresh(sh) && !sh.shutdown.load(Ordering::SeqCst) {
+                g = sh
                     .work_ready
-                    .wait(st)
+                    .wait(g)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            if st.shutdown {
-                return;
-            }
-            seen = st.epoch;
-            match st.job {
-                Some(job) => job,
-                None => continue,
-            }
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        if sh.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        seen = sh.epoch.load(Ordering::SeqCst);
+        // SAFETY: the epoch was published after the job was written, and the caller keeps the
+        // job and what it points to alive until `active` drops to zero, after this block.
+        let Some(job) = (unsafe { *sh.job.get() }) else {
+            continue;
         };
-        // SAFETY: the submitting thread keeps the closure and counter alive until `active`
-        // drops to zero, which happens only after this block.
+        // SAFETY: as above.
         let result = catch_unwind(AssertUnwindSafe(|| unsafe {
             run_tasks(&*job.f, &*job.next, job.num_tasks)
         }));
         if let Err(p) = result {
-            shared.lock().panic.get_or_insert(p);
+            sh.panic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert(p);
         }
-        if shared.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _st = shared.lock();
-            shared.work_done.notify_all();
+        if sh.active.fetch_sub(1, Ordering::SeqCst) == 1 && sh.caller_parked.load(Ordering::SeqCst)
+        {
+            let _g = sh.lock();
+            sh.work_done.notify_all();
         }
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
-        self.shared.work_ready.notify_all();
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _g = self.shared.lock();
+            self.shared.work_ready.notify_all();
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

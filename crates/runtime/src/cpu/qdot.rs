@@ -272,7 +272,13 @@ mod x86 {
                     for j in 0..4 {
                         let v = _mm512_loadu_si512(p.add(64 * j) as *const __m512i);
                         c[2 * j] = _mm512_and_si512(v, low4);
-                        c[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+                        // 4-bit codes: the high nibbles stay in place (16 times the code) and
+                        // their sum is divided by 16 below, exactly; 5-bit codes shift down.
+                        c[2 * j + 1] = if C == NIB4 {
+                            _mm512_andnot_si512(low4, v)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4)
+                        };
                         if C == NIB5 {
                             let m = p.add(256 + 16 * j) as *const u64;
                             let (m0, m1) = (m.read_unaligned(), m.add(1).read_unaligned());
@@ -300,6 +306,10 @@ mod x86 {
                         for t in (t0..t0 + n).step_by(2) {
                             d0 = _mm512_dpbusd_epi32(d0, c[t], bc512(q, t));
                             d1 = _mm512_dpbusd_epi32(d1, c[t + 1], bc512(q, t + 1));
+                        }
+                        if C == NIB4 {
+                            // Odd registers (high nibbles) only went into `d1`.
+                            d1 = _mm512_srai_epi32::<4>(d1);
                         }
                         let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
                         let ws = if s == 0 { ws0 } else { ws1 };
