@@ -50,6 +50,8 @@ struct Scratch {
     rope: Vec<f32>,
     /// The current linear input, quantized (int8 path).
     qa: Q8Acts,
+    /// Attention's per-part softmax states of split decodes.
+    attn_partials: Vec<f32>,
 }
 
 /// A Llama-family model ready to run.
@@ -356,6 +358,7 @@ impl LlamaModel {
                 &batch.block_tables,
                 &shape,
                 &mut s.attn,
+                &mut s.attn_partials,
             );
             // [t, h]
             let input = lin.prepare(pool, &s.attn, qd, &mut s.qa, &[&layer.wo]);

@@ -185,6 +185,7 @@ fn attention(c: &mut Criterion) {
                 .collect();
             let q = acts(seqs * q_len, 9 * 64);
             let mut out = vec![0f32; q.len()];
+            let mut partials = Vec::new();
             // q·k and p·v over the visible keys.
             let visible: usize = if q_len == 1 {
                 seqs * ctx
@@ -196,7 +197,15 @@ fn attention(c: &mut Criterion) {
             g.bench_function(BenchmarkId::from_parameter(id), |b| {
                 b.iter(|| {
                     cpu::paged_attention(
-                        &pool, &q, &cache, &cache, &slices, &table, &shape, &mut out,
+                        &pool,
+                        &q,
+                        &cache,
+                        &cache,
+                        &slices,
+                        &table,
+                        &shape,
+                        &mut out,
+                        &mut partials,
                     )
                 })
             });

@@ -179,10 +179,7 @@ impl ThreadPool {
             let mut g = sh.lock();
             sh.caller_parked.store(true, Ordering::SeqCst);
             while sh.active.load(Ordering::SeqCst) > 0 {
-                g = sh
-                    .work_done
-                    .wait(g)
-                    .unwrap_or_else(PoisonError::into_inner);
+                g = sh.work_done.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
             sh.caller_parked.store(false, Ordering::SeqCst);
         }

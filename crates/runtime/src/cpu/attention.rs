@@ -71,16 +71,106 @@ pub fn write_kv(
     }
 }
 
-/// One work item of a sequence: its tokens `tokens.0..tokens.1` and query heads
-/// `heads.0..heads.1`.
+/// Positions per softmax partition: every (token, head) pair's keys are cut at multiples of
+/// this, each part gets its own online softmax, and the parts are folded in order
+/// ([`fold`]). A decode's parts can so run on different threads with the same result.
+pub const PART: usize = 256;
+/// Lanes of a pair's softmax denominator: key `j` of a block adds to lane `j % LANES`.
+const LANES: usize = 16;
+/// Decode-like sequences (at most this many new tokens) over more than one part are split by
+/// part across the pool.
+const SPLIT_MAX_TOKENS: usize = 4;
+
+/// One work item of a sequence: its tokens `tokens.0..tokens.1`, query heads
+/// `heads.0..heads.1` and softmax parts `parts.0..parts.1`.
 #[derive(Debug, Clone, Copy)]
 struct Item {
     tokens: (usize, usize),
     heads: (usize, usize),
+    parts: (usize, usize),
+}
+
+/// The online-softmax state of one pair over some keys: the running maximum of the scores
+/// and the denominator lanes (the weighted values live beside it, unnormalized).
+#[derive(Debug, Clone, Copy)]
+struct SoftmaxState {
+    max: f32,
+    denom: [f32; LANES],
+}
+
+impl SoftmaxState {
+    const EMPTY: SoftmaxState = SoftmaxState {
+        max: f32::NEG_INFINITY,
+        denom: [0.0; LANES],
+    };
+}
+
+/// Folds part `(ps, pacc)` into the running `(rs, racc)`, parts in order: both rescaled to the
+/// larger maximum. A part without visible keys changes nothing; into an empty running state a
+/// part is copied.
+fn fold(rs: &mut SoftmaxState, racc: &mut [f32], ps: &SoftmaxState, pacc: &[f32]) {
+    if ps.max == f32::NEG_INFINITY {
+        return;
+    }
+    if rs.max == f32::NEG_INFINITY {
+        *rs = *ps;
+        racc.copy_from_slice(pacc);
+        return;
+    }
+    let m = rs.max.max(ps.max);
+    let (c1, c2) = (simd::exp(rs.max - m), simd::exp(ps.max - m));
+    for (r, p) in rs.denom.iter_mut().zip(&ps.denom) {
+        *r = *r * c1 + *p * c2;
+    }
+    for (r, p) in racc.iter_mut().zip(pacc) {
+        *r = *r * c1 + *p * c2;
+    }
+    rs.max = m;
+}
+
+/// Writes `acc / denominator` into `out`.
+fn normalize(st: &SoftmaxState, acc: &[f32], out: &mut [f32]) {
+    let d = &st.denom;
+    let r8: [f32; 8] = std::array::from_fn(|i| d[i] + d[i + 8]);
+    let r4: [f32; 4] = std::array::from_fn(|i| r8[i] + r8[i + 4]);
+    let denom = (r4[0] + r4[2]) + (r4[1] + r4[3]);
+    let inv = if denom > 0.0 { 1.0 / denom } else { 0.0 };
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * inv;
+    }
+}
+
+/// How one sequence is cut into items.
+#[derive(Debug, Clone, Copy)]
+struct SeqPlan {
+    /// Softmax parts its keys span.
+    parts: usize,
+    /// Whether items are single parts (their states go to the partials, folded after).
+    split: bool,
+    tokens_per_item: usize,
+    heads_per_item: usize,
+}
+
+impl SeqPlan {
+    fn items(&self, s: &SeqSlice, nh: usize) -> usize {
+        let runs = s.query_len.div_ceil(self.tokens_per_item);
+        let chunks = nh.div_ceil(self.heads_per_item);
+        runs * chunks * if self.split { self.parts } else { 1 }
+    }
+
+    /// Floats of partial state this sequence needs (split sequences only).
+    fn partials(&self, s: &SeqSlice, nh: usize, hd: usize) -> usize {
+        if self.split {
+            s.query_len * nh * self.parts * (hd + 1 + LANES)
+        } else {
+            0
+        }
+    }
 }
 
 /// `out[t, h, :] = softmax(scale · q[t, h]·K) · V` over the keys visible to token `t`, for all
 /// tokens of all sequences in `seqs` (`q`, `out`: `[num_tokens, num_heads * head_dim]`).
+/// `partials` is scratch for decodes split by part (grown when needed, then reused).
 ///
 /// Preconditions (checked by `ForwardBatch::validate`): the slices of `seqs` tile
 /// `0..num_tokens` in order, each sequence's block table covers its `context_len`, and the new
@@ -95,10 +185,12 @@ pub fn paged_attention(
     block_tables: &[u32],
     shape: &AttentionShape,
     out: &mut [f32],
+    partials: &mut Vec<f32>,
 ) {
-    let (nh, nkv) = (shape.num_heads, shape.num_kv_heads);
+    let (nh, nkv, hd) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
     let group = nh / nkv;
-    // Whole groups of heads when that gives enough items for the pool, else single heads.
+    // Whole groups of heads when that gives enough items for the pool, else single heads;
+    // decodes over several parts always go by whole groups, split by part.
     let tokens_per_item = |heads: usize| (MAX_PAIRS / heads).max(1);
     let grouped: usize = seqs
         .iter()
@@ -109,28 +201,114 @@ pub fn paged_attention(
     } else {
         1
     };
-    let tpi = tokens_per_item(heads_per_item);
-    let head_chunks = nh.div_ceil(heads_per_item);
-    let per_seq = |s: &SeqSlice| s.query_len.div_ceil(tpi) * head_chunks;
-    let total: usize = seqs.iter().map(per_seq).sum();
+    let plan = |s: &SeqSlice| {
+        let parts = s.context_len.div_ceil(PART).max(1);
+        let split = parts > 1 && s.query_len <= SPLIT_MAX_TOKENS && group <= MAX_PAIRS;
+        let hpi = if split { group } else { heads_per_item };
+        SeqPlan {
+            parts,
+            split,
+            tokens_per_item: tokens_per_item(hpi),
+            heads_per_item: hpi,
+        }
+    };
+    let total: usize = seqs.iter().map(|s| plan(s).items(s, nh)).sum();
+    let need: usize = seqs.iter().map(|s| plan(s).partials(s, nh, hd)).sum();
+    if partials.len() < need {
+        partials.resize(need, 0.0);
+    }
     let out_shared = DisjointMut::new(out);
+    let partials_shared = DisjointMut::new(partials);
     pool.parallel_for(total, |mut i| {
-        // Item `i`: find its sequence, then its token run and head chunk.
-        let mut si = 0;
-        while i >= per_seq(&seqs[si]) {
-            i -= per_seq(&seqs[si]);
+        // Item `i`: find its sequence (and where its partials start), then its part, token run
+        // and head chunk.
+        let (mut si, mut pbase) = (0, 0);
+        loop {
+            let (s, pl) = (&seqs[si], plan(&seqs[si]));
+            let n = pl.items(s, nh);
+            if i < n {
+                break;
+            }
+            i -= n;
+            pbase += pl.partials(s, nh, hd);
             si += 1;
         }
         let s = &seqs[si];
+        let pl = plan(s);
+        let (part, i) = if pl.split {
+            (i % pl.parts, i / pl.parts)
+        } else {
+            (0, i)
+        };
+        let head_chunks = nh.div_ceil(pl.heads_per_item);
         let (c, hc) = (i / head_chunks, i % head_chunks);
-        let t0 = s.query_start + c * tpi;
+        let t0 = s.query_start + c * pl.tokens_per_item;
         let it = Item {
-            tokens: (t0, (t0 + tpi).min(s.query_start + s.query_len)),
-            heads: (hc * heads_per_item, ((hc + 1) * heads_per_item).min(nh)),
+            tokens: (
+                t0,
+                (t0 + pl.tokens_per_item).min(s.query_start + s.query_len),
+            ),
+            heads: (
+                hc * pl.heads_per_item,
+                ((hc + 1) * pl.heads_per_item).min(nh),
+            ),
+            parts: if pl.split {
+                (part, part + 1)
+            } else {
+                (0, pl.parts)
+            },
         };
         let table = &block_tables[s.block_table_start..][..s.num_blocks];
-        attend_item(q, k_cache, v_cache, table, s, it, shape, &out_shared);
+        let dst = if pl.split {
+            Dest::Partials {
+                shared: &partials_shared,
+                base: pbase,
+                parts: pl.parts,
+            }
+        } else {
+            Dest::Out(&out_shared)
+        };
+        attend_item(q, k_cache, v_cache, table, s, it, shape, dst);
     });
+    // Fold the split sequences' parts, in order, into their outputs.
+    let mut pbase = 0;
+    for s in seqs {
+        let pl = plan(s);
+        if !pl.split {
+            continue;
+        }
+        let stride = hd + 1 + LANES;
+        for t in 0..s.query_len {
+            for h in 0..nh {
+                let mut st = SoftmaxState::EMPTY;
+                let mut acc = [0f32; MAX_HEAD_DIM];
+                let acc = &mut acc[..hd];
+                for p in 0..pl.parts {
+                    let o = pbase + ((t * nh + h) * pl.parts + p) * stride;
+                    let slot = &partials[o..o + stride];
+                    let ps = SoftmaxState {
+                        max: slot[hd],
+                        denom: std::array::from_fn(|l| slot[hd + 1 + l]),
+                    };
+                    fold(&mut st, acc, &ps, &slot[..hd]);
+                }
+                let row = (s.query_start + t) * nh + h;
+                normalize(&st, acc, &mut out[row * hd..(row + 1) * hd]);
+            }
+        }
+        pbase += pl.partials(s, nh, hd);
+    }
+}
+
+/// Where an item's results go: normalized outputs, or one part's states for the later fold.
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    Out(&'a DisjointMut<f32>),
+    Partials {
+        shared: &'a DisjointMut<f32>,
+        base: usize,
+        parts: usize,
+    },
 }
 
 /// Runs one item. Its heads may span two KV heads only when single heads are items, so the
@@ -144,7 +322,7 @@ fn attend_item(
     seq: &SeqSlice,
     it: Item,
     shape: &AttentionShape,
-    out: &DisjointMut<f32>,
+    dst: Dest<'_>,
 ) {
     let (nh, hd) = (shape.num_heads, shape.head_dim);
     let group = nh / shape.num_kv_heads;
@@ -160,38 +338,85 @@ fn attend_item(
                 n += 1;
             }
         }
-        let mut buf = std::mem::MaybeUninit::<[f32; MAX_PAIRS * MAX_HEAD_DIM]>::uninit();
-        let ptr = buf.as_mut_ptr() as *mut f32;
-        // SAFETY: `n * hd <= MAX_PAIRS * MAX_HEAD_DIM` (at most MAX_PAIRS pairs, head_dim checked
-        // at load); the first `n * hd` values are zeroed before the slice is made.
-        let acc = unsafe {
-            std::ptr::write_bytes(ptr, 0, n * hd);
-            std::slice::from_raw_parts_mut(ptr, n * hd)
-        };
+        let pairs = &pairs[..n];
         let first_pos = seq.context_len - seq.query_len;
-        attend_pairs(
-            q,
-            k_cache,
-            v_cache,
-            table,
-            &pairs[..n],
-            (seq.query_start, first_pos),
-            kv_head,
-            shape,
-            acc,
-        );
-        for (p, &(t, hh)) in pairs[..n].iter().enumerate() {
-            // SAFETY: each (token, head) pair belongs to exactly one item.
-            let o = unsafe { out.slice((t * nh + hh) * hd, hd) };
-            o.copy_from_slice(&acc[p * hd..(p + 1) * hd]);
+        let origin = (seq.query_start, first_pos);
+        let mut part_acc = [0f32; MAX_PAIRS * MAX_HEAD_DIM];
+        let mut part_st = [SoftmaxState::EMPTY; MAX_PAIRS];
+        match dst {
+            Dest::Partials {
+                shared,
+                base,
+                parts,
+            } => {
+                let p = it.parts.0;
+                let acc = &mut part_acc[..n * hd];
+                attend_pairs(
+                    q,
+                    k_cache,
+                    v_cache,
+                    table,
+                    pairs,
+                    origin,
+                    kv_head,
+                    shape,
+                    p,
+                    &mut part_st,
+                    acc,
+                );
+                let stride = hd + 1 + LANES;
+                for (k, &(t, hh)) in pairs.iter().enumerate() {
+                    let o = base + (((t - seq.query_start) * nh + hh) * parts + p) * stride;
+                    // SAFETY: each (token, head, part) slot belongs to exactly one item.
+                    let slot = unsafe { shared.slice(o, stride) };
+                    slot[..hd].copy_from_slice(&acc[k * hd..(k + 1) * hd]);
+                    slot[hd] = part_st[k].max;
+                    slot[hd + 1..].copy_from_slice(&part_st[k].denom);
+                }
+            }
+            Dest::Out(out) => {
+                let mut run_acc = [0f32; MAX_PAIRS * MAX_HEAD_DIM];
+                let mut run_st = [SoftmaxState::EMPTY; MAX_PAIRS];
+                for p in it.parts.0..it.parts.1 {
+                    let acc = &mut part_acc[..n * hd];
+                    attend_pairs(
+                        q,
+                        k_cache,
+                        v_cache,
+                        table,
+                        pairs,
+                        origin,
+                        kv_head,
+                        shape,
+                        p,
+                        &mut part_st,
+                        acc,
+                    );
+                    for k in 0..n {
+                        let span = k * hd..(k + 1) * hd;
+                        fold(
+                            &mut run_st[k],
+                            &mut run_acc[span.clone()],
+                            &part_st[k],
+                            &acc[span],
+                        );
+                    }
+                }
+                for (k, &(t, hh)) in pairs.iter().enumerate() {
+                    // SAFETY: each (token, head) pair belongs to exactly one item.
+                    let o = unsafe { out.slice((t * nh + hh) * hd, hd) };
+                    normalize(&run_st[k], &run_acc[k * hd..(k + 1) * hd], o);
+                }
+            }
         }
         h = h_end;
     }
 }
 
 multiversion! {
-    /// Attention of `pairs` (token, query head), all on `kv_head`; token `t` sits at position
-    /// `t - origin.0 + origin.1`. Writes each pair's output row into `out` (`[pairs, head_dim]`).
+    /// Attention of `pairs` (token, query head), all on `kv_head`, over the keys of softmax
+    /// part `part`; token `t` sits at position `t - origin.0 + origin.1`. Sets each pair's
+    /// state and unnormalized weighted values (`acc`: `[pairs, head_dim]`).
     #[allow(clippy::too_many_arguments)]
     fn attend_pairs(
         q: &[f32],
@@ -202,7 +427,9 @@ multiversion! {
         origin: (usize, usize),
         kv_head: usize,
         shape: &AttentionShape,
-        out: &mut [f32],
+        part: usize,
+        st: &mut [SoftmaxState],
+        acc: &mut [f32],
     ) = attend_pairs_impl;
 }
 
@@ -220,103 +447,243 @@ fn attend_pairs_impl(
     origin: (usize, usize),
     kv_head: usize,
     shape: &AttentionShape,
+    part: usize,
+    st: &mut [SoftmaxState],
     out: &mut [f32],
 ) {
     let (bs, hd, nh) = (shape.block_size, shape.head_dim, shape.num_heads);
-    let mut running_max = [f32::NEG_INFINITY; MAX_PAIRS];
-    let mut denom = [0f32; MAX_PAIRS];
-    let last_pos = pairs
-        .iter()
-        .map(|&(t, _)| t - origin.0 + origin.1)
-        .max()
-        .unwrap_or(0);
-    let first_pos = pairs
-        .iter()
-        .map(|&(t, _)| t - origin.0 + origin.1)
-        .min()
-        .unwrap_or(0);
+    out.fill(0.0);
+    st.iter_mut().for_each(|s| *s = SoftmaxState::EMPTY);
+    let pos = |t: usize| t - origin.0 + origin.1;
+    let last_pos = pairs.iter().map(|&(t, _)| pos(t)).max().unwrap_or(0);
+    let first_pos = pairs.iter().map(|&(t, _)| pos(t)).min().unwrap_or(0);
     let lowest = match shape.sliding_window {
         Some(w) => (first_pos + 1).saturating_sub(w),
         None => 0,
     };
-    let mut scores = [0f32; MAX_BLOCK_SIZE];
-    let blocks = lowest / bs..=last_pos / bs;
+    // Keys of this part, clipped to what any pair sees.
+    let (part_lo, part_hi) = (part * PART, (part + 1) * PART);
+    let (key_lo, key_hi) = (lowest.max(part_lo), (last_pos + 1).min(part_hi));
+    if key_lo >= key_hi {
+        return;
+    }
+    let blocks = key_lo / bs..=(key_hi - 1) / bs;
     for (bi, &block) in blocks.clone().zip(&table[blocks]) {
         let base = shape.block_base(block as usize, kv_head);
         let keys = &k_cache[base..base + bs * hd];
         let vals = &v_cache[base..base + bs * hd];
         let block_start = bi * bs;
-        for (p, &(t, h)) in pairs.iter().enumerate() {
-            let pos = t - origin.0 + origin.1;
+        // Runs of pairs of one token (its query heads on this KV head) see the same keys and
+        // go through the block together, up to MAX_RUN at a time.
+        let mut k0 = 0;
+        while k0 < pairs.len() {
+            let t = pairs[k0].0;
+            let mut k1 = k0 + 1;
+            while k1 < pairs.len() && k1 - k0 < MAX_RUN && pairs[k1].0 == t {
+                k1 += 1;
+            }
+            let pos = pos(t);
             let first = match shape.sliding_window {
                 Some(w) => (pos + 1).saturating_sub(w),
                 None => 0,
             };
-            let lo = first.max(block_start) - block_start;
-            let hi = (pos + 1).min(block_start + bs).saturating_sub(block_start);
-            if lo >= hi {
-                continue;
+            let lo = first.max(block_start).max(part_lo);
+            let hi = (pos + 1).min(block_start + bs).min(part_hi);
+            if lo < hi {
+                let run = Run {
+                    pairs: &pairs[k0..k1],
+                    first: k0,
+                    range: (lo - block_start, hi - block_start),
+                };
+                let qv = |h: usize| &q[(t * nh + h) * hd..][..hd];
+                match (bs, hd, run.pairs.len()) {
+                    (16, 64, 1) => {
+                        block_fast::<64, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 64, 2) => {
+                        block_fast::<64, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 64, 3) => {
+                        block_fast::<64, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 64, 4) => {
+                        block_fast::<64, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 128, 1) => {
+                        block_fast::<128, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 128, 2) => {
+                        block_fast::<128, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 128, 3) => {
+                        block_fast::<128, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 128, 4) => {
+                        block_fast::<128, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    _ => {
+                        for (k, &(_, h)) in run.pairs.iter().enumerate() {
+                            let p = run.first + k;
+                            block_any(
+                                qv(h),
+                                keys,
+                                vals,
+                                bs,
+                                run.range,
+                                shape.scale,
+                                &mut st[p],
+                                &mut out[p * hd..(p + 1) * hd],
+                            );
+                        }
+                    }
+                }
             }
-            let qv = &q[(t * nh + h) * hd..][..hd];
-            // [bs]: q · every key of the block.
-            if bs == 16 && hd.is_multiple_of(4) {
-                block_scores::<16>(qv, keys, &mut scores[..16]);
-            } else {
-                block_scores_any(qv, keys, bs, &mut scores[..bs]);
-            }
-            let s = &mut scores[lo..hi];
-            let mut block_max = f32::NEG_INFINITY;
-            for sc in s.iter_mut() {
-                *sc *= shape.scale;
-                block_max = block_max.max(*sc);
-            }
-            let acc = &mut out[p * hd..(p + 1) * hd];
-            if block_max > running_max[p] {
-                let correction = simd::exp(running_max[p] - block_max);
-                denom[p] *= correction;
-                acc.iter_mut().for_each(|a| *a *= correction);
-                running_max[p] = block_max;
-            }
-            for sc in s.iter_mut() {
-                *sc = simd::exp(*sc - running_max[p]);
-            }
-            for &pr in s.iter() {
-                denom[p] += pr;
-            }
-            let vals = &vals[lo * hd..hi * hd];
-            match hd {
-                64 => weighted_values::<64>(acc, s, vals),
-                128 => weighted_values::<128>(acc, s, vals),
-                _ => weighted_values_any(acc, s, vals),
-            }
+            k0 = k1;
         }
-    }
-    for (p, acc) in out.chunks_exact_mut(hd).enumerate() {
-        let inv = if denom[p] > 0.0 { 1.0 / denom[p] } else { 0.0 };
-        acc.iter_mut().for_each(|a| *a *= inv);
     }
 }
 
-/// Scores of one query against the `BS` keys of a transposed block: per key, four partial sums
-/// over the dimensions `d ≡ r (mod 4)` in increasing `d`, then `(s0 + s1) + (s2 + s3)`. The
-/// accumulators stay in registers.
+/// Most pairs of one token that go through a block together.
+const MAX_RUN: usize = 4;
+
+/// Pairs of one token against one block: `first` is the index of the first pair, `range` the
+/// visible keys of the block.
+struct Run<'a> {
+    pairs: &'a [(usize, usize)],
+    first: usize,
+    range: (usize, usize),
+}
+
+/// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible): lane
+/// maxima (exact in any order), rescaling when the maximum grows, then `probs` (zero outside
+/// the visible keys) added to the denominator lanes.
 #[inline(always)]
-fn block_scores<const BS: usize>(q: &[f32], keys: &[f32], out: &mut [f32]) {
-    let mut part = [[0f32; BS]; 4];
-    for (q4, k4) in q.chunks_exact(4).zip(keys.chunks_exact(4 * BS)) {
+fn softmax_step(
+    scores: &[f32],
+    range: (usize, usize),
+    s: &mut SoftmaxState,
+    acc: &mut [f32],
+    probs: &mut [f32],
+) {
+    let (lo, hi) = range;
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    for (j, &sc) in scores.iter().enumerate() {
+        let v = if j >= lo && j < hi {
+            sc
+        } else {
+            f32::NEG_INFINITY
+        };
+        lane_max[j % LANES] = lane_max[j % LANES].max(v);
+    }
+    let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if block_max > s.max {
+        let correction = simd::exp(s.max - block_max);
+        s.denom.iter_mut().for_each(|d| *d *= correction);
+        acc.iter_mut().for_each(|a| *a *= correction);
+        s.max = block_max;
+    }
+    let m = s.max;
+    for (j, (pr, &sc)) in probs.iter_mut().zip(scores).enumerate() {
+        let e = simd::exp(sc - m);
+        *pr = if j >= lo && j < hi { e } else { 0.0 };
+    }
+    for (j, &pr) in probs.iter().enumerate() {
+        s.denom[j % LANES] += pr;
+    }
+}
+
+/// One pair against a block of any size (the reference arithmetic).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn block_any(
+    qv: &[f32],
+    keys: &[f32],
+    vals: &[f32],
+    bs: usize,
+    range: (usize, usize),
+    scale: f32,
+    s: &mut SoftmaxState,
+    acc: &mut [f32],
+) {
+    let hd = qv.len();
+    let mut scores = [0f32; MAX_BLOCK_SIZE];
+    let mut probs = [0f32; MAX_BLOCK_SIZE];
+    block_scores_any(qv, keys, bs, &mut scores[..bs]);
+    scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
+    softmax_step(&scores[..bs], range, s, acc, &mut probs[..bs]);
+    let (lo, hi) = range;
+    weighted_values_any(acc, &probs[lo..hi], &vals[lo * hd..hi * hd]);
+}
+
+/// `NP` pairs of one token against a block of 16 keys with head size `HD`: the block's keys
+/// and values are loaded once for all of them, and their accumulators give independent chains.
+/// Each pair's arithmetic is exactly [`block_any`]'s.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn block_fast<const HD: usize, const NP: usize>(
+    run: &Run<'_>,
+    q: &[f32],
+    t: usize,
+    nh: usize,
+    keys: &[f32],
+    vals: &[f32],
+    scale: f32,
+    st: &mut [SoftmaxState],
+    out: &mut [f32],
+) {
+    const BS: usize = 16;
+    let qs: [&[f32]; NP] = std::array::from_fn(|k| &q[(t * nh + run.pairs[k].1) * HD..][..HD]);
+    // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
+    let mut part = [[[0f32; BS]; 4]; NP];
+    for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
         for r in 0..4 {
             let krow = &k4[r * BS..(r + 1) * BS];
-            for j in 0..BS {
-                part[r][j] += q4[r] * krow[j];
+            for k in 0..NP {
+                let qd = qs[k][4 * c + r];
+                for j in 0..BS {
+                    part[k][r][j] += qd * krow[j];
+                }
             }
         }
     }
-    for (j, o) in out.iter_mut().enumerate().take(BS) {
-        *o = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+    let mut probs = [[0f32; BS]; NP];
+    for k in 0..NP {
+        let mut scores = [0f32; BS];
+        for j in 0..BS {
+            scores[j] = ((part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j])) * scale;
+        }
+        let p = run.first + k;
+        softmax_step(
+            &scores,
+            run.range,
+            &mut st[p],
+            &mut out[p * HD..(p + 1) * HD],
+            &mut probs[k],
+        );
+    }
+    // Weighted values, key by key, every pair's accumulator in registers.
+    let (lo, hi) = run.range;
+    let mut a = [[0f32; HD]; NP];
+    for k in 0..NP {
+        let p = run.first + k;
+        a[k].copy_from_slice(&out[p * HD..(p + 1) * HD]);
+    }
+    for (j, v) in (lo..hi).zip(vals[lo * HD..hi * HD].chunks_exact(HD)) {
+        for k in 0..NP {
+            let pr = probs[k][j];
+            for d in 0..HD {
+                a[k][d] += pr * v[d];
+            }
+        }
+    }
+    for k in 0..NP {
+        let p = run.first + k;
+        out[p * HD..(p + 1) * HD].copy_from_slice(&a[k]);
     }
 }
 
-/// [`block_scores`] for any block and head size (the same arithmetic, accumulators in memory).
+/// Scores of one query against the `bs` keys of a transposed block: per key, four partial sums
+/// over the dimensions `d ≡ r (mod 4)` in increasing `d`, then `(s0 + s1) + (s2 + s3)`.
 #[inline(always)]
 fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
     let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
@@ -330,20 +697,7 @@ fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
     }
 }
 
-/// `acc += Σ_k probs[k] · vals[k]`, key by key, with `acc` (`HD` values) in registers.
-#[inline(always)]
-fn weighted_values<const HD: usize>(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
-    let mut a = [0f32; HD];
-    a.copy_from_slice(&acc[..HD]);
-    for (&p, v) in probs.iter().zip(vals.chunks_exact(HD)) {
-        for d in 0..HD {
-            a[d] += p * v[d];
-        }
-    }
-    acc[..HD].copy_from_slice(&a);
-}
-
-/// [`weighted_values`] for any head size.
+/// `acc += Σ_k probs[k] · vals[k]`, key by key.
 #[inline(always)]
 fn weighted_values_any(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
     for (&p, v) in probs.iter().zip(vals.chunks_exact(acc.len())) {
@@ -390,7 +744,17 @@ mod tests {
         }];
         let pool = ThreadPool::new(2).unwrap();
         let mut out = vec![0f32; q.len()];
-        paged_attention(&pool, &q, &kc, &vc, &seqs, &table, &shape, &mut out);
+        paged_attention(
+            &pool,
+            &q,
+            &kc,
+            &vc,
+            &seqs,
+            &table,
+            &shape,
+            &mut out,
+            &mut Vec::new(),
+        );
         for t in 0..len {
             for h in 0..4 {
                 let g = h / 2;
@@ -453,7 +817,17 @@ mod tests {
         let run = |threads: usize, seqs: &[SeqSlice], table: &[u32], q: &[f32]| {
             let pool = ThreadPool::new(threads).unwrap();
             let mut out = vec![0f32; q.len()];
-            paged_attention(&pool, q, &kc, &vc, seqs, table, &shape, &mut out);
+            paged_attention(
+                &pool,
+                q,
+                &kc,
+                &vc,
+                seqs,
+                table,
+                &shape,
+                &mut out,
+                &mut Vec::new(),
+            );
             out
         };
         let both = [slice(0, 0, 0), slice(5, 1, 4)];
@@ -466,18 +840,132 @@ mod tests {
         assert_eq!(second, one[5 * 96..]);
     }
 
+    /// A decode over several softmax parts (split across the pool, folded after) gives the
+    /// same bits as the same token inside a prefill (parts folded in the item), for the fast
+    /// and the general block and head sizes, with and without a sliding window.
+    #[test]
+    fn split_decodes_equal_prefill_rows() {
+        for (bs, hd, window) in [(16, 64, None), (8, 16, None), (16, 64, Some(300))] {
+            let shape = AttentionShape {
+                num_heads: 6,
+                num_kv_heads: 2,
+                head_dim: hd,
+                block_size: bs,
+                scale: 0.3,
+                sliding_window: window,
+            };
+            let len = 2 * PART + 37;
+            let kvw = 2 * hd;
+            let nb = len.div_ceil(bs);
+            // Blocks in reverse order, to go through the table.
+            let table: Vec<u32> = (0..nb as u32).rev().collect();
+            let f = |i: usize, s: f32| ((i as f32) * s).sin();
+            let k: Vec<f32> = (0..len * kvw).map(|i| f(i, 0.7)).collect();
+            let v: Vec<f32> = (0..len * kvw).map(|i| f(i, 1.1)).collect();
+            let slots: Vec<u32> = (0..len)
+                .map(|j| table[j / bs] * bs as u32 + (j % bs) as u32)
+                .collect();
+            let cache_len = nb * kvw * bs;
+            let (mut kc, mut vc) = (vec![0f32; cache_len], vec![0f32; cache_len]);
+            write_kv(&k, &v, &slots, &shape, &mut kc, &mut vc);
+            let row = 6 * hd;
+            let q: Vec<f32> = (0..len * row).map(|i| f(i, 0.013)).collect();
+            let pool = ThreadPool::new(2).unwrap();
+            let mut prefill = vec![0f32; q.len()];
+            let whole = SeqSlice {
+                query_start: 0,
+                query_len: len,
+                context_len: len,
+                block_table_start: 0,
+                num_blocks: nb,
+            };
+            let mut partials = Vec::new();
+            paged_attention(
+                &pool,
+                &q,
+                &kc,
+                &vc,
+                &[whole],
+                &table,
+                &shape,
+                &mut prefill,
+                &mut partials,
+            );
+            // The last two tokens as a 2-token decode, and a middle one alone.
+            for (first, n) in [(len - 2, 2), (PART + 3, 1)] {
+                let seq = SeqSlice {
+                    query_start: 0,
+                    query_len: n,
+                    context_len: first + n,
+                    block_table_start: 0,
+                    num_blocks: nb,
+                };
+                let mut out = vec![0f32; n * row];
+                paged_attention(
+                    &pool,
+                    &q[first * row..(first + n) * row],
+                    &kc,
+                    &vc,
+                    &[seq],
+                    &table,
+                    &shape,
+                    &mut out,
+                    &mut partials,
+                );
+                assert_eq!(
+                    out,
+                    prefill[first * row..(first + n) * row],
+                    "bs {bs} hd {hd} window {window:?} tokens {first}+{n}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn fast_paths_equal_the_general_ones() {
-        let q: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
-        let keys: Vec<f32> = (0..64 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
-        let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
-        block_scores::<16>(&q, &keys, &mut a);
-        block_scores_any(&q, &keys, 16, &mut b);
-        assert_eq!(a, b);
-        let probs = [0.3f32, 0.5, 0.2];
-        let (mut x, mut y) = (q.clone(), q.clone());
-        weighted_values::<64>(&mut x, &probs, &keys[..3 * 64]);
-        weighted_values_any(&mut y, &probs, &keys[..3 * 64]);
-        assert_eq!(x, y);
+        let f = |i: usize, s: f32| ((i as f32) * s).sin();
+        let q: Vec<f32> = (0..4 * 64).map(|i| f(i, 0.37)).collect();
+        let keys: Vec<f32> = (0..64 * 16).map(|i| f(i, 0.11)).collect();
+        let vals: Vec<f32> = (0..64 * 16).map(|i| f(i, 0.23)).collect();
+        let pairs = [(0usize, 0usize), (0, 1), (0, 2), (0, 3)];
+        for range in [(0, 16), (3, 11)] {
+            // Two blocks in a row, so the second one rescales.
+            let mut want_st = [SoftmaxState::EMPTY; 4];
+            let mut want = vec![0f32; 4 * 64];
+            for _ in 0..2 {
+                for (p, &(_, h)) in pairs.iter().enumerate() {
+                    block_any(
+                        &q[h * 64..(h + 1) * 64],
+                        &keys,
+                        &vals,
+                        16,
+                        range,
+                        0.125,
+                        &mut want_st[p],
+                        &mut want[p * 64..(p + 1) * 64],
+                    );
+                }
+            }
+            let mut st = [SoftmaxState::EMPTY; 4];
+            let mut got = vec![0f32; 4 * 64];
+            for _ in 0..2 {
+                let run = Run {
+                    pairs: &pairs[..3],
+                    first: 0,
+                    range,
+                };
+                block_fast::<64, 3>(&run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got);
+                let run = Run {
+                    pairs: &pairs[3..],
+                    first: 3,
+                    range,
+                };
+                block_fast::<64, 1>(&run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got);
+            }
+            assert_eq!(got, want, "{range:?}");
+            for (a, b) in st.iter().zip(&want_st) {
+                assert_eq!((a.max, a.denom), (b.max, b.denom));
+            }
+        }
     }
 }
