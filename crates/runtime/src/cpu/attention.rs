@@ -618,7 +618,7 @@ fn block_any(
 /// `NP` pairs of one token against a block of 16 keys with head size `HD`: the block's keys
 /// and values are loaded once for all of them, and their accumulators give independent chains.
 /// Each pair's arithmetic is exactly [`block_any`]'s.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register arrays read best indexed
 #[inline(always)]
 fn block_fast<const HD: usize, const NP: usize>(
     run: &Run<'_>,
