@@ -122,9 +122,59 @@ impl Q8Acts {
     }
 }
 
+/// One row: codes, block scales, block sums and 16-element code sums. AVX-512 where the CPU
+/// has it (the same bits: the conversion rounds to nearest even, as the plain loop does).
+fn quantize_row(xr: &[f32], qs: &mut [i8], d: &mut [f32], bsum: &mut [f32], sum16: &mut [i32]) {
+    let nb = xr.len() / QK;
+    assert!(qs.len() == nb * QK && d.len() == nb && bsum.len() == nb && sum16.len() == 2 * nb);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has the features; the lengths were checked above.
+        unsafe { quantize_row_avx512(xr, qs, d, bsum, sum16) };
+        return;
+    }
+    quantize_row_plain(xr, qs, d, bsum, sum16);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(
+    xr: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    bsum: &mut [f32],
+    sum16: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: `quantize_row` checked every length against the row's block count.
+    unsafe {
+        for b in 0..xr.len() / QK {
+            let x0 = _mm512_loadu_ps(xr.as_ptr().add(b * QK));
+            let x1 = _mm512_loadu_ps(xr.as_ptr().add(b * QK + 16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            let db = amax / 127.0;
+            let id = _mm512_set1_ps(if db > 0.0 { 1.0 / db } else { 0.0 });
+            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
+            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+            _mm_storeu_si128(
+                qs.as_mut_ptr().add(b * QK) as *mut __m128i,
+                _mm512_cvtsepi32_epi8(q0),
+            );
+            _mm_storeu_si128(
+                qs.as_mut_ptr().add(b * QK + 16) as *mut __m128i,
+                _mm512_cvtsepi32_epi8(q1),
+            );
+            let (s0, s1) = (_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
+            sum16[2 * b] = s0;
+            sum16[2 * b + 1] = s1;
+            d[b] = db;
+            bsum[b] = db * (s0 + s1) as f32;
+        }
+    }
+}
+
 multiversion! {
-    /// One row: codes, block scales, block sums and 16-element code sums.
-    fn quantize_row(
+    fn quantize_row_plain(
         xr: &[f32],
         qs: &mut [i8],
         d: &mut [f32],
@@ -194,6 +244,23 @@ mod tests {
             let (x, y) = (one.row(i), par.row(i));
             assert_eq!((x.qs, x.d, x.bsum, x.sum16), (y.qs, y.d, y.bsum, y.sum16));
         }
+        // The AVX-512 and plain rows agree to the bit.
+        let nb = big.len() / QK;
+        let mut plain = (
+            vec![0i8; big.len()],
+            vec![0f32; nb],
+            vec![0f32; nb],
+            vec![0i32; 2 * nb],
+        );
+        quantize_row_plain(&big, &mut plain.0, &mut plain.1, &mut plain.2, &mut plain.3);
+        let mut best = (
+            vec![0i8; big.len()],
+            vec![0f32; nb],
+            vec![0f32; nb],
+            vec![0i32; 2 * nb],
+        );
+        quantize_row(&big, &mut best.0, &mut best.1, &mut best.2, &mut best.3);
+        assert_eq!(plain, best);
         a.quantize(&[0.0; 32], 32);
         assert_eq!(a.row(0).d[0], 0.0);
         assert!(a.row(0).qs.iter().all(|&q| q == 0));
