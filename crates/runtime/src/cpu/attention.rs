@@ -641,7 +641,7 @@ fn block_fast<const HD: usize, const NP: usize>(
             for k in 0..NP {
                 let qd = qs[k][4 * c + r];
                 for j in 0..BS {
-                    part[k][r][j] += qd * krow[j];
+                    part[k][r][j] = qd.mul_add(krow[j], part[k][r][j]);
                 }
             }
         }
@@ -672,7 +672,7 @@ fn block_fast<const HD: usize, const NP: usize>(
         for k in 0..NP {
             let pr = probs[k][j];
             for d in 0..HD {
-                a[k][d] += pr * v[d];
+                a[k][d] = pr.mul_add(v[d], a[k][d]);
             }
         }
     }
@@ -689,7 +689,7 @@ fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
     let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
     for (d, (&qd, krow)) in q.iter().zip(keys.chunks_exact(bs)).enumerate() {
         for (a, &k) in part[d % 4][..bs].iter_mut().zip(krow) {
-            *a += qd * k;
+            *a = qd.mul_add(k, *a);
         }
     }
     for (j, o) in out.iter_mut().enumerate() {
@@ -702,7 +702,7 @@ fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
 fn weighted_values_any(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
     for (&p, v) in probs.iter().zip(vals.chunks_exact(acc.len())) {
         for (a, &x) in acc.iter_mut().zip(v) {
-            *a += p * x;
+            *a = p.mul_add(x, *a);
         }
     }
 }
