@@ -8,10 +8,11 @@
 //! read once per call whatever `m` is, and no matrix is ever expanded. Every output element is
 //! one `dot` in a fixed order: results are identical for any batch composition or thread count.
 
+use super::fpack::{self, FloatPacked};
 use super::qdot::{self, ActRow, Isa, Q8Acts};
 use super::qpack::PackedWeight;
 use super::DisjointMut;
-use crate::{Result, RuntimeError, Tensor, ThreadPool};
+use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 use std::ops::Range;
 
 /// How products with block-quantized weights treat the activations.
@@ -31,6 +32,8 @@ pub enum MatmulPrecision {
 pub struct Weight {
     tensor: Tensor,
     packed: Option<PackedWeight>,
+    /// Float weights in row tiles for the fast float kernel (int8 setting only).
+    fpacked: Option<FloatPacked>,
 }
 
 impl Weight {
@@ -44,7 +47,19 @@ impl Weight {
         } else {
             None
         };
-        Ok(Weight { tensor, packed })
+        let fpacked = if linear.precision == MatmulPrecision::Int8
+            && matches!(tensor.dtype(), DType::F32 | DType::F16 | DType::BF16)
+            && tensor.cols() > 0
+        {
+            Some(FloatPacked::pack(&tensor, pool)?)
+        } else {
+            None
+        };
+        Ok(Weight {
+            tensor,
+            packed,
+            fpacked,
+        })
     }
 
     pub fn tensor(&self) -> &Tensor {
@@ -65,9 +80,11 @@ impl Weight {
 
     /// Bytes the kernels read: the repacked form when there is one.
     pub fn num_bytes(&self) -> usize {
-        self.packed
-            .as_ref()
-            .map_or(self.tensor.num_bytes(), PackedWeight::num_bytes)
+        match (&self.packed, &self.fpacked) {
+            (Some(p), _) => p.num_bytes(),
+            (_, Some(f)) => f.num_bytes(),
+            _ => self.tensor.num_bytes(),
+        }
     }
 }
 
@@ -161,8 +178,9 @@ impl Linear {
         w: &Weight,
         out: &mut [f32],
     ) -> Result<()> {
-        match (input.q, &w.packed) {
-            (Some(q), Some(p)) if q.cols() == p.cols() => matmul_q8(pool, self.isa, q, p, out),
+        match (input.q, &w.packed, &w.fpacked) {
+            (Some(q), Some(p), _) if q.cols() == p.cols() => matmul_q8(pool, self.isa, q, p, out),
+            (_, _, Some(f)) => matmul_f(pool, self.isa, input.x, f, out),
             _ => matmul(pool, input.x, &w.tensor, out),
         }
     }
@@ -288,6 +306,74 @@ fn run_tiles(
             i += na;
         }
     }
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ` with float weights in row tiles ([`fpack`]): f32
+/// activations, tiles split over the pool, each tile staying in cache while the activation rows
+/// pass it four at a time.
+pub fn matmul_f(
+    pool: &ThreadPool,
+    isa: Isa,
+    x: &[f32],
+    w: &FloatPacked,
+    out: &mut [f32],
+) -> Result<()> {
+    let (n, k) = (w.rows(), w.cols());
+    if k == 0 || !x.len().is_multiple_of(k) || out.len() != x.len() / k * n {
+        return Err(RuntimeError::Shape(format!(
+            "matmul_f: [{n}, {k}] weights against {} activations into {} outputs",
+            x.len(),
+            out.len()
+        )));
+    }
+    let m = x.len() / k;
+    if m == 0 {
+        return Ok(());
+    }
+    const TILE: usize = qdot::TILE_ROWS;
+    const CHUNK: usize = 16;
+    let out = DisjointMut::new(out);
+    pool.parallel_ranges(w.tiles(), 1, |tiles| {
+        let mut res = [[0f32; TILE]; CHUNK * fpack::MAX_ROWS];
+        let store = |res: &[f32; TILE], tile: usize, i: usize| {
+            let r0 = tile * TILE;
+            let live = (n - r0).min(TILE);
+            // SAFETY: columns r0..r0 + live belong to the task owning this tile.
+            unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[..live]);
+        };
+        let rows: [&[f32]; fpack::MAX_ROWS] =
+            std::array::from_fn(|i| &x[i.min(m - 1) * k..(i.min(m - 1) + 1) * k]);
+        if m <= fpack::MAX_ROWS {
+            let mut t = tiles.start;
+            while t < tiles.end {
+                let chunk = t..(t + CHUNK).min(tiles.end);
+                let res = &mut res[..chunk.len() * m];
+                fpack::dot_tiles(isa, w, chunk.clone(), &rows[..m], res);
+                for (j, tile) in chunk.clone().enumerate() {
+                    for i in 0..m {
+                        store(&res[j * m + i], tile, i);
+                    }
+                }
+                t = chunk.end;
+            }
+            return;
+        }
+        for tile in tiles {
+            let mut i = 0;
+            while i < m {
+                let na = (m - i).min(fpack::MAX_ROWS);
+                let rows: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
+                    &x[(i + d).min(m - 1) * k..((i + d).min(m - 1) + 1) * k]
+                });
+                fpack::dot_tiles(isa, w, tile..tile + 1, &rows[..na], &mut res[..na]);
+                for (d, r) in res[..na].iter().enumerate() {
+                    store(r, tile, i + d);
+                }
+                i += na;
+            }
+        }
+    });
+    Ok(())
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with `w` of shape `[n, k]` in any supported dtype.

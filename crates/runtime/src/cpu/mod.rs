@@ -6,6 +6,7 @@
 mod activation;
 mod attention;
 mod embedding;
+pub mod fpack;
 mod matmul;
 mod norm;
 mod qacts;
@@ -17,7 +18,9 @@ pub mod simd;
 pub use activation::silu_mul;
 pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 pub use embedding::embedding;
-pub use matmul::{add_bias, dot, matmul, matmul_q8, Linear, LinearInput, MatmulPrecision, Weight};
+pub use matmul::{
+    add_bias, dot, matmul, matmul_f, matmul_q8, Linear, LinearInput, MatmulPrecision, Weight,
+};
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeScaling};
 
