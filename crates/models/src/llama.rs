@@ -322,7 +322,7 @@ impl LlamaModel {
                 block_size: kv.block_size(),
                 ..layer.attn
             };
-            cpu::rms_norm(&s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
+            cpu::rms_norm_par(pool, &s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
             // q: [t, nh*hd], k and v: [t, nkv*hd]; the input is quantized once for all three.
             let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.wq, &layer.wk, &layer.wv]);
             lin.matmul_many(
@@ -363,8 +363,8 @@ impl LlamaModel {
             // [t, h]
             let input = lin.prepare(pool, &s.attn, qd, &mut s.qa, &[&layer.wo]);
             lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
-            add_in_place(&mut s.x, &s.h);
-            cpu::rms_norm(&s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
+            cpu::add_par(pool, &mut s.x, &s.h);
+            cpu::rms_norm_par(pool, &s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
             // [t, inter]
             let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.w_gate, &layer.w_up]);
             lin.matmul_many(
@@ -375,11 +375,11 @@ impl LlamaModel {
                     (&layer.w_up, &mut s.up[..]),
                 ],
             )?;
-            cpu::silu_mul(&mut s.gate, &s.up);
+            cpu::silu_mul_par(pool, &mut s.gate, &s.up);
             // [t, h]
             let input = lin.prepare(pool, &s.gate, inter, &mut s.qa, &[&layer.w_down]);
             lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
-            add_in_place(&mut s.x, &s.h);
+            cpu::add_par(pool, &mut s.x, &s.h);
         }
         // [num_logits, h]
         for (dst, &row) in s.h[..num_logits * h]
@@ -399,12 +399,6 @@ impl LlamaModel {
         let input = lin.prepare(pool, &s.rows, h, &mut s.qa, &[&self.lm_head]);
         lin.matmul(pool, &input, &self.lm_head, &mut s.logits)?;
         Ok(&s.logits)
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }
 
