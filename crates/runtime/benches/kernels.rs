@@ -10,6 +10,7 @@
 //! Run with `cargo bench -p ferrum-runtime --bench kernels` (`-- qgemm` for one group).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrum_runtime::cpu::fpack::FloatPacked;
 use ferrum_runtime::cpu::qdot::{Isa, Q8Acts};
 use ferrum_runtime::cpu::qpack::PackedWeight;
 use ferrum_runtime::cpu::{self, AttentionShape, MatmulPrecision};
@@ -113,6 +114,34 @@ fn qgemm(c: &mut Criterion) {
                         b.iter(|| cpu::matmul_q8(&pool, isa, &q, &w, &mut out).expect("matmul"))
                     });
                 }
+            }
+        }
+    }
+    g.finish();
+}
+
+/// The tiled float kernel (f32 activations, float weights in 16-row tiles): decode (m = 1,
+/// bytes/s) and prefill-like products (operations/s).
+fn fgemm(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("fgemm");
+    g.sample_size(20);
+    for (threads, pool) in pools() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let (n, k) = (1536, 576);
+            let w = FloatPacked::pack(&weights(dtype, n, k), &pool).expect("pack");
+            for m in [1usize, 16, 128] {
+                let x = acts(m, k);
+                let mut out = vec![0f32; m * n];
+                if m == 1 {
+                    g.throughput(Throughput::Bytes(w.num_bytes() as u64));
+                } else {
+                    g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+                }
+                let id = format!("{dtype}/{n}x{k}/m{m}/t{threads}");
+                g.bench_function(BenchmarkId::from_parameter(id), |b| {
+                    b.iter(|| cpu::matmul_f(&pool, isa, &x, &w, &mut out).expect("matmul"))
+                });
             }
         }
     }
@@ -244,6 +273,7 @@ criterion_group!(
     benches,
     memory_roof,
     qgemm,
+    fgemm,
     float_matmul,
     quantize_acts,
     attention,
