@@ -300,6 +300,22 @@ pub fn paged_attention(
     }
 }
 
+/// The first `len` values of `buf`, zeroed; the rest stays untouched (the buffers are sized for
+/// the largest heads, and zeroing them whole cost more than a short decode's attention).
+fn zeroed(
+    buf: &mut std::mem::MaybeUninit<[f32; MAX_PAIRS * MAX_HEAD_DIM]>,
+    len: usize,
+) -> &mut [f32] {
+    assert!(len <= MAX_PAIRS * MAX_HEAD_DIM);
+    let ptr = buf.as_mut_ptr() as *mut f32;
+    // SAFETY: `len` values fit in the buffer, and all of them are written before the slice is
+    // made.
+    unsafe {
+        std::ptr::write_bytes(ptr, 0, len);
+        std::slice::from_raw_parts_mut(ptr, len)
+    }
+}
+
 /// Where an item's results go: normalized outputs, or one part's states for the later fold.
 #[derive(Clone, Copy)]
 enum Dest<'a> {
@@ -341,7 +357,8 @@ fn attend_item(
         let pairs = &pairs[..n];
         let first_pos = seq.context_len - seq.query_len;
         let origin = (seq.query_start, first_pos);
-        let mut part_acc = [0f32; MAX_PAIRS * MAX_HEAD_DIM];
+        let mut part_buf = std::mem::MaybeUninit::uninit();
+        let part_acc = zeroed(&mut part_buf, n * hd);
         let mut part_st = [SoftmaxState::EMPTY; MAX_PAIRS];
         match dst {
             Dest::Partials {
@@ -350,7 +367,7 @@ fn attend_item(
                 parts,
             } => {
                 let p = it.parts.0;
-                let acc = &mut part_acc[..n * hd];
+                let acc = &mut *part_acc;
                 attend_pairs(
                     q,
                     k_cache,
@@ -375,10 +392,11 @@ fn attend_item(
                 }
             }
             Dest::Out(out) => {
-                let mut run_acc = [0f32; MAX_PAIRS * MAX_HEAD_DIM];
+                let mut run_buf = std::mem::MaybeUninit::uninit();
+                let run_acc = zeroed(&mut run_buf, n * hd);
                 let mut run_st = [SoftmaxState::EMPTY; MAX_PAIRS];
                 for p in it.parts.0..it.parts.1 {
-                    let acc = &mut part_acc[..n * hd];
+                    let acc = &mut *part_acc;
                     attend_pairs(
                         q,
                         k_cache,

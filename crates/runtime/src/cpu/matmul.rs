@@ -267,8 +267,9 @@ fn run_tiles(
     out: &DisjointMut<f32>,
 ) {
     const TILE: usize = qdot::TILE_ROWS;
-    /// Tiles per kernel call when at most four activation rows come (decode).
-    const CHUNK: usize = 32;
+    /// Tiles per kernel call when at most four activation rows come (decode); the result
+    /// buffer stays small, as it is zeroed on every call.
+    const CHUNK: usize = 8;
     let (n, m) = (w.rows(), acts.rows());
     let mut res = [[0f32; TILE]; CHUNK * qdot::MAX_ACT_ROWS];
     let store = |res: &[[f32; TILE]], tile: usize, i: usize| {
@@ -331,7 +332,7 @@ pub fn matmul_f(
         return Ok(());
     }
     const TILE: usize = qdot::TILE_ROWS;
-    const CHUNK: usize = 16;
+    const CHUNK: usize = 8;
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
         let mut res = [[0f32; TILE]; CHUNK * fpack::MAX_ROWS];

@@ -38,17 +38,7 @@ pub struct ActRow<'a> {
 impl Q8Acts {
     /// Quantizes `x` (`[m, k]`, `k > 0`, `k` a multiple of 32), reusing the buffers.
     pub fn quantize(&mut self, x: &[f32], k: usize) {
-        assert!(
-            k.is_multiple_of(QK) && k > 0 && x.len().is_multiple_of(k),
-            "Q8Acts: bad shape"
-        );
-        let m = x.len() / k;
-        self.k = k;
-        self.m = m;
-        self.qs.resize(m * k, 0);
-        self.d.resize(m * k / QK, 0.0);
-        self.bsum.resize(m * k / QK, 0.0);
-        self.sum16.resize(m * k / 16, 0);
+        self.reshape(x, k);
         let nb = k / QK;
         for (r, xr) in x.chunks_exact(k).enumerate() {
             quantize_row(
@@ -63,21 +53,11 @@ impl Q8Acts {
 
     /// [`Q8Acts::quantize`] with the rows split over `pool` (when there are enough of them).
     pub fn quantize_par(&mut self, x: &[f32], k: usize, pool: &ThreadPool) {
-        assert!(
-            k.is_multiple_of(QK) && k > 0 && x.len().is_multiple_of(k),
-            "Q8Acts: bad shape"
-        );
-        let m = x.len() / k;
+        let m = self.reshape(x, k);
         if m < 8 || pool.num_threads() == 1 {
             self.quantize(x, k);
             return;
         }
-        self.k = k;
-        self.m = m;
-        self.qs.resize(m * k, 0);
-        self.d.resize(m * k / QK, 0.0);
-        self.bsum.resize(m * k / QK, 0.0);
-        self.sum16.resize(m * k / 16, 0);
         let nb = k / QK;
         let (qs, d) = (
             DisjointMut::new(&mut self.qs),
@@ -101,6 +81,22 @@ impl Q8Acts {
                 };
             }
         });
+    }
+
+    /// Checks the shape of `x` (`[m, k]`) and sizes the buffers for it (reused); returns `m`.
+    fn reshape(&mut self, x: &[f32], k: usize) -> usize {
+        assert!(
+            k.is_multiple_of(QK) && k > 0 && x.len().is_multiple_of(k),
+            "Q8Acts: bad shape"
+        );
+        let m = x.len() / k;
+        self.k = k;
+        self.m = m;
+        self.qs.resize(m * k, 0);
+        self.d.resize(m * k / QK, 0.0);
+        self.bsum.resize(m * k / QK, 0.0);
+        self.sum16.resize(m * k / 16, 0);
+        m
     }
 
     pub fn rows(&self) -> usize {
