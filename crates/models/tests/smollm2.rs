@@ -133,12 +133,12 @@ fn int8_activations_stay_close_to_the_reference() {
     assert!(agree >= 4, "greedy agreement only {agree} tokens: {got:?}");
 }
 
-/// The int8 path quantizes activations as llama.cpp does and computes the same integer block
-/// dot products; only the f32 summation differs (Ferrum adds one exact integer per block,
-/// llama.cpp eight partial lanes per block), which decides near-ties in the logits. Its greedy
-/// continuations still follow llama.cpp's (recorded in `llamacpp_greedy.json`) longer than
-/// they follow the float reference (5 of 32): at least 8 of 32 tokens on both prompts
-/// (measured: 14 on the raw prompt, 9 on the chat prompt).
+/// The int8 path quantizes activations as llama.cpp's SIMD code does (rounding ties to even)
+/// and computes the same exact integer block dot products; only the f32 summation differs
+/// (Ferrum adds one exact integer per block, llama.cpp eight partial lanes per block), which
+/// could decide near-ties in the logits. Its greedy continuations follow llama.cpp's (recorded
+/// in `llamacpp_greedy.json`) far longer than they follow the float reference (5 of 32): at
+/// least 12 of 32 tokens on both prompts (measured: all 32 on both).
 #[test]
 fn int8_greedy_follows_llama_cpp() {
     let Some(path) = model_path() else { return };
@@ -155,6 +155,6 @@ fn int8_greedy_follows_llama_cpp() {
             case["name"],
             want.len()
         );
-        assert!(agree >= 8, "{}: {got:?} vs {want:?}", case["name"]);
+        assert!(agree >= 12, "{}: {got:?} vs {want:?}", case["name"]);
     }
 }
