@@ -15,6 +15,9 @@ use super::DisjointMut;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 use std::ops::Range;
 
+/// Weight rows per tile of the tiled kernels.
+const TILE: usize = qdot::TILE_ROWS;
+
 /// How products with block-quantized weights treat the activations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MatmulPrecision {
@@ -258,36 +261,44 @@ pub fn matmul_q8_many(
     Ok(())
 }
 
-/// Tiles `tiles` of `w` against every activation row, into `out` (`[m, n]`).
-fn run_tiles(
-    isa: Isa,
-    acts: &Q8Acts,
-    w: &PackedWeight,
+/// Activation rows one call of either tiled kernel takes.
+const MAX_ROWS: usize = if qdot::MAX_ACT_ROWS < fpack::MAX_ROWS {
+    qdot::MAX_ACT_ROWS
+} else {
+    fpack::MAX_ROWS
+};
+
+/// Walks `tiles` of a weight tiled by 16 rows (`n` rows in all) against `m` activation rows,
+/// storing into `out` (`[m, n]`). `kernel(tiles, rows, res)` fills `res[j * rows.len() + i]`
+/// with tile `tiles.start + j` against activation row `rows.start + i`. With at most
+/// [`MAX_ROWS`] rows (decode) one call covers a run of tiles; otherwise each tile stays in L1
+/// while the rows pass it [`MAX_ROWS`] at a time.
+fn drive_tiles(
+    n: usize,
+    m: usize,
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
+    kernel: impl Fn(Range<usize>, Range<usize>, &mut [[f32; TILE]]),
 ) {
-    const TILE: usize = qdot::TILE_ROWS;
-    /// Tiles per kernel call when at most four activation rows come (decode); the result
-    /// buffer stays small, as it is zeroed on every call.
+    /// Tiles per kernel call in decode; the result buffer stays small, as it is zeroed on
+    /// every call.
     const CHUNK: usize = 8;
-    let (n, m) = (w.rows(), acts.rows());
-    let mut res = [[0f32; TILE]; CHUNK * qdot::MAX_ACT_ROWS];
-    let store = |res: &[[f32; TILE]], tile: usize, i: usize| {
+    let mut res = [[0f32; TILE]; CHUNK * MAX_ROWS];
+    let store = |res: &[f32; TILE], tile: usize, i: usize| {
         let r0 = tile * TILE;
         let live = (n - r0).min(TILE);
         // SAFETY: columns r0..r0 + live belong to the task owning this tile.
-        unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[0][..live]);
+        unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[..live]);
     };
-    if m <= qdot::MAX_ACT_ROWS {
-        let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] = std::array::from_fn(|d| acts.row(d.min(m - 1)));
+    if m <= MAX_ROWS {
         let mut t = tiles.start;
         while t < tiles.end {
             let chunk = t..(t + CHUNK).min(tiles.end);
             let res = &mut res[..chunk.len() * m];
-            qdot::dot_tiles(isa, w, chunk.clone(), &a[..m], res);
+            kernel(chunk.clone(), 0..m, res);
             for (j, tile) in chunk.clone().enumerate() {
                 for i in 0..m {
-                    store(&res[j * m + i..], tile, i);
+                    store(&res[j * m + i], tile, i);
                 }
             }
             t = chunk.end;
@@ -297,16 +308,29 @@ fn run_tiles(
     for tile in tiles {
         let mut i = 0;
         while i < m {
-            let na = (m - i).min(qdot::MAX_ACT_ROWS);
-            let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
-                std::array::from_fn(|d| acts.row((i + d).min(m - 1)));
-            qdot::dot_tiles(isa, w, tile..tile + 1, &a[..na], &mut res[..na]);
-            for d in 0..na {
-                store(&res[d..], tile, i + d);
+            let na = (m - i).min(MAX_ROWS);
+            kernel(tile..tile + 1, i..i + na, &mut res[..na]);
+            for (d, r) in res[..na].iter().enumerate() {
+                store(r, tile, i + d);
             }
             i += na;
         }
     }
+}
+
+/// Tiles `tiles` of `w` against every activation row, into `out` (`[m, n]`).
+fn run_tiles(
+    isa: Isa,
+    acts: &Q8Acts,
+    w: &PackedWeight,
+    tiles: Range<usize>,
+    out: &DisjointMut<f32>,
+) {
+    drive_tiles(w.rows(), acts.rows(), tiles, out, |tiles, rows, res| {
+        let a: [ActRow<'_>; MAX_ROWS] =
+            std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
+        qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], res);
+    });
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with float weights in row tiles ([`fpack`]): f32
@@ -331,48 +355,15 @@ pub fn matmul_f(
     if m == 0 {
         return Ok(());
     }
-    const TILE: usize = qdot::TILE_ROWS;
-    const CHUNK: usize = 8;
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
-        let mut res = [[0f32; TILE]; CHUNK * fpack::MAX_ROWS];
-        let store = |res: &[f32; TILE], tile: usize, i: usize| {
-            let r0 = tile * TILE;
-            let live = (n - r0).min(TILE);
-            // SAFETY: columns r0..r0 + live belong to the task owning this tile.
-            unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[..live]);
-        };
-        let rows: [&[f32]; fpack::MAX_ROWS] =
-            std::array::from_fn(|i| &x[i.min(m - 1) * k..(i.min(m - 1) + 1) * k]);
-        if m <= fpack::MAX_ROWS {
-            let mut t = tiles.start;
-            while t < tiles.end {
-                let chunk = t..(t + CHUNK).min(tiles.end);
-                let res = &mut res[..chunk.len() * m];
-                fpack::dot_tiles(isa, w, chunk.clone(), &rows[..m], res);
-                for (j, tile) in chunk.clone().enumerate() {
-                    for i in 0..m {
-                        store(&res[j * m + i], tile, i);
-                    }
-                }
-                t = chunk.end;
-            }
-            return;
-        }
-        for tile in tiles {
-            let mut i = 0;
-            while i < m {
-                let na = (m - i).min(fpack::MAX_ROWS);
-                let rows: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
-                    &x[(i + d).min(m - 1) * k..((i + d).min(m - 1) + 1) * k]
-                });
-                fpack::dot_tiles(isa, w, tile..tile + 1, &rows[..na], &mut res[..na]);
-                for (d, r) in res[..na].iter().enumerate() {
-                    store(r, tile, i + d);
-                }
-                i += na;
-            }
-        }
+        drive_tiles(n, m, tiles, &out, |tiles, rows, res| {
+            let xs: [&[f32]; MAX_ROWS] = std::array::from_fn(|d| {
+                let r = (rows.start + d).min(rows.end - 1);
+                &x[r * k..(r + 1) * k]
+            });
+            fpack::dot_tiles(isa, w, tiles, &xs[..rows.len()], res);
+        });
     });
     Ok(())
 }
