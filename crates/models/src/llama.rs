@@ -10,7 +10,7 @@
 
 use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::qdot::Q8Acts;
+use ferrum_runtime::cpu::ActScratch;
 use ferrum_runtime::cpu::{self, AttentionShape, Linear, Rope, Weight};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
@@ -49,7 +49,7 @@ struct Scratch {
     /// Cosine and sine of every token's rotary angles.
     rope: Vec<f32>,
     /// The current linear input, quantized (int8 path).
-    qa: Q8Acts,
+    qa: ActScratch,
     /// Attention's per-part softmax states of split decodes.
     attn_partials: Vec<f32>,
 }

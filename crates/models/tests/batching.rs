@@ -172,6 +172,16 @@ fn int8_activations_keep_batch_invariance() {
     chunked_setup(setup_model(q8(), "tiny-smollm"), "tiny-smollm q8_0 int8", 3);
 }
 
+/// bf16 weights on the fast setting (bf16 activations where the CPU has AVX-512 BF16): the
+/// same contract.
+#[test]
+fn bf16_activations_keep_batch_invariance() {
+    let name = "tiny-llama-bf16";
+    let bf16 = || load_with(&fixtures().join(name), MatmulPrecision::Int8);
+    all_in_one_batch(setup_model(bf16(), name), "tiny-llama-bf16 fast");
+    chunked_setup(setup_model(bf16(), name), "tiny-llama-bf16 fast", 5);
+}
+
 /// Decodes of one sequence share steps with another sequence's prefill chunks; the decode
 /// logits equal those of the sequence's own single pass over prompt + generated tokens.
 #[test]

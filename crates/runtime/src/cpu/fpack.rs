@@ -10,6 +10,7 @@
 //! `(s0 + s1) + (s2 + s3)`. The scalar reference, AVX2 and AVX-512 give the same bits, and a
 //! row's result never depends on which other rows share a call.
 
+use super::aligned::Aligned;
 use super::qdot::Isa;
 use super::qpack::TILE;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
@@ -24,7 +25,7 @@ pub struct FloatPacked {
     rows: usize,
     cols: usize,
     /// `[tiles, cols, TILE]` values of `dtype.block_bytes()` bytes each.
-    data: Vec<u8>,
+    data: Aligned<u8>,
 }
 
 impl FloatPacked {
@@ -39,8 +40,8 @@ impl FloatPacked {
         let (rows, cols, es) = (t.rows(), t.cols(), dtype.block_bytes());
         let tiles = rows.div_ceil(TILE);
         let tb = cols * TILE * es;
-        let mut data = vec![0u8; tiles * tb];
-        let dst = super::DisjointMut::new(&mut data);
+        let mut data = Aligned::<u8>::zeroed(tiles * tb);
+        let dst = super::DisjointMut::new(&mut data[..]);
         pool.parallel_ranges(tiles, 1, |range| {
             for tile in range {
                 // SAFETY: each tile's bytes belong to this task alone.

@@ -1,13 +1,17 @@
 //! Matrix products against weights in any stored format.
 //!
-//! Two paths: [`matmul`] decodes weight rows to f32 (the reference, and the path of float
-//! weights), [`matmul_q8`] runs integer dot products over weights repacked at load.
+//! Two settings ([`MatmulPrecision`]). The float setting runs [`matmul`], which decodes weight
+//! rows to f32: the reference. The fast setting runs tiled kernels over weights repacked at load:
+//! integer dot products for block-quantized weights ([`matmul_q8`]), bf16 dot products with bf16
+//! activations for bf16 weights where the CPU has AVX-512 BF16 ([`super::bpack`]), and f32
+//! products for other float weights ([`matmul_f`]).
 //!
 //! `out[m, n] = x[m, k] · w[n, k]ᵀ`. Work is split over weight rows; each task decodes one weight
 //! row at a time into a scratch row and dots it with every activation row, so each weight byte is
 //! read once per call whatever `m` is, and no matrix is ever expanded. Every output element is
 //! one `dot` in a fixed order: results are identical for any batch composition or thread count.
 
+use super::bpack::{self, Bf16Acts, Bf16Packed};
 use super::fpack::{self, FloatPacked};
 use super::qdot::{self, ActRow, Isa, Q8Acts};
 use super::qpack::PackedWeight;
@@ -21,8 +25,10 @@ const TILE: usize = qdot::TILE_ROWS;
 /// How products with block-quantized weights treat the activations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MatmulPrecision {
-    /// Activations quantized to 8 bits per block of 32, integer dot products (llama.cpp's
-    /// arithmetic): the fast default.
+    /// The fast default: activations quantized to 8 bits per block of 32 with integer dot
+    /// products for block-quantized weights (llama.cpp's arithmetic); activations rounded to bf16
+    /// for bf16 weights where the CPU has AVX-512 BF16 (vLLM's and llama.cpp's arithmetic);
+    /// f32 activations for other float weights.
     #[default]
     Int8,
     /// Weights decoded to f32 and multiplied with f32 activations: the reference path.
@@ -37,6 +43,8 @@ pub struct Weight {
     packed: Option<PackedWeight>,
     /// Float weights in row tiles for the fast float kernel (int8 setting only).
     fpacked: Option<FloatPacked>,
+    /// bf16 weights in paired row tiles for the bf16 kernel (int8 setting, CPUs with it).
+    bpacked: Option<Bf16Packed>,
 }
 
 impl Weight {
@@ -50,9 +58,15 @@ impl Weight {
         } else {
             None
         };
-        let fpacked = if linear.precision == MatmulPrecision::Int8
+        let fast = linear.precision == MatmulPrecision::Int8 && tensor.cols() > 0;
+        let bpacked = if fast && linear.bf16 && tensor.dtype() == DType::BF16 {
+            Some(Bf16Packed::pack(&tensor, pool)?)
+        } else {
+            None
+        };
+        let fpacked = if fast
+            && bpacked.is_none()
             && matches!(tensor.dtype(), DType::F32 | DType::F16 | DType::BF16)
-            && tensor.cols() > 0
         {
             Some(FloatPacked::pack(&tensor, pool)?)
         } else {
@@ -62,6 +76,7 @@ impl Weight {
             tensor,
             packed,
             fpacked,
+            bpacked,
         })
     }
 
@@ -83,9 +98,10 @@ impl Weight {
 
     /// Bytes the kernels read: the repacked form when there is one.
     pub fn num_bytes(&self) -> usize {
-        match (&self.packed, &self.fpacked) {
-            (Some(p), _) => p.num_bytes(),
-            (_, Some(f)) => f.num_bytes(),
+        match (&self.packed, &self.fpacked, &self.bpacked) {
+            (Some(p), _, _) => p.num_bytes(),
+            (_, Some(f), _) => f.num_bytes(),
+            (_, _, Some(b)) => b.num_bytes(),
             _ => self.tensor.num_bytes(),
         }
     }
@@ -97,13 +113,24 @@ impl Weight {
 pub struct Linear {
     pub precision: MatmulPrecision,
     pub isa: Isa,
+    /// Whether bf16 weights take the bf16 kernel ([`bpack::supported`] on this CPU).
+    pub bf16: bool,
 }
 
-/// One linear layer input: the f32 rows and, on the int8 path, their quantized form.
+/// Buffers for the converted forms of a linear layer's input, reused from call to call.
+#[derive(Debug, Clone, Default)]
+pub struct ActScratch {
+    q8: Q8Acts,
+    bf16: Bf16Acts,
+}
+
+/// One linear layer input: the f32 rows and, for the fast kernels that want them, their
+/// quantized or bf16 forms.
 #[derive(Debug, Clone, Copy)]
 pub struct LinearInput<'a> {
     x: &'a [f32],
     q: Option<&'a Q8Acts>,
+    b: Option<&'a Bf16Acts>,
 }
 
 impl Linear {
@@ -111,29 +138,36 @@ impl Linear {
         Linear {
             precision,
             isa: Isa::detect(),
+            bf16: bpack::supported(),
         }
     }
 
-    /// Prepares `x` (`[m, k]`) for its products with `weights`: quantizes it once into `q`
-    /// (rows split over `pool`) when at least one of them was repacked for the int8 path.
+    /// Prepares `x` (`[m, k]`) for its products with `weights`: quantizes it once (rows split
+    /// over `pool`) when one of them was repacked for the int8 kernel, and rounds it to bf16
+    /// once when one of them takes the bf16 kernel.
     pub fn prepare<'a>(
         &self,
         pool: &ThreadPool,
         x: &'a [f32],
         k: usize,
-        q: &'a mut Q8Acts,
+        scratch: &'a mut ActScratch,
         weights: &[&Weight],
     ) -> LinearInput<'a> {
-        let int8 = k > 0
+        let rows = k > 0 && x.len().is_multiple_of(k) && !x.is_empty();
+        let int8 = rows
             && k.is_multiple_of(qdot::QK)
-            && x.len().is_multiple_of(k)
-            && !x.is_empty()
             && weights.iter().any(|w| w.packed.is_some() && w.cols() == k);
+        let bf16 = rows && weights.iter().any(|w| w.bpacked.is_some() && w.cols() == k);
         if int8 {
-            q.quantize_par(x, k, pool);
-            LinearInput { x, q: Some(q) }
-        } else {
-            LinearInput { x, q: None }
+            scratch.q8.quantize_par(x, k, pool);
+        }
+        if bf16 {
+            scratch.bf16.fill(x, k);
+        }
+        LinearInput {
+            x,
+            q: int8.then_some(&scratch.q8),
+            b: bf16.then_some(&scratch.bf16),
         }
     }
 
@@ -145,27 +179,23 @@ impl Linear {
         input: &LinearInput<'_>,
         products: &mut [(&Weight, &mut [f32])],
     ) -> Result<()> {
-        let all_packed = |q: &Q8Acts| {
-            products.len() <= MAX_PRODUCTS
-                && products
-                    .iter()
-                    .all(|(w, _)| w.packed.as_ref().is_some_and(|p| p.cols() == q.cols()))
-        };
-        match (input.q, products.first()) {
-            (Some(q), Some((first, _))) if all_packed(q) => {
-                let Some(filler) = first.packed.as_ref() else {
-                    return Ok(());
-                };
-                let mut ws = [filler; MAX_PRODUCTS];
-                let mut outs: [&mut [f32]; MAX_PRODUCTS] = Default::default();
-                for (i, (w, out)) in products.iter_mut().enumerate() {
-                    ws[i] = w.packed.as_ref().unwrap_or(filler);
-                    outs[i] = std::mem::take(out);
-                }
+        if let Some(q) = input.q {
+            let packed = gather(products, |w| {
+                w.packed.as_ref().filter(|p| p.cols() == q.cols())
+            });
+            if let Some((ws, mut outs)) = packed {
                 let n = products.len();
                 return matmul_q8_many(pool, self.isa, q, &ws[..n], &mut outs[..n]);
             }
-            _ => {}
+        }
+        if let Some(b) = input.b {
+            let packed = gather(products, |w| {
+                w.bpacked.as_ref().filter(|p| p.cols() == b.cols())
+            });
+            if let Some((ws, mut outs)) = packed {
+                let n = products.len();
+                return matmul_b16_many(pool, b, &ws[..n], &mut outs[..n]);
+            }
         }
         for (w, out) in products.iter_mut() {
             self.matmul(pool, input, w, out)?;
@@ -181,12 +211,35 @@ impl Linear {
         w: &Weight,
         out: &mut [f32],
     ) -> Result<()> {
-        match (input.q, &w.packed, &w.fpacked) {
-            (Some(q), Some(p), _) if q.cols() == p.cols() => matmul_q8(pool, self.isa, q, p, out),
-            (_, _, Some(f)) => matmul_f(pool, self.isa, input.x, f, out),
+        match (input.q, &w.packed, input.b, &w.bpacked, &w.fpacked) {
+            (Some(q), Some(p), ..) if q.cols() == p.cols() => matmul_q8(pool, self.isa, q, p, out),
+            (_, _, Some(b), Some(p), _) if b.cols() == p.cols() => {
+                matmul_b16_many(pool, b, &[p], &mut [out])
+            }
+            (.., Some(f)) => matmul_f(pool, self.isa, input.x, f, out),
             _ => matmul(pool, input.x, &w.tensor, out),
         }
     }
+}
+
+/// The kernel forms `form` picks out of every weight of `products`, with their outputs taken
+/// out of `products`, when every weight has one and there are at most [`MAX_PRODUCTS`].
+#[allow(clippy::type_complexity)]
+fn gather<'w, 'o, T>(
+    products: &mut [(&'w Weight, &'o mut [f32])],
+    form: impl Fn(&'w Weight) -> Option<&'w T>,
+) -> Option<([&'w T; MAX_PRODUCTS], [&'o mut [f32]; MAX_PRODUCTS])> {
+    if products.len() > MAX_PRODUCTS || !products.iter().all(|(w, _)| form(w).is_some()) {
+        return None;
+    }
+    let first = form(products.first()?.0)?;
+    let mut ws = [first; MAX_PRODUCTS];
+    let mut outs: [&mut [f32]; MAX_PRODUCTS] = Default::default();
+    for (i, (w, out)) in products.iter_mut().enumerate() {
+        ws[i] = form(w)?;
+        outs[i] = std::mem::take(out);
+    }
+    Some((ws, outs))
 }
 
 /// `out[m, n] = acts[m, k] · w[n, k]ᵀ` with integer dot products over repacked weights. Tiles
@@ -214,26 +267,108 @@ pub fn matmul_q8_many(
     weights: &[&PackedWeight],
     outs: &mut [&mut [f32]],
 ) -> Result<()> {
-    let (k, m) = (acts.cols(), acts.rows());
-    if weights.len() != outs.len() || weights.len() > MAX_PRODUCTS {
+    let shapes = shapes(weights, |w| (w.rows(), w.cols(), w.tiles()))?;
+    let format = weights.first().map_or(DType::Q8_0, |w| w.dtype());
+    let (m, k) = (acts.rows(), acts.cols());
+    over_tiles(
+        pool,
+        ("matmul_q8", &format),
+        m,
+        k,
+        shapes,
+        outs,
+        |i, tiles, out| run_tiles(isa, acts, weights[i], tiles, out),
+    )
+}
+
+/// Several bf16 weights of one input (rounded to bf16) at once, as [`matmul_q8_many`].
+pub fn matmul_b16_many(
+    pool: &ThreadPool,
+    acts: &Bf16Acts,
+    weights: &[&Bf16Packed],
+    outs: &mut [&mut [f32]],
+) -> Result<()> {
+    let shapes = shapes(weights, |w| (w.rows(), w.cols(), w.tiles()))?;
+    let (m, k) = (acts.rows(), acts.cols());
+    over_tiles(
+        pool,
+        ("matmul_b16", &DType::BF16),
+        m,
+        k,
+        shapes,
+        outs,
+        |i, tiles, out| {
+            let w = weights[i];
+            drive_tiles(
+                w.rows(),
+                m,
+                bpack::MAX_ROWS,
+                tiles,
+                out,
+                |tiles, rows, res| {
+                    let xs: [&[u32]; MAX_ROWS] =
+                        std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
+                    bpack::dot_tiles(w, tiles, &xs[..rows.len()], res);
+                },
+            );
+        },
+    )
+}
+
+/// `(rows, cols, tiles)` of each of at most [`MAX_PRODUCTS`] weights, without allocating.
+fn shapes<W>(weights: &[&W], shape: impl Fn(&W) -> (usize, usize, usize)) -> Result<ShapeList> {
+    if weights.len() > MAX_PRODUCTS {
         return Err(RuntimeError::Shape(format!(
-            "matmul_q8: {} weights for {} outputs (at most {MAX_PRODUCTS})",
-            weights.len(),
+            "{} weights in one product call (at most {MAX_PRODUCTS})",
+            weights.len()
+        )));
+    }
+    let mut s = ShapeList {
+        len: weights.len(),
+        shapes: [(0, 0, 0); MAX_PRODUCTS],
+    };
+    for (d, w) in s.shapes.iter_mut().zip(weights) {
+        *d = shape(w);
+    }
+    Ok(s)
+}
+
+/// Up to [`MAX_PRODUCTS`] weight shapes `(rows, cols, tiles)`.
+struct ShapeList {
+    len: usize,
+    shapes: [(usize, usize, usize); MAX_PRODUCTS],
+}
+
+/// Checks `outs[i]` is `[m, n_i]` for weights of `shapes[i] = (n_i, k_i, tiles_i)` with
+/// `k_i = k`, then splits all their tiles over `pool` in one call, `run(i, tiles, out_i)` for
+/// each weight's share. `what` names the product and the weights' format in errors.
+fn over_tiles(
+    pool: &ThreadPool,
+    what: (&str, &dyn std::fmt::Display),
+    m: usize,
+    k: usize,
+    shapes: ShapeList,
+    outs: &mut [&mut [f32]],
+    run: impl Fn(usize, Range<usize>, &DisjointMut<f32>) + Sync,
+) -> Result<()> {
+    let (op, format) = what;
+    let shapes = &shapes.shapes[..shapes.len];
+    if shapes.len() != outs.len() || shapes.len() > MAX_PRODUCTS {
+        return Err(RuntimeError::Shape(format!(
+            "{op}: {} weights for {} outputs (at most {MAX_PRODUCTS})",
+            shapes.len(),
             outs.len()
         )));
     }
-    for (w, out) in weights.iter().zip(outs.iter()) {
-        let n = w.rows();
-        if w.cols() != k {
+    for (&(n, cols, _), out) in shapes.iter().zip(outs.iter()) {
+        if cols != k {
             return Err(RuntimeError::Shape(format!(
-                "matmul_q8: {} weights [{n}, {}] against quantized rows of {k}",
-                w.dtype(),
-                w.cols()
+                "{op}: {format} weights [{n}, {cols}] against activation rows of {k}"
             )));
         }
         if out.len() != m * n {
             return Err(RuntimeError::Shape(format!(
-                "matmul_q8: output of {} values for [{m}, {n}]",
+                "{op}: output of {} values for [{m}, {n}]",
                 out.len()
             )));
         }
@@ -245,15 +380,15 @@ pub fn matmul_q8_many(
     for (d, out) in dst.iter_mut().zip(outs.iter_mut()) {
         *d = Some(DisjointMut::new(out));
     }
-    let total: usize = weights.iter().map(|w| w.tiles()).sum();
+    let total: usize = shapes.iter().map(|s| s.2).sum();
     pool.parallel_ranges(total, 1, |range| {
         // Map the global tile range onto each weight's own tiles.
         let mut first = 0;
-        for (w, out) in weights.iter().zip(dst.iter().flatten()) {
-            let t = w.tiles();
+        for (i, (s, out)) in shapes.iter().zip(dst.iter().flatten()).enumerate() {
+            let t = s.2;
             let (lo, hi) = (range.start.max(first), range.end.min(first + t));
             if lo < hi {
-                run_tiles(isa, acts, w, lo - first..hi - first, out);
+                run(i, lo - first..hi - first, out);
             }
             first += t;
         }
@@ -261,21 +396,26 @@ pub fn matmul_q8_many(
     Ok(())
 }
 
-/// Activation rows one call of either tiled kernel takes.
-const MAX_ROWS: usize = if qdot::MAX_ACT_ROWS < fpack::MAX_ROWS {
-    qdot::MAX_ACT_ROWS
-} else {
-    fpack::MAX_ROWS
-};
+/// Activation rows one call of any tiled kernel takes at most.
+const MAX_ROWS: usize = max(max(qdot::MAX_ACT_ROWS, fpack::MAX_ROWS), bpack::MAX_ROWS);
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
 
 /// Walks `tiles` of a weight tiled by 16 rows (`n` rows in all) against `m` activation rows,
 /// storing into `out` (`[m, n]`). `kernel(tiles, rows, res)` fills `res[j * rows.len() + i]`
-/// with tile `tiles.start + j` against activation row `rows.start + i`. With at most
-/// [`MAX_ROWS`] rows (decode) one call covers a run of tiles; otherwise each tile stays in L1
-/// while the rows pass it [`MAX_ROWS`] at a time.
+/// with tile `tiles.start + j` against activation row `rows.start + i`, taking at most `per_call`
+/// (at most [`MAX_ROWS`]) rows. With at most `per_call` rows (decode) one call covers a run of
+/// tiles; otherwise each tile stays in cache while the rows pass it `per_call` at a time.
 fn drive_tiles(
     n: usize,
     m: usize,
+    per_call: usize,
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
     kernel: impl Fn(Range<usize>, Range<usize>, &mut [[f32; TILE]]),
@@ -283,6 +423,7 @@ fn drive_tiles(
     /// Tiles per kernel call in decode; the result buffer stays small, as it is zeroed on
     /// every call.
     const CHUNK: usize = 8;
+    let per_call = per_call.clamp(1, MAX_ROWS);
     let mut res = [[0f32; TILE]; CHUNK * MAX_ROWS];
     let store = |res: &[f32; TILE], tile: usize, i: usize| {
         let r0 = tile * TILE;
@@ -290,7 +431,7 @@ fn drive_tiles(
         // SAFETY: columns r0..r0 + live belong to the task owning this tile.
         unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[..live]);
     };
-    if m <= MAX_ROWS {
+    if m <= per_call {
         let mut t = tiles.start;
         while t < tiles.end {
             let chunk = t..(t + CHUNK).min(tiles.end);
@@ -308,7 +449,7 @@ fn drive_tiles(
     for tile in tiles {
         let mut i = 0;
         while i < m {
-            let na = (m - i).min(MAX_ROWS);
+            let na = (m - i).min(per_call);
             kernel(tile..tile + 1, i..i + na, &mut res[..na]);
             for (d, r) in res[..na].iter().enumerate() {
                 store(r, tile, i + d);
@@ -326,11 +467,19 @@ fn run_tiles(
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
 ) {
-    drive_tiles(w.rows(), acts.rows(), tiles, out, |tiles, rows, res| {
-        let a: [ActRow<'_>; MAX_ROWS] =
-            std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-        qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], res);
-    });
+    let m = acts.rows();
+    drive_tiles(
+        w.rows(),
+        m,
+        qdot::MAX_ACT_ROWS,
+        tiles,
+        out,
+        |tiles, rows, res| {
+            let a: [ActRow<'_>; MAX_ROWS] =
+                std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
+            qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], res);
+        },
+    );
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with float weights in row tiles ([`fpack`]): f32
@@ -357,7 +506,7 @@ pub fn matmul_f(
     }
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
-        drive_tiles(n, m, tiles, &out, |tiles, rows, res| {
+        drive_tiles(n, m, fpack::MAX_ROWS, tiles, &out, |tiles, rows, res| {
             let xs: [&[f32]; MAX_ROWS] = std::array::from_fn(|d| {
                 let r = (rows.start + d).min(rows.end - 1);
                 &x[r * k..(r + 1) * k]
@@ -481,7 +630,7 @@ mod tests {
         let w = q8_0(n, k, &wv);
         let (mut fast, mut reference) = (vec![0f32; m * n], vec![0f32; m * n]);
         let int8 = Linear::new(MatmulPrecision::Int8);
-        let mut q = Q8Acts::default();
+        let mut q = ActScratch::default();
         let wi = Weight::new(w.clone(), &int8, &pool).unwrap();
         assert!(wi.packed().is_some());
         let input = int8.prepare(&pool, &x, k, &mut q, &[&wi]);
@@ -492,13 +641,13 @@ mod tests {
         }
         // Row 3 alone gives the same bits as inside the batch.
         let mut alone = vec![0f32; n];
-        let mut q1 = Q8Acts::default();
+        let mut q1 = ActScratch::default();
         let input = int8.prepare(&pool, &x[3 * k..4 * k], k, &mut q1, &[&wi]);
         int8.matmul(&pool, &input, &wi, &mut alone).unwrap();
         assert_eq!(alone, fast[3 * n..4 * n]);
         // The float setting never quantizes.
         let float = Linear::new(MatmulPrecision::Float);
-        let mut q2 = Q8Acts::default();
+        let mut q2 = ActScratch::default();
         let wf = Weight::new(w, &float, &pool).unwrap();
         assert!(wf.packed().is_none());
         let input = float.prepare(&pool, &x, k, &mut q2, &[&wf]);

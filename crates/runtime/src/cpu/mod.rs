@@ -4,7 +4,9 @@
 //! (token, head) pairs; results never depend on the number of threads or on batch-mates.
 
 mod activation;
+mod aligned;
 mod attention;
+pub mod bpack;
 mod embedding;
 pub mod fpack;
 mod matmul;
@@ -19,7 +21,8 @@ pub use activation::silu_mul;
 pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 pub use embedding::embedding;
 pub use matmul::{
-    add_bias, dot, matmul, matmul_f, matmul_q8, Linear, LinearInput, MatmulPrecision, Weight,
+    add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8, ActScratch, Linear, LinearInput,
+    MatmulPrecision, Weight,
 };
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeScaling};

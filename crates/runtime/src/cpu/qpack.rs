@@ -25,6 +25,7 @@
 //! Rows past the end of the matrix (the last tile's padding) have zero codes, scales and
 //! minimums, so they compute exact zeros that no one reads.
 
+use super::aligned::Aligned;
 use crate::dtype::QK_K;
 use crate::quant::scale_min_k4;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
@@ -127,7 +128,7 @@ pub struct PackedWeight {
     rows: usize,
     cols: usize,
     /// `[tiles, cols / 32, block_bytes]`.
-    data: Vec<u8>,
+    data: Aligned<u8>,
 }
 
 impl PackedWeight {
@@ -146,8 +147,8 @@ impl PackedWeight {
         }
         let tiles = rows.div_ceil(TILE);
         let tb = cols / QK * format.block_bytes();
-        let mut data = vec![0u8; tiles * tb];
-        let tiles_mut = super::DisjointMut::new(&mut data);
+        let mut data = Aligned::<u8>::zeroed(tiles * tb);
+        let tiles_mut = super::DisjointMut::new(&mut data[..]);
         pool.parallel_ranges(tiles, 1, |range| {
             let mut parts: Vec<RowParts> = (0..TILE).map(|_| RowParts::new(cols)).collect();
             for tile in range {
