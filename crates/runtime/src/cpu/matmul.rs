@@ -306,7 +306,7 @@ pub fn matmul_b16_many(
                 tiles,
                 out,
                 |tiles, rows, res| {
-                    let xs: [&[u32]; MAX_ROWS] =
+                    let xs: [&[u32]; bpack::MAX_ROWS] =
                         std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
                     bpack::dot_tiles(w, tiles, &xs[..rows.len()], res);
                 },
@@ -475,7 +475,7 @@ fn run_tiles(
         tiles,
         out,
         |tiles, rows, res| {
-            let a: [ActRow<'_>; MAX_ROWS] =
+            let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
                 std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
             qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], res);
         },
@@ -507,7 +507,7 @@ pub fn matmul_f(
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
         drive_tiles(n, m, fpack::MAX_ROWS, tiles, &out, |tiles, rows, res| {
-            let xs: [&[f32]; MAX_ROWS] = std::array::from_fn(|d| {
+            let xs: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
                 let r = (rows.start + d).min(rows.end - 1);
                 &x[r * k..(r + 1) * k]
             });

@@ -242,6 +242,9 @@ mod x86 {
         -(s << SH)
     }
 
+    /// How far ahead of the VNNI kernel the weight stream is prefetched, in bytes.
+    const PREFETCH: usize = 2048;
+
     /// AVX-512 VNNI: lane `l` of every register is row `l` of the tile.
     #[inline(always)]
     unsafe fn vnni<const C: u8, const S16: bool, const SH: u32, const M: bool, const NA: usize>(
@@ -263,6 +266,11 @@ mod x86 {
             let sixteen = _mm512_set1_epi8(16);
             for b in 0..nb {
                 let p = base.add(b * bb);
+                // The weight stream runs on into the next tile; without a lead the first pass
+                // over a tile waits on memory.
+                for l in (0..bb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + l) as *const i8);
+                }
                 let mut c = [_mm512_setzero_si512(); 8];
                 if C == BYTE {
                     for t in 0..8 {
