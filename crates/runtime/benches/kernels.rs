@@ -10,6 +10,7 @@
 //! Run with `cargo bench -p ferrum-runtime --bench kernels` (`-- qgemm` for one group).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrum_runtime::cpu::bpack::{self, Bf16Acts, Bf16Packed};
 use ferrum_runtime::cpu::fpack::FloatPacked;
 use ferrum_runtime::cpu::qdot::{Isa, Q8Acts};
 use ferrum_runtime::cpu::qpack::PackedWeight;
@@ -148,6 +149,34 @@ fn fgemm(c: &mut Criterion) {
     g.finish();
 }
 
+/// bf16 weights against bf16 activations (`vdpbf16ps`), where the CPU has AVX-512 BF16.
+fn bgemm(c: &mut Criterion) {
+    if !bpack::supported() {
+        return;
+    }
+    let mut g = c.benchmark_group("bgemm");
+    g.sample_size(20);
+    for (threads, pool) in pools() {
+        let (n, k) = (1536, 576);
+        let w = Bf16Packed::pack(&weights(DType::BF16, n, k), &pool).expect("pack");
+        for m in [1usize, 16, 128] {
+            let mut x = Bf16Acts::default();
+            x.fill(&acts(m, k), k);
+            let mut out = vec![0f32; m * n];
+            if m == 1 {
+                g.throughput(Throughput::Bytes(w.num_bytes() as u64));
+            } else {
+                g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            }
+            let id = format!("bf16/{n}x{k}/m{m}/t{threads}");
+            g.bench_function(BenchmarkId::from_parameter(id), |b| {
+                b.iter(|| cpu::matmul_b16_many(&pool, &x, &[&w], &mut [&mut out]).expect("matmul"))
+            });
+        }
+    }
+    g.finish();
+}
+
 /// The float reference path (f32 activations, weights decoded per row).
 fn float_matmul(c: &mut Criterion) {
     let mut g = c.benchmark_group("float_matmul");
@@ -274,6 +303,7 @@ criterion_group!(
     memory_roof,
     qgemm,
     fgemm,
+    bgemm,
     float_matmul,
     quantize_acts,
     attention,
