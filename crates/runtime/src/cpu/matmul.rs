@@ -281,7 +281,8 @@ pub fn matmul_q8_many(
     )
 }
 
-/// Several bf16 weights of one input (rounded to bf16) at once, as [`matmul_q8_many`].
+/// Several bf16 weights of one input (rounded to bf16) at once, in one parallel call over all
+/// their tiles (as `matmul_q8_many` does for block-quantized weights).
 pub fn matmul_b16_many(
     pool: &ThreadPool,
     acts: &Bf16Acts,
