@@ -267,18 +267,10 @@ pub fn matmul_q8_many(
     weights: &[&PackedWeight],
     outs: &mut [&mut [f32]],
 ) -> Result<()> {
-    let shapes = shapes(weights, |w| (w.rows(), w.cols(), w.tiles()))?;
-    let format = weights.first().map_or(DType::Q8_0, |w| w.dtype());
     let (m, k) = (acts.rows(), acts.cols());
-    over_tiles(
-        pool,
-        ("matmul_q8", &format),
-        m,
-        k,
-        shapes,
-        outs,
-        |i, tiles, out| run_tiles(isa, acts, weights[i], tiles, out),
-    )
+    over_tiles(pool, "matmul_q8", m, k, weights, outs, |w, tiles, out| {
+        run_tiles(isa, acts, w, tiles, out)
+    })
 }
 
 /// Several bf16 weights of one input (rounded to bf16) at once, in one parallel call over all
@@ -289,79 +281,61 @@ pub fn matmul_b16_many(
     weights: &[&Bf16Packed],
     outs: &mut [&mut [f32]],
 ) -> Result<()> {
-    let shapes = shapes(weights, |w| (w.rows(), w.cols(), w.tiles()))?;
     let (m, k) = (acts.rows(), acts.cols());
-    over_tiles(
-        pool,
-        ("matmul_b16", &DType::BF16),
-        m,
-        k,
-        shapes,
-        outs,
-        |i, tiles, out| {
-            let w = weights[i];
-            drive_tiles(
-                w.rows(),
-                m,
-                bpack::MAX_ROWS,
-                tiles,
-                out,
-                |tiles, rows, res| {
-                    let xs: [&[u32]; bpack::MAX_ROWS] =
-                        std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-                    bpack::dot_tiles(w, tiles, &xs[..rows.len()], res);
-                },
-            );
-        },
-    )
+    over_tiles(pool, "matmul_b16", m, k, weights, outs, |w, tiles, out| {
+        drive_tiles(
+            w.rows(),
+            m,
+            bpack::MAX_ROWS,
+            tiles,
+            out,
+            |tiles, rows, res| {
+                let xs: [&[u32]; bpack::MAX_ROWS] =
+                    std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
+                bpack::dot_tiles(w, tiles, &xs[..rows.len()], res);
+            },
+        );
+    })
 }
 
-/// `(rows, cols, tiles)` of each of at most [`MAX_PRODUCTS`] weights, without allocating.
-fn shapes<W>(weights: &[&W], shape: impl Fn(&W) -> (usize, usize, usize)) -> Result<ShapeList> {
-    if weights.len() > MAX_PRODUCTS {
-        return Err(RuntimeError::Shape(format!(
-            "{} weights in one product call (at most {MAX_PRODUCTS})",
-            weights.len()
-        )));
+/// A weight repacked into tiles of 16 rows, as [`over_tiles`] sees it.
+trait Tiled: Sync {
+    fn shape(&self) -> (usize, usize, usize, DType);
+}
+
+impl Tiled for PackedWeight {
+    fn shape(&self) -> (usize, usize, usize, DType) {
+        (self.rows(), self.cols(), self.tiles(), self.dtype())
     }
-    let mut s = ShapeList {
-        len: weights.len(),
-        shapes: [(0, 0, 0); MAX_PRODUCTS],
-    };
-    for (d, w) in s.shapes.iter_mut().zip(weights) {
-        *d = shape(w);
+}
+
+impl Tiled for Bf16Packed {
+    fn shape(&self) -> (usize, usize, usize, DType) {
+        (self.rows(), self.cols(), self.tiles(), DType::BF16)
     }
-    Ok(s)
 }
 
-/// Up to [`MAX_PRODUCTS`] weight shapes `(rows, cols, tiles)`.
-struct ShapeList {
-    len: usize,
-    shapes: [(usize, usize, usize); MAX_PRODUCTS],
-}
-
-/// Checks `outs[i]` is `[m, n_i]` for weights of `shapes[i] = (n_i, k_i, tiles_i)` with
-/// `k_i = k`, then splits all their tiles over `pool` in one call, `run(i, tiles, out_i)` for
-/// each weight's share. `what` names the product and the weights' format in errors.
-fn over_tiles(
+/// Checks `outs[i]` is `[m, n_i]` for weights `[n_i, k]`, then splits all their tiles over
+/// `pool` in one call, `run(w_i, tiles, out_i)` for each weight's share. `op` names the product
+/// in errors.
+fn over_tiles<W: Tiled>(
     pool: &ThreadPool,
-    what: (&str, &dyn std::fmt::Display),
+    op: &str,
     m: usize,
     k: usize,
-    shapes: ShapeList,
+    weights: &[&W],
     outs: &mut [&mut [f32]],
-    run: impl Fn(usize, Range<usize>, &DisjointMut<f32>) + Sync,
+    run: impl Fn(&W, Range<usize>, &DisjointMut<f32>) + Sync,
 ) -> Result<()> {
-    let (op, format) = what;
-    let shapes = &shapes.shapes[..shapes.len];
-    if shapes.len() != outs.len() || shapes.len() > MAX_PRODUCTS {
+    if weights.len() != outs.len() || weights.len() > MAX_PRODUCTS {
         return Err(RuntimeError::Shape(format!(
             "{op}: {} weights for {} outputs (at most {MAX_PRODUCTS})",
-            shapes.len(),
+            weights.len(),
             outs.len()
         )));
     }
-    for (&(n, cols, _), out) in shapes.iter().zip(outs.iter()) {
+    for (w, out) in weights.iter().zip(outs.iter()) {
+        let (n, cols, _, format) = w.shape();
         if cols != k {
             return Err(RuntimeError::Shape(format!(
                 "{op}: {format} weights [{n}, {cols}] against activation rows of {k}"
@@ -381,15 +355,15 @@ fn over_tiles(
     for (d, out) in dst.iter_mut().zip(outs.iter_mut()) {
         *d = Some(DisjointMut::new(out));
     }
-    let total: usize = shapes.iter().map(|s| s.2).sum();
+    let total: usize = weights.iter().map(|w| w.shape().2).sum();
     pool.parallel_ranges(total, 1, |range| {
         // Map the global tile range onto each weight's own tiles.
         let mut first = 0;
-        for (i, (s, out)) in shapes.iter().zip(dst.iter().flatten()).enumerate() {
-            let t = s.2;
+        for (w, out) in weights.iter().zip(dst.iter().flatten()) {
+            let t = w.shape().2;
             let (lo, hi) = (range.start.max(first), range.end.min(first + t));
             if lo < hi {
-                run(i, lo - first..hi - first, out);
+                run(w, lo - first..hi - first, out);
             }
             first += t;
         }
