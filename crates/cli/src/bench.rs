@@ -183,6 +183,7 @@ fn latency(args: &LatencyArgs) -> Result<()> {
                 "batch_size": args.batch_size,
                 "threads": args.model.threads,
                 "matmul_precision": format!("{:?}", args.model.matmul_precision).to_lowercase(),
+                "kv_cache_dtype": c.kv_cache_dtype.name(),
                 "load_s": load_time.as_secs_f64(),
                 "prefill_tok_s": prefill,
                 "decode_tok_s": decode,
@@ -190,12 +191,13 @@ fn latency(args: &LatencyArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{:<10} {:>6} {:>6} {:>6} {:>14} {:>14}",
-            "precision", "input", "output", "batch", "prefill tok/s", "decode tok/s"
+            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14} {:>14}",
+            "precision", "kv cache", "input", "output", "batch", "prefill tok/s", "decode tok/s"
         );
         println!(
-            "{:<10} {:>6} {:>6} {:>6} {:>14.1} {:>14.1}",
+            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14.1} {:>14.1}",
             format!("{:?}", args.model.matmul_precision).to_lowercase(),
+            c.kv_cache_dtype.name(),
             args.input_len,
             args.output_len,
             args.batch_size,

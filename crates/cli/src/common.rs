@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{EngineConfig, Generator, GeneratorConfig, KvCacheSize};
 use ferrum_models::{load_model, load_text_assets_with, LoadOptions, Model};
-use ferrum_runtime::cpu::MatmulPrecision;
+use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use ferrum_tokenizer::{TemplateMode, TextAssets};
 use ferrum_types::{SamplingParams, TypesError};
 use std::io::IsTerminal;
@@ -30,6 +30,12 @@ pub struct ModelArgs {
     /// arithmetic) or float (f32, the reference path).
     #[arg(long, value_enum, default_value_t = Precision::Int8)]
     pub matmul_precision: Precision,
+    /// Element type of the KV cache. auto: f32 with --matmul-precision float; otherwise the
+    /// checkpoint's half type (f16 for GGUF, as llama.cpp; bf16/f16 for a folder saved in it,
+    /// as vLLM), f32 for an f32 folder. Half types halve the cache's memory and attention's
+    /// reads.
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Compile and render the chat template in this process instead of a memory-capped worker
     /// process (saves about 0.1 ms a request; a hostile template can then exhaust memory).
     #[arg(long)]
@@ -41,6 +47,27 @@ pub struct ModelArgs {
 pub enum Precision {
     Int8,
     Float,
+}
+
+/// `--kv-cache-dtype` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    Auto,
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KvCacheDtype {
+    /// The type asked for; `None` for auto.
+    pub fn fixed(self) -> Option<KvDtype> {
+        match self {
+            KvCacheDtype::Auto => None,
+            KvCacheDtype::F32 => Some(KvDtype::F32),
+            KvCacheDtype::F16 => Some(KvDtype::F16),
+            KvCacheDtype::Bf16 => Some(KvDtype::Bf16),
+        }
+    }
 }
 
 impl From<Precision> for MatmulPrecision {
@@ -147,6 +174,7 @@ pub fn load_parts(
         &LoadOptions {
             num_threads: args.threads,
             precision: args.matmul_precision.into(),
+            kv_cache_dtype: args.kv_cache_dtype.fixed(),
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

@@ -69,8 +69,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // A server's KV cache becomes resident in the first seconds, not over hours of traffic:
     // its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
+    let kv_dtype = model.config().kv_cache_dtype;
     let engine = EngineHandle::start(model, Some(Arc::new(tokenizer)), &cfg)?;
     let max_model_len = engine.max_model_len();
+    let kv_tokens = engine.metrics().kv_blocks_total * cfg.block_size;
     let server = ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -83,7 +85,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let has_template = chat_template.is_some();
     ferrum_server::run(engine, chat_template, &server, |addr| {
         eprintln!(
-            "ferrum: serving '{name}' (context {max_model_len} tokens{}) on http://{addr}",
+            "ferrum: serving '{name}' (context {max_model_len} tokens, KV cache {kv_tokens} \
+             tokens in {kv_dtype}{}) on http://{addr}",
             if has_template {
                 ""
             } else {

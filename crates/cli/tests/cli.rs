@@ -124,6 +124,18 @@ fn bad_flags_get_clear_errors() {
         ),
         (vec!["run", "--model", m], "give a prompt"),
         (
+            vec![
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--kv-cache-dtype",
+                "fp8",
+            ],
+            "invalid value 'fp8' for '--kv-cache-dtype",
+        ),
+        (
             vec!["run", "--model", m, "--prompt", "hi"],
             "no usable tokenizer",
         ),
@@ -505,6 +517,28 @@ fn bench_latency_and_throughput_report_json() {
     assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
     assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["matmul_precision"], "int8");
+    assert_eq!(
+        v["kv_cache_dtype"], "f16",
+        "auto is f16 for GGUF on the fast path"
+    );
+    let bf16 = ferrum(&[
+        "bench",
+        "latency",
+        "--model",
+        m,
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--num-iters",
+        "1",
+        "--kv-cache-dtype",
+        "bf16",
+        "--json",
+    ]);
+    assert!(bf16.status.success(), "{}", stderr(&bf16));
+    let v: Value = serde_json::from_slice(&bf16.stdout).unwrap();
+    assert_eq!(v["kv_cache_dtype"], "bf16");
     let out = ferrum(&[
         "bench",
         "throughput",

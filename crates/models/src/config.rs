@@ -6,7 +6,7 @@
 use crate::gguf::{GgufFile, GgufValue};
 use crate::registry::{self, ArchSpec};
 use crate::{ModelError, Result};
-use ferrum_runtime::cpu::{RopeScaling, MAX_HEAD_DIM};
+use ferrum_runtime::cpu::{KvDtype, RopeScaling, MAX_HEAD_DIM};
 use ferrum_runtime::DType;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -38,6 +38,9 @@ pub struct ModelConfig {
     /// Half-precision type the reference implementation keeps RoPE frequencies in: the
     /// checkpoint's dtype when that is bf16 or f16 (see `ferrum_runtime::cpu::Rope`).
     pub rope_table_dtype: Option<DType>,
+    /// Element type of the KV cache built for this model: f32 as read from a file, set at
+    /// load from `LoadOptions::kv_cache_dtype` (see [`crate::resolve_kv_dtype`]).
+    pub kv_cache_dtype: KvDtype,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -211,6 +214,7 @@ impl ModelConfig {
             attention_bias: spec.qkv_bias || k.bool("attention_bias")?.unwrap_or(false),
             dtype,
             rope_table_dtype,
+            kv_cache_dtype: KvDtype::F32,
             bos_token_id: k.ids("bos_token_id")?.first().copied(),
             eos_token_ids: k.ids("eos_token_id")?,
         };
@@ -331,6 +335,7 @@ impl ModelConfig {
             attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
             dtype: None,
             rope_table_dtype,
+            kv_cache_dtype: KvDtype::F32,
             bos_token_id: token_id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: eos.into_iter().collect(),
         };

@@ -1,11 +1,36 @@
 //! The physical paged KV cache: per layer, one key and one value buffer of
-//! `[num_blocks, num_kv_heads, ...]` f32 (keys transposed within a block, see
-//! `ferrum_runtime::cpu::paged_attention`), allocated once. Block ids in a
-//! [`crate::ForwardBatch`] index the first dimension; which block belongs to which sequence is
-//! the scheduler's business, not the cache's.
+//! `[num_blocks, num_kv_heads, ...]` elements of the config's `kv_cache_dtype` (f32, f16 or
+//! bf16; keys transposed within a block, see `ferrum_runtime::cpu::paged_attention`), allocated
+//! once. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
+//! to which sequence is the scheduler's business, not the cache's.
 
 use crate::{ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::MAX_BLOCK_SIZE;
+use ferrum_runtime::cpu::{zeroed_vec, KvDtype, KvElem, KvLayerMut, MAX_BLOCK_SIZE};
+use half::{bf16, f16};
+
+/// Every layer's key and value buffers, in one element type.
+#[derive(Debug)]
+enum Layers {
+    F32(Vec<(Vec<f32>, Vec<f32>)>),
+    F16(Vec<(Vec<f16>, Vec<f16>)>),
+    Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+}
+
+/// `layers` pairs of zeroed (untouched) buffers of `len` elements.
+fn zeroed_layers<E: KvElem>(layers: usize, len: usize) -> Vec<(Vec<E>, Vec<E>)> {
+    (0..layers)
+        .map(|_| (zeroed_vec(len), zeroed_vec(len)))
+        .collect()
+}
+
+/// (address, bytes) of each buffer.
+fn spans<E>(layers: &[(Vec<E>, Vec<E>)]) -> Vec<(usize, usize)> {
+    layers
+        .iter()
+        .flat_map(|(k, v)| [k, v])
+        .map(|b| (b.as_ptr() as usize, std::mem::size_of_val(b.as_slice())))
+        .collect()
+}
 
 /// Key and value storage for every layer.
 #[derive(Debug)]
@@ -14,7 +39,8 @@ pub struct KvCache {
     block_size: usize,
     num_kv_heads: usize,
     head_dim: usize,
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    num_layers: usize,
+    layers: Layers,
 }
 
 impl KvCache {
@@ -24,7 +50,7 @@ impl KvCache {
             * config.num_key_value_heads
             * block_size
             * config.head_dim
-            * std::mem::size_of::<f32>()
+            * config.kv_cache_dtype.size()
     }
 
     /// A cache of `num_blocks` blocks of `block_size` token slots for `config`'s layers.
@@ -45,16 +71,29 @@ impl KvCache {
             .ok_or_else(|| {
                 ModelError::Invalid(format!("a KV cache of {num_blocks} blocks is too large"))
             })?;
-        let layers = (0..config.num_hidden_layers)
-            .map(|_| (vec![0f32; per_layer], vec![0f32; per_layer]))
-            .collect();
+        let n = config.num_hidden_layers;
+        let layers = match config.kv_cache_dtype {
+            KvDtype::F32 => Layers::F32(zeroed_layers(n, per_layer)),
+            KvDtype::F16 => Layers::F16(zeroed_layers(n, per_layer)),
+            KvDtype::Bf16 => Layers::Bf16(zeroed_layers(n, per_layer)),
+        };
         Ok(KvCache {
             num_blocks,
             block_size,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
+            num_layers: n,
             layers,
         })
+    }
+
+    /// The element type of the keys and values.
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            Layers::F32(_) => KvDtype::F32,
+            Layers::F16(_) => KvDtype::F16,
+            Layers::Bf16(_) => KvDtype::Bf16,
+        }
     }
 
     /// Makes the whole cache resident, on a background thread (Linux: `madvise` with
@@ -65,12 +104,11 @@ impl KvCache {
     pub fn populate_in_background(&self) {
         #[cfg(target_os = "linux")]
         {
-            let ranges: Vec<(usize, usize)> = self
-                .layers
-                .iter()
-                .flat_map(|(k, v)| [k, v])
-                .map(|b| (b.as_ptr() as usize, std::mem::size_of_val(b.as_slice())))
-                .collect();
+            let ranges = match &self.layers {
+                Layers::F32(l) => spans(l),
+                Layers::F16(l) => spans(l),
+                Layers::Bf16(l) => spans(l),
+            };
             let _ = std::thread::Builder::new()
                 .name("ferrum-kv-populate".into())
                 .spawn(move || {
@@ -118,19 +156,32 @@ impl KvCache {
     }
 
     pub fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.num_layers
     }
 
-    /// Whether the cache was built for a model with these attention sizes.
+    /// Whether the cache was built for a model with these attention sizes and element type.
     pub fn fits(&self, config: &ModelConfig) -> bool {
-        self.layers.len() == config.num_hidden_layers
+        self.num_layers == config.num_hidden_layers
             && self.num_kv_heads == config.num_key_value_heads
             && self.head_dim == config.head_dim
+            && self.dtype() == config.kv_cache_dtype
     }
 
     /// Key and value buffers of one layer.
-    pub fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
-        let (k, v) = &mut self.layers[layer];
-        (k, v)
+    pub fn layer_mut(&mut self, layer: usize) -> KvLayerMut<'_> {
+        match &mut self.layers {
+            Layers::F32(l) => {
+                let (k, v) = &mut l[layer];
+                KvLayerMut::F32(k, v)
+            }
+            Layers::F16(l) => {
+                let (k, v) = &mut l[layer];
+                KvLayerMut::F16(k, v)
+            }
+            Layers::Bf16(l) => {
+                let (k, v) = &mut l[layer];
+                KvLayerMut::Bf16(k, v)
+            }
+        }
     }
 }

@@ -25,7 +25,7 @@ pub use gguf::{GgufFile, GgufValue};
 pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
-pub use loader::{load_model, LoadOptions, Model};
+pub use loader::{load_model, resolve_kv_dtype, LoadOptions, Model};
 pub use registry::{ArchSpec, Family};
 pub use safetensors::SafetensorsFile;
 pub use source::{ModelFormat, WeightSource};

@@ -346,14 +346,12 @@ impl LlamaModel {
             }
             self.rope.apply_with(&mut s.q, &s.rope);
             self.rope.apply_with(&mut s.k, &s.rope);
-            let (k_cache, v_cache) = kv.layer_mut(li);
-            cpu::write_kv(&s.k, &s.v, &batch.slot_mapping, &shape, k_cache, v_cache);
+            let mut cache = kv.layer_mut(li);
+            cache.write(&s.k, &s.v, &batch.slot_mapping, &shape);
             // [t, nh*hd]
-            cpu::paged_attention(
+            cache.attend(
                 pool,
                 &s.q,
-                k_cache,
-                v_cache,
                 &batch.seqs,
                 &batch.block_tables,
                 &shape,

@@ -3,7 +3,7 @@
 use crate::registry::Family;
 use crate::source::WeightSource;
 use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::{Linear, MatmulPrecision};
+use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
 use ferrum_runtime::ThreadPool;
 use ferrum_types::ForwardBatch;
 use std::path::Path;
@@ -16,6 +16,29 @@ pub struct LoadOptions {
     pub num_threads: Option<usize>,
     /// Activations of products with block-quantized weights: 8-bit integer (default) or f32.
     pub precision: MatmulPrecision,
+    /// Element type of the KV cache; `None` picks one (see [`resolve_kv_dtype`]).
+    pub kv_cache_dtype: Option<KvDtype>,
+}
+
+/// The KV cache type `auto` stands for. The float setting is the reference path and keeps f32.
+/// On the fast setting, the checkpoint's half type: f16 for a GGUF file (llama.cpp's default
+/// cache type), bf16 or f16 for a Hugging Face folder saved in that type (vLLM's `auto`: the
+/// model's dtype), f32 for an f32 folder.
+pub fn resolve_kv_dtype(src: &WeightSource, config: &ModelConfig, opts: &LoadOptions) -> KvDtype {
+    if let Some(d) = opts.kv_cache_dtype {
+        return d;
+    }
+    if opts.precision == MatmulPrecision::Float {
+        return KvDtype::F32;
+    }
+    match src {
+        WeightSource::Gguf(_) => KvDtype::F16,
+        WeightSource::HfFolder { .. } => match config.dtype.as_deref() {
+            Some("bfloat16") => KvDtype::Bf16,
+            Some("float16") => KvDtype::F16,
+            _ => KvDtype::F32,
+        },
+    }
 }
 
 /// A loaded model of any supported family.
@@ -50,7 +73,8 @@ pub fn load_config(src: &WeightSource) -> Result<ModelConfig> {
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     let src = WeightSource::open(path)?;
-    let config = load_config(&src)?;
+    let mut config = load_config(&src)?;
+    config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     let pool = match opts.num_threads {
         Some(0) => {
             return Err(ModelError::Invalid(

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use ferrum_models::{ForwardBatch, KvCache, Model};
-use ferrum_runtime::cpu::MatmulPrecision;
+use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 
 const BS: usize = 16;
 
@@ -159,25 +159,31 @@ fn chunked_prefill_matches_single_runs() {
 }
 
 /// The int8-activation path (Q8_0 weights): activations are quantized per row, so a row's
-/// result cannot depend on its batch-mates either.
+/// result cannot depend on its batch-mates either. With the default cache for GGUF, f16.
 #[test]
 fn int8_activations_keep_batch_invariance() {
     let q8 = || {
-        load_with(
+        let m = load_with(
             &fixtures().join("tiny-smollm/model-q8_0.gguf"),
             MatmulPrecision::Int8,
-        )
+        );
+        assert_eq!(m.config().kv_cache_dtype, KvDtype::F16);
+        m
     };
     all_in_one_batch(setup_model(q8(), "tiny-smollm"), "tiny-smollm q8_0 int8");
     chunked_setup(setup_model(q8(), "tiny-smollm"), "tiny-smollm q8_0 int8", 3);
 }
 
-/// bf16 weights on the fast setting (bf16 activations where the CPU has AVX-512 BF16): the
-/// same contract.
+/// bf16 weights on the fast setting (bf16 activations where the CPU has AVX-512 BF16, and a
+/// bf16 KV cache): the same contract.
 #[test]
 fn bf16_activations_keep_batch_invariance() {
     let name = "tiny-llama-bf16";
-    let bf16 = || load_with(&fixtures().join(name), MatmulPrecision::Int8);
+    let bf16 = || {
+        let m = load_with(&fixtures().join(name), MatmulPrecision::Int8);
+        assert_eq!(m.config().kv_cache_dtype, KvDtype::Bf16);
+        m
+    };
     all_in_one_batch(setup_model(bf16(), name), "tiny-llama-bf16 fast");
     chunked_setup(setup_model(bf16(), name), "tiny-llama-bf16 fast", 5);
 }

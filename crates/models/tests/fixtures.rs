@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use ferrum_models::GgufFile;
-use ferrum_runtime::cpu::MatmulPrecision;
+use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use std::path::Path;
 
 fn check_fixture(dir: &Path, model_path: &Path, tolerance: f32) {
@@ -188,16 +188,59 @@ fn within_rms_bound(model: &mut ferrum_models::Model, dir: &Path, rms_bound: f64
 }
 
 /// The fast setting on bf16 weights rounds every activation row to bf16 before each product
-/// (where the CPU has AVX-512 BF16; elsewhere it keeps f32 and this holds trivially): a relative
-/// error uniform in `±2^-9` per value, RMS `2^-9 / sqrt(3)`, entering at each of the 7 products
-/// per layer and the LM head. As for Q8_0, a logit's relative RMS error is about `sqrt(n)` times
-/// that; the bound on the RMS error is twice it, on the worst logit three times it relative to
-/// the largest |logit| ([`within_rms_bound`]).
+/// (where the CPU has AVX-512 BF16; elsewhere it keeps f32), and by default keeps the KV cache
+/// in bf16 (the checkpoint's type): a relative error uniform in `±2^-9` per value, RMS
+/// `2^-9 / sqrt(3)`, entering at each of the 7 products per layer, the LM head and the cached
+/// keys and values (2 per layer). As for Q8_0, a logit's relative RMS error is about `sqrt(n)`
+/// times that; the bound on the RMS error is twice it, on the worst logit three times it
+/// relative to the largest |logit| ([`within_rms_bound`]).
 #[test]
 fn tiny_llama_bf16_fast_path_within_activation_rounding() {
     let dir = fixtures().join("tiny-llama-bf16");
     let mut model = load_with(&dir, MatmulPrecision::Int8);
-    let n = 7 * model.config().num_hidden_layers + 1;
+    assert_eq!(model.config().kv_cache_dtype, KvDtype::Bf16);
+    let n = 9 * model.config().num_hidden_layers + 1;
     let rms_bound = 2.0 * (n as f64).sqrt() * 2f64.powi(-9) / 3f64.sqrt();
     within_rms_bound(&mut model, &dir, rms_bound, "bf16 fast");
+}
+
+/// A half KV cache rounds every cached key and value once, to nearest: a relative error uniform
+/// in `±2^-p` (p = 11 for f16, 9 for bf16), RMS `2^-p / sqrt(3)`, at 2 stages per layer. On the
+/// float path that is the only error beyond f32's, so the bound is twice `sqrt(2 L)` times it
+/// ([`within_rms_bound`]), on fixtures with full attention, biases and a sliding window.
+#[test]
+fn half_kv_caches_within_rounding() {
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
+        let dir = fixtures().join(name);
+        for (dtype, p) in [(KvDtype::F16, 11), (KvDtype::Bf16, 9)] {
+            let mut model = load_kv(&dir, MatmulPrecision::Float, Some(dtype));
+            assert_eq!(model.config().kv_cache_dtype, dtype);
+            let n = 2 * model.config().num_hidden_layers;
+            let rms_bound = 2.0 * (n as f64).sqrt() * 2f64.powi(-p) / 3f64.sqrt();
+            within_rms_bound(
+                &mut model,
+                &dir,
+                rms_bound,
+                &format!("{name} {dtype} cache"),
+            );
+        }
+    }
+}
+
+/// `auto` keeps the float path exact (f32 cache), and on the fast path picks the checkpoint's
+/// type: f32 for an f32 folder, bf16 for a bf16 one, f16 for GGUF.
+#[test]
+fn auto_kv_cache_types() {
+    let f = fixtures();
+    let kv = |path: &Path, precision| load_kv(path, precision, None).config().kv_cache_dtype;
+    let bf16 = f.join("tiny-llama-bf16");
+    let gguf = f.join("tiny-smollm/model-q8_0.gguf");
+    assert_eq!(kv(&bf16, MatmulPrecision::Float), KvDtype::F32);
+    assert_eq!(kv(&gguf, MatmulPrecision::Float), KvDtype::F32);
+    assert_eq!(
+        kv(&f.join("tiny-llama"), MatmulPrecision::Int8),
+        KvDtype::F32
+    );
+    assert_eq!(kv(&bf16, MatmulPrecision::Int8), KvDtype::Bf16);
+    assert_eq!(kv(&gguf, MatmulPrecision::Int8), KvDtype::F16);
 }

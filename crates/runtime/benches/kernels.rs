@@ -14,7 +14,7 @@ use ferrum_runtime::cpu::bpack::{self, Bf16Acts, Bf16Packed};
 use ferrum_runtime::cpu::fpack::FloatPacked;
 use ferrum_runtime::cpu::qdot::{Isa, Q8Acts};
 use ferrum_runtime::cpu::qpack::PackedWeight;
-use ferrum_runtime::cpu::{self, AttentionShape, MatmulPrecision};
+use ferrum_runtime::cpu::{self, AttentionShape, KvElem, MatmulPrecision};
 use ferrum_runtime::{DType, Storage, Tensor, ThreadPool};
 use ferrum_types::batch::SeqSlice;
 use std::hint::black_box;
@@ -213,8 +213,32 @@ fn quantize_acts(c: &mut Criterion) {
     g.finish();
 }
 
-/// Paged attention: 9 query heads over 3 KV heads of 64, blocks of 16.
+/// Paged attention: 9 query heads over 3 KV heads of 64, blocks of 16, as one model step runs
+/// it: 30 layers, each with its own key and value caches, so the step reads far more than the
+/// caches hold (as a serving step does), and blocks of the sequences interleaved in memory (as
+/// they are when sequences grow side by side). With f32 and f16 caches.
 fn attention(c: &mut Criterion) {
+    let mut g = c.benchmark_group("paged_attention");
+    g.sample_size(10);
+    for (threads, pool) in pools() {
+        // (sequences, new tokens each, context each): decode batches and one prefill.
+        for (seqs, q_len, ctx) in [(1usize, 1usize, 512usize), (16, 1, 256), (1, 512, 512)] {
+            attention_case::<f32>(&mut g, &pool, threads, seqs, q_len, ctx);
+            attention_case::<half::f16>(&mut g, &pool, threads, seqs, q_len, ctx);
+        }
+    }
+    g.finish();
+}
+
+fn attention_case<E: KvElem>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    pool: &ThreadPool,
+    threads: usize,
+    seqs: usize,
+    q_len: usize,
+    ctx: usize,
+) {
+    const LAYERS: usize = 30;
     let shape = AttentionShape {
         num_heads: 9,
         num_kv_heads: 3,
@@ -223,53 +247,59 @@ fn attention(c: &mut Criterion) {
         scale: 0.125,
         sliding_window: None,
     };
-    let mut g = c.benchmark_group("paged_attention");
-    g.sample_size(20);
-    for (threads, pool) in pools() {
-        // (sequences, new tokens each, context each): decode batches and one prefill.
-        for (seqs, q_len, ctx) in [(1usize, 1usize, 512usize), (16, 1, 256), (1, 512, 512)] {
-            let blocks_per_seq = ctx.div_ceil(16);
-            let num_blocks = seqs * blocks_per_seq;
-            let cache = vec![0.01f32; num_blocks * 3 * 16 * 64];
-            let table: Vec<u32> = (0..num_blocks as u32).collect();
-            let slices: Vec<SeqSlice> = (0..seqs)
-                .map(|s| SeqSlice {
-                    query_start: s * q_len,
-                    query_len: q_len,
-                    context_len: ctx,
-                    block_table_start: s * blocks_per_seq,
-                    num_blocks: blocks_per_seq,
-                })
-                .collect();
-            let q = acts(seqs * q_len, 9 * 64);
-            let mut out = vec![0f32; q.len()];
-            let mut partials = Vec::new();
-            // q·k and p·v over the visible keys.
-            let visible: usize = if q_len == 1 {
-                seqs * ctx
-            } else {
-                seqs * q_len * (q_len + 1) / 2
-            };
-            g.throughput(Throughput::Elements((2 * 2 * 9 * 64 * visible) as u64));
-            let id = format!("seqs{seqs}_q{q_len}_ctx{ctx}/t{threads}");
-            g.bench_function(BenchmarkId::from_parameter(id), |b| {
-                b.iter(|| {
-                    cpu::paged_attention(
-                        &pool,
-                        &q,
-                        &cache,
-                        &cache,
-                        &slices,
-                        &table,
-                        &shape,
-                        &mut out,
-                        &mut partials,
-                    )
-                })
-            });
-        }
-    }
-    g.finish();
+    let blocks_per_seq = ctx.div_ceil(16);
+    let num_blocks = seqs * blocks_per_seq;
+    let layer = num_blocks * 3 * 16 * 64;
+    let fill = |n: usize| -> Vec<E> {
+        acts(1, layer + n)[n..]
+            .iter()
+            .map(|&x| E::from_f32(x))
+            .collect()
+    };
+    let caches: Vec<(Vec<E>, Vec<E>)> = (0..LAYERS).map(|l| (fill(l), fill(2 * l + 1))).collect();
+    // Sequence s's j-th block is block j * seqs + s.
+    let table: Vec<u32> = (0..seqs)
+        .flat_map(|s| (0..blocks_per_seq).map(move |j| (j * seqs + s) as u32))
+        .collect();
+    let slices: Vec<SeqSlice> = (0..seqs)
+        .map(|s| SeqSlice {
+            query_start: s * q_len,
+            query_len: q_len,
+            context_len: ctx,
+            block_table_start: s * blocks_per_seq,
+            num_blocks: blocks_per_seq,
+        })
+        .collect();
+    let q = acts(seqs * q_len, 9 * 64);
+    let mut out = vec![0f32; q.len()];
+    let mut partials = Vec::new();
+    // q·k and p·v over the visible keys, every layer.
+    let visible: usize = if q_len == 1 {
+        seqs * ctx
+    } else {
+        seqs * q_len * (q_len + 1) / 2
+    };
+    g.throughput(Throughput::Elements(
+        (LAYERS * 2 * 2 * 9 * 64 * visible) as u64,
+    ));
+    let id = format!("seqs{seqs}_q{q_len}_ctx{ctx}_{}/t{threads}", E::DTYPE);
+    g.bench_function(BenchmarkId::from_parameter(id), |b| {
+        b.iter(|| {
+            for (k, v) in &caches {
+                cpu::paged_attention(
+                    pool,
+                    &q,
+                    k,
+                    v,
+                    &slices,
+                    &table,
+                    &shape,
+                    &mut out,
+                    &mut partials,
+                )
+            }
+        })
+    });
 }
 
 fn small_ops(c: &mut Criterion) {

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use ferrum_models::{load_model, ForwardBatch, KvCache, LoadOptions, Model, SafetensorsFile};
-use ferrum_runtime::cpu::MatmulPrecision;
+use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -24,11 +24,17 @@ pub fn load(path: &Path) -> Model {
 }
 
 pub fn load_with(path: &Path, precision: MatmulPrecision) -> Model {
+    load_kv(path, precision, None)
+}
+
+/// Loads with a KV cache type (`None`: auto).
+pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> Model {
     load_model(
         path,
         &LoadOptions {
             num_threads: Some(2),
             precision,
+            kv_cache_dtype: kv,
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -12,8 +12,13 @@
 //! block of keys and values is loaded once for all of them; when that gives too few items for the
 //! pool, single heads. Every (token, head) pair runs the same arithmetic whatever item it is in,
 //! so results never depend on the batch, the chunking of a prompt or the thread count.
+//!
+//! The cache holds f32 or a half type ([`KvElem`]); keys and values are widened to f32 as they
+//! are loaded, and everything after that is the same f32 arithmetic.
 
-use super::simd::{self, multiversion};
+use super::kv_dtype::sealed::{Isa, Portable};
+use super::kv_dtype::KvElem;
+use super::simd;
 use super::DisjointMut;
 use crate::ThreadPool;
 use ferrum_types::batch::SeqSlice;
@@ -46,14 +51,15 @@ impl AttentionShape {
 }
 
 /// Writes the new tokens' keys and values (`[num_tokens, num_kv_heads * head_dim]`) into their
-/// cache slots (`slot = block * block_size + offset`). Slots were validated against the cache.
-pub fn write_kv(
+/// cache slots (`slot = block * block_size + offset`), rounded to the cache's type. Slots were
+/// validated against the cache.
+pub fn write_kv<E: KvElem>(
     k: &[f32],
     v: &[f32],
     slot_mapping: &[u32],
     shape: &AttentionShape,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [E],
+    v_cache: &mut [E],
 ) {
     let (hd, bs) = (shape.head_dim, shape.block_size);
     let row = shape.num_kv_heads * hd;
@@ -63,10 +69,12 @@ pub fn write_kv(
             let base = shape.block_base(block, g);
             let src = t * row + g * hd;
             for (d, &x) in k[src..src + hd].iter().enumerate() {
-                k_cache[base + d * bs + offset] = x;
+                k_cache[base + d * bs + offset] = E::from_f32(x);
             }
             let dst = base + offset * hd;
-            v_cache[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+            for (c, &x) in v_cache[dst..dst + hd].iter_mut().zip(&v[src..src + hd]) {
+                *c = E::from_f32(x);
+            }
         }
     }
 }
@@ -176,11 +184,11 @@ impl SeqPlan {
 /// `0..num_tokens` in order, each sequence's block table covers its `context_len`, and the new
 /// tokens' K/V are already written.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
+pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     seqs: &[SeqSlice],
     block_tables: &[u32],
     shape: &AttentionShape,
@@ -330,10 +338,10 @@ enum Dest<'a> {
 /// Runs one item. Its heads may span two KV heads only when single heads are items, so the
 /// loop goes KV head by KV head.
 #[allow(clippy::too_many_arguments)]
-fn attend_item(
+fn attend_item<E: KvElem>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     table: &[u32],
     seq: &SeqSlice,
     it: Item,
@@ -369,15 +377,17 @@ fn attend_item(
                 let p = it.parts.0;
                 let acc = &mut *part_acc;
                 attend_pairs(
-                    q,
-                    k_cache,
-                    v_cache,
-                    table,
-                    pairs,
-                    origin,
-                    kv_head,
-                    shape,
-                    p,
+                    &PairsJob {
+                        q,
+                        k_cache,
+                        v_cache,
+                        table,
+                        pairs,
+                        origin,
+                        kv_head,
+                        shape,
+                        part: p,
+                    },
                     &mut part_st,
                     acc,
                 );
@@ -398,15 +408,17 @@ fn attend_item(
                 for p in it.parts.0..it.parts.1 {
                     let acc = &mut *part_acc;
                     attend_pairs(
-                        q,
-                        k_cache,
-                        v_cache,
-                        table,
-                        pairs,
-                        origin,
-                        kv_head,
-                        shape,
-                        p,
+                        &PairsJob {
+                            q,
+                            k_cache,
+                            v_cache,
+                            table,
+                            pairs,
+                            origin,
+                            kv_head,
+                            shape,
+                            part: p,
+                        },
                         &mut part_st,
                         acc,
                     );
@@ -431,44 +443,75 @@ fn attend_item(
     }
 }
 
-multiversion! {
-    /// Attention of `pairs` (token, query head), all on `kv_head`, over the keys of softmax
-    /// part `part`; token `t` sits at position `t - origin.0 + origin.1`. Sets each pair's
-    /// state and unnormalized weighted values (`acc`: `[pairs, head_dim]`).
-    #[allow(clippy::too_many_arguments)]
-    fn attend_pairs(
-        q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
-        table: &[u32],
-        pairs: &[(usize, usize)],
-        origin: (usize, usize),
-        kv_head: usize,
-        shape: &AttentionShape,
-        part: usize,
-        st: &mut [SoftmaxState],
-        acc: &mut [f32],
-    ) = attend_pairs_impl;
+/// Attention of `pairs` (token, query head), all on `kv_head`, over the keys of softmax part
+/// `part`; token `t` sits at position `t - origin.0 + origin.1`.
+struct PairsJob<'a, E> {
+    q: &'a [f32],
+    k_cache: &'a [E],
+    v_cache: &'a [E],
+    table: &'a [u32],
+    pairs: &'a [(usize, usize)],
+    origin: (usize, usize),
+    kv_head: usize,
+    shape: &'a AttentionShape,
+    part: usize,
+}
+
+/// Runs `job`, setting each pair's state and unnormalized weighted values (`acc`:
+/// `[pairs, head_dim]`), in the widest build this CPU has (plain loops compiled with AVX-512 or
+/// AVX2, as `simd::multiversion!` does, plus the build's own f16 widening). Every build gives
+/// the same bits.
+fn attend_pairs<E: KvElem>(job: &PairsJob<'_, E>, st: &mut [SoftmaxState], acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::kv_dtype::sealed::{Avx2, Avx512};
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+        unsafe fn wide512<E: KvElem>(
+            job: &PairsJob<'_, E>,
+            st: &mut [SoftmaxState],
+            acc: &mut [f32],
+        ) {
+            attend_pairs_impl::<E, Avx512>(job, st, acc)
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn wide256<E: KvElem>(
+            job: &PairsJob<'_, E>,
+            st: &mut [SoftmaxState],
+            acc: &mut [f32],
+        ) {
+            attend_pairs_impl::<E, Avx2>(job, st, acc)
+        }
+        match simd::level() {
+            // SAFETY: the CPU has the features these builds enable (`level` checks F16C too).
+            simd::SimdLevel::Avx512 => return unsafe { wide512(job, st, acc) },
+            // SAFETY: as above.
+            simd::SimdLevel::Avx2 => return unsafe { wide256(job, st, acc) },
+            simd::SimdLevel::Baseline => {}
+        }
+    }
+    attend_pairs_impl::<E, Portable>(job, st, acc)
 }
 
 /// Online softmax, a block at a time, for every pair: scores over the block's visible keys,
 /// the running maximum (rescaling what was summed so far when it grows), then the weighted
 /// values. Each pair's arithmetic depends only on its own query and keys.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_pairs_impl(
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    table: &[u32],
-    pairs: &[(usize, usize)],
-    origin: (usize, usize),
-    kv_head: usize,
-    shape: &AttentionShape,
-    part: usize,
+fn attend_pairs_impl<E: KvElem, W: Isa>(
+    job: &PairsJob<'_, E>,
     st: &mut [SoftmaxState],
     out: &mut [f32],
 ) {
+    let &PairsJob {
+        q,
+        k_cache,
+        v_cache,
+        table,
+        pairs,
+        origin,
+        kv_head,
+        shape,
+        part,
+    } = job;
     let (bs, hd, nh) = (shape.block_size, shape.head_dim, shape.num_heads);
     out.fill(0.0);
     st.iter_mut().for_each(|s| *s = SoftmaxState::EMPTY);
@@ -485,11 +528,18 @@ fn attend_pairs_impl(
     if key_lo >= key_hi {
         return;
     }
-    let blocks = key_lo / bs..=(key_hi - 1) / bs;
-    for (bi, &block) in blocks.clone().zip(&table[blocks]) {
-        let base = shape.block_base(block as usize, kv_head);
+    let (b_lo, b_hi) = (key_lo / bs, (key_hi - 1) / bs);
+    for bi in b_lo..=b_hi {
+        let base = shape.block_base(table[bi] as usize, kv_head);
         let keys = &k_cache[base..base + bs * hd];
         let vals = &v_cache[base..base + bs * hd];
+        // Each (block, KV head) is its own few KiB somewhere in the cache, and the hardware
+        // prefetcher does not cross into it: the first run through this block fetches the next
+        // one's keys and values while it computes.
+        let mut next = (bi < b_hi).then(|| {
+            let n = shape.block_base(table[bi + 1] as usize, kv_head);
+            (&k_cache[n..n + bs * hd], &v_cache[n..n + bs * hd])
+        });
         let block_start = bi * bs;
         // Runs of pairs of one token (its query heads on this KV head) see the same keys and
         // go through the block together, up to MAX_RUN at a time.
@@ -512,34 +562,39 @@ fn attend_pairs_impl(
                     pairs: &pairs[k0..k1],
                     first: k0,
                     range: (lo - block_start, hi - block_start),
+                    next: next.take(),
                 };
                 let qv = |h: usize| &q[(t * nh + h) * hd..][..hd];
                 match (bs, hd, run.pairs.len()) {
                     (16, 64, 1) => {
-                        block_fast::<64, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 64, 2) => {
-                        block_fast::<64, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 64, 3) => {
-                        block_fast::<64, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 64, 4) => {
-                        block_fast::<64, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 128, 1) => {
-                        block_fast::<128, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 128, 2) => {
-                        block_fast::<128, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 128, 3) => {
-                        block_fast::<128, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     (16, 128, 4) => {
-                        block_fast::<128, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
                     _ => {
+                        if let Some((nk, nv)) = run.next {
+                            prefetch(nk);
+                            prefetch(nv);
+                        }
                         for (k, &(_, h)) in run.pairs.iter().enumerate() {
                             let p = run.first + k;
                             block_any(
@@ -561,15 +616,33 @@ fn attend_pairs_impl(
     }
 }
 
+/// Asks for every cache line of `data` to be brought towards the core (a hint: no effect on
+/// results, none at all off x86-64).
+#[inline(always)]
+fn prefetch<E>(data: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(64 / std::mem::size_of::<E>()) {
+        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 /// Most pairs of one token that go through a block together.
 const MAX_RUN: usize = 4;
 
 /// Pairs of one token against one block: `first` is the index of the first pair, `range` the
 /// visible keys of the block.
-struct Run<'a> {
+struct Run<'a, E> {
     pairs: &'a [(usize, usize)],
     first: usize,
     range: (usize, usize),
+    /// Keys and values of the block that comes next, to prefetch meanwhile.
+    next: Option<(&'a [E], &'a [E])>,
 }
 
 /// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible): lane
@@ -613,10 +686,10 @@ fn softmax_step(
 /// One pair against a block of any size (the reference arithmetic).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn block_any(
+fn block_any<E: KvElem>(
     qv: &[f32],
-    keys: &[f32],
-    vals: &[f32],
+    keys: &[E],
+    vals: &[E],
     bs: usize,
     range: (usize, usize),
     scale: f32,
@@ -638,13 +711,13 @@ fn block_any(
 /// Each pair's arithmetic is exactly [`block_any`]'s.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register arrays read best indexed
 #[inline(always)]
-fn block_fast<const HD: usize, const NP: usize>(
-    run: &Run<'_>,
+fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
+    run: &Run<'_, E>,
     q: &[f32],
     t: usize,
     nh: usize,
-    keys: &[f32],
-    vals: &[f32],
+    keys: &[E],
+    vals: &[E],
     scale: f32,
     st: &mut [SoftmaxState],
     out: &mut [f32],
@@ -654,8 +727,12 @@ fn block_fast<const HD: usize, const NP: usize>(
     // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
     let mut part = [[[0f32; BS]; 4]; NP];
     for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
+        // The next block's keys, as many lines as this step reads.
+        if let Some((nk, _)) = run.next {
+            prefetch(&nk[c * 4 * BS..(c + 1) * 4 * BS]);
+        }
         for r in 0..4 {
-            let krow = &k4[r * BS..(r + 1) * BS];
+            let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
             for k in 0..NP {
                 let qd = qs[k][4 * c + r];
                 for j in 0..BS {
@@ -687,10 +764,17 @@ fn block_fast<const HD: usize, const NP: usize>(
         a[k].copy_from_slice(&out[p * HD..(p + 1) * HD]);
     }
     for (j, v) in (lo..hi).zip(vals[lo * HD..hi * HD].chunks_exact(HD)) {
-        for k in 0..NP {
-            let pr = probs[k][j];
-            for d in 0..HD {
-                a[k][d] = pr.mul_add(v[d], a[k][d]);
+        // The next block's values, as many lines as this step reads.
+        if let Some((_, nv)) = run.next {
+            prefetch(&nv[j * HD..(j + 1) * HD]);
+        }
+        for c in 0..HD / 16 {
+            let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);
+            for k in 0..NP {
+                let pr = probs[k][j];
+                for d in 0..16 {
+                    a[k][c * 16 + d] = pr.mul_add(w[d], a[k][c * 16 + d]);
+                }
             }
         }
     }
@@ -703,11 +787,11 @@ fn block_fast<const HD: usize, const NP: usize>(
 /// Scores of one query against the `bs` keys of a transposed block: per key, four partial sums
 /// over the dimensions `d ≡ r (mod 4)` in increasing `d`, then `(s0 + s1) + (s2 + s3)`.
 #[inline(always)]
-fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
+fn block_scores_any<E: KvElem>(q: &[f32], keys: &[E], bs: usize, out: &mut [f32]) {
     let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
     for (d, (&qd, krow)) in q.iter().zip(keys.chunks_exact(bs)).enumerate() {
         for (a, &k) in part[d % 4][..bs].iter_mut().zip(krow) {
-            *a = qd.mul_add(k, *a);
+            *a = qd.mul_add(k.to_f32(), *a);
         }
     }
     for (j, o) in out.iter_mut().enumerate() {
@@ -717,10 +801,10 @@ fn block_scores_any(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
 
 /// `acc += Σ_k probs[k] · vals[k]`, key by key.
 #[inline(always)]
-fn weighted_values_any(acc: &mut [f32], probs: &[f32], vals: &[f32]) {
+fn weighted_values_any<E: KvElem>(acc: &mut [f32], probs: &[f32], vals: &[E]) {
     for (&p, v) in probs.iter().zip(vals.chunks_exact(acc.len())) {
         for (a, &x) in acc.iter_mut().zip(v) {
-            *a = p.mul_add(x, *a);
+            *a = p.mul_add(x.to_f32(), *a);
         }
     }
 }
@@ -939,6 +1023,95 @@ mod tests {
         }
     }
 
+    /// Attention over an f16 or bf16 cache gives exactly the bits of attention over an f32
+    /// cache holding the same rounded values, on the fast and the general block paths, for a
+    /// prefill and for decodes split by part.
+    #[test]
+    fn half_caches_equal_an_f32_cache_of_the_rounded_values() {
+        fn check<E: KvElem>() {
+            for (bs, hd, window) in [(16, 64, None), (8, 16, Some(100)), (16, 128, None)] {
+                let shape = AttentionShape {
+                    num_heads: 6,
+                    num_kv_heads: 2,
+                    head_dim: hd,
+                    block_size: bs,
+                    scale: 0.3,
+                    sliding_window: window,
+                };
+                let len = PART + 45;
+                let kvw = 2 * hd;
+                let nb = len.div_ceil(bs);
+                let table: Vec<u32> = (0..nb as u32).rev().collect();
+                let f = |i: usize, s: f32| ((i as f32) * s).sin() * 3.0;
+                let k: Vec<f32> = (0..len * kvw).map(|i| f(i, 0.7)).collect();
+                let v: Vec<f32> = (0..len * kvw).map(|i| f(i, 1.1)).collect();
+                let rounded = |x: &[f32]| -> Vec<f32> {
+                    x.iter().map(|&x| E::from_f32(x).to_f32()).collect()
+                };
+                let (kr, vr) = (rounded(&k), rounded(&v));
+                assert_ne!(kr, k, "{:?} should round", E::DTYPE);
+                let slots: Vec<u32> = (0..len)
+                    .map(|j| table[j / bs] * bs as u32 + (j % bs) as u32)
+                    .collect();
+                let cache_len = nb * kvw * bs;
+                let (mut kh, mut vh) = (
+                    super::super::zeroed_vec::<E>(cache_len),
+                    super::super::zeroed_vec::<E>(cache_len),
+                );
+                write_kv(&k, &v, &slots, &shape, &mut kh, &mut vh);
+                let (mut kf, mut vf) = (vec![0f32; cache_len], vec![0f32; cache_len]);
+                write_kv(&kr, &vr, &slots, &shape, &mut kf, &mut vf);
+                let row = 6 * hd;
+                let q: Vec<f32> = (0..len * row).map(|i| f(i, 0.013)).collect();
+                let pool = ThreadPool::new(2).unwrap();
+                let mut partials = Vec::new();
+                // The whole prompt, then its last token as a decode (split by part).
+                for (first, n) in [(0, len), (len - 1, 1)] {
+                    let seq = SeqSlice {
+                        query_start: 0,
+                        query_len: n,
+                        context_len: first + n,
+                        block_table_start: 0,
+                        num_blocks: nb,
+                    };
+                    let qs = &q[first * row..(first + n) * row];
+                    let mut half = vec![0f32; n * row];
+                    let mut full = vec![0f32; n * row];
+                    paged_attention(
+                        &pool,
+                        qs,
+                        &kh,
+                        &vh,
+                        &[seq],
+                        &table,
+                        &shape,
+                        &mut half,
+                        &mut partials,
+                    );
+                    paged_attention(
+                        &pool,
+                        qs,
+                        &kf,
+                        &vf,
+                        &[seq],
+                        &table,
+                        &shape,
+                        &mut full,
+                        &mut partials,
+                    );
+                    assert_eq!(
+                        half,
+                        full,
+                        "{:?} bs {bs} hd {hd} tokens {first}+{n}",
+                        E::DTYPE
+                    );
+                }
+            }
+        }
+        check::<half::f16>();
+        check::<half::bf16>();
+    }
+
     #[test]
     fn fast_paths_equal_the_general_ones() {
         let f = |i: usize, s: f32| ((i as f32) * s).sin();
@@ -971,14 +1144,20 @@ mod tests {
                     pairs: &pairs[..3],
                     first: 0,
                     range,
+                    next: None,
                 };
-                block_fast::<64, 3>(&run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got);
+                block_fast::<f32, Portable, 64, 3>(
+                    &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
+                );
                 let run = Run {
                     pairs: &pairs[3..],
                     first: 3,
                     range,
+                    next: None,
                 };
-                block_fast::<64, 1>(&run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got);
+                block_fast::<f32, Portable, 64, 1>(
+                    &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
+                );
             }
             assert_eq!(got, want, "{range:?}");
             for (a, b) in st.iter().zip(&want_st) {

@@ -9,6 +9,7 @@ mod attention;
 pub mod bpack;
 mod embedding;
 pub mod fpack;
+mod kv_dtype;
 mod matmul;
 mod norm;
 mod qacts;
@@ -20,6 +21,7 @@ pub mod simd;
 pub use activation::silu_mul;
 pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 pub use embedding::embedding;
+pub use kv_dtype::{zeroed_vec, KvDtype, KvElem, KvLayerMut};
 pub use matmul::{
     add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8, ActScratch, Linear, LinearInput,
     MatmulPrecision, Weight,

@@ -17,14 +17,14 @@ pub enum SimdLevel {
 pub fn level() -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx2")
+        // F16C (half-float conversions) comes with every AVX2 CPU; builds may use it.
+        let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
-        {
+            && is_x86_feature_detected!("f16c");
+        if avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
             return SimdLevel::Avx512;
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if avx2 {
             return SimdLevel::Avx2;
         }
     }

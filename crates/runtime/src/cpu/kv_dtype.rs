@@ -1,0 +1,318 @@
+//! Element types of the KV cache: f32, or a half type (f16, bf16) that halves the bytes
+//! attention reads per step.
+//!
+//! A half cache stores each key and value rounded to nearest (ties to even) when it is written;
+//! attention widens them back to f32, which is exact, and then runs the same f32 arithmetic as
+//! for an f32 cache. So attention over a half cache gives exactly the bits of attention over an
+//! f32 cache holding the rounded values, whatever the instruction set: the widening differs
+//! between builds (`vcvtph2ps` or plain code), its result does not.
+
+use super::attention::{paged_attention, write_kv, AttentionShape};
+use crate::ThreadPool;
+use ferrum_types::batch::SeqSlice;
+use half::{bf16, f16};
+
+/// Element type of a KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KvDtype {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
+        }
+    }
+
+    /// The lower-case name used by flags and reports (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A type the KV cache can hold.
+pub trait KvElem: sealed::Widen16 + Copy + Send + Sync + 'static {
+    const DTYPE: KvDtype;
+    /// Rounds to nearest, ties to even.
+    fn from_f32(x: f32) -> Self;
+    /// Exact.
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    const DTYPE: KvDtype = KvDtype::F32;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for f16 {
+    const DTYPE: KvDtype = KvDtype::F16;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl KvElem for bf16 {
+    const DTYPE: KvDtype = KvDtype::Bf16;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// One layer's key and value caches (see [`super::paged_attention`] for the layout), in
+/// whichever type the cache holds.
+#[derive(Debug)]
+pub enum KvLayerMut<'a> {
+    F32(&'a mut [f32], &'a mut [f32]),
+    F16(&'a mut [f16], &'a mut [f16]),
+    Bf16(&'a mut [bf16], &'a mut [bf16]),
+}
+
+impl KvLayerMut<'_> {
+    /// [`super::write_kv`] into this layer.
+    pub fn write(&mut self, k: &[f32], v: &[f32], slot_mapping: &[u32], shape: &AttentionShape) {
+        match self {
+            KvLayerMut::F32(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::F16(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::Bf16(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
+        }
+    }
+
+    /// [`super::paged_attention`] over this layer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        pool: &ThreadPool,
+        q: &[f32],
+        seqs: &[SeqSlice],
+        block_tables: &[u32],
+        shape: &AttentionShape,
+        out: &mut [f32],
+        partials: &mut Vec<f32>,
+    ) {
+        match self {
+            KvLayerMut::F32(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+            KvLayerMut::F16(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+            KvLayerMut::Bf16(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+        }
+    }
+}
+
+/// A zeroed vector of `len` elements from the allocator's zeroed memory, so its pages stay
+/// untouched (and not resident) until used, as `vec![0f32; len]` does.
+pub fn zeroed_vec<E: KvElem>(len: usize) -> Vec<E> {
+    match E::DTYPE {
+        KvDtype::F32 => reinterpret(vec![0f32; len]),
+        KvDtype::F16 | KvDtype::Bf16 => reinterpret(vec![0u16; len]),
+    }
+}
+
+/// `v` as a vector of `E`, whose all-zero bit pattern is zero.
+fn reinterpret<T: Copy, E: KvElem>(v: Vec<T>) -> Vec<E> {
+    assert!(
+        std::mem::size_of::<T>() == std::mem::size_of::<E>()
+            && std::mem::align_of::<T>() == std::mem::align_of::<E>()
+    );
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: `E` is f32, f16 or bf16: plain data with the size and alignment of `T` (checked
+    // above) for which every bit pattern, zero included, is a valid value; the allocation is
+    // handed over whole, with its length and capacity.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut E, v.len(), v.capacity()) }
+}
+
+/// The widening of 16 elements as each build of the attention kernel does it. Crate-internal:
+/// a build's marker is only used inside functions compiled with its features, after the CPU
+/// was checked for them.
+pub(crate) mod sealed {
+    use half::{bf16, f16};
+
+    /// How one build widens 16 f16 values.
+    pub trait Isa {
+        fn f16x16(src: &[f16]) -> [f32; 16];
+    }
+
+    /// Any CPU: the library's scalar conversion.
+    pub struct Portable;
+
+    impl Isa for Portable {
+        #[inline(always)]
+        fn f16x16(src: &[f16]) -> [f32; 16] {
+            std::array::from_fn(|i| src[i].to_f32())
+        }
+    }
+
+    /// AVX2 builds (which also enable F16C): two `vcvtph2ps` of 8.
+    #[cfg(target_arch = "x86_64")]
+    pub struct Avx2;
+
+    #[cfg(target_arch = "x86_64")]
+    impl Isa for Avx2 {
+        #[inline(always)]
+        fn f16x16(src: &[f16]) -> [f32; 16] {
+            use std::arch::x86_64::*;
+            let src = &src[..16];
+            // SAFETY: 16 values (32 bytes) are read from a slice that has them; this marker is
+            // only used in functions compiled with F16C, which the CPU was checked for.
+            unsafe {
+                let p = src.as_ptr() as *const __m128i;
+                let lo = _mm256_cvtph_ps(_mm_loadu_si128(p));
+                let hi = _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)));
+                std::mem::transmute::<[__m256; 2], [f32; 16]>([lo, hi])
+            }
+        }
+    }
+
+    /// AVX-512 builds: one `vcvtph2ps` of 16.
+    #[cfg(target_arch = "x86_64")]
+    pub struct Avx512;
+
+    #[cfg(target_arch = "x86_64")]
+    impl Isa for Avx512 {
+        #[inline(always)]
+        fn f16x16(src: &[f16]) -> [f32; 16] {
+            use std::arch::x86_64::*;
+            let src = &src[..16];
+            // SAFETY: 16 values (32 bytes) are read from a slice that has them; this marker is
+            // only used in functions compiled with AVX-512F, which the CPU was checked for.
+            unsafe {
+                let v = _mm512_cvtph_ps(_mm256_loadu_si256(src.as_ptr() as *const __m256i));
+                std::mem::transmute::<__m512, [f32; 16]>(v)
+            }
+        }
+    }
+
+    /// Widening of `src[..16]` to f32 (exact), in the way build `W` does it best.
+    pub trait Widen16: Sized {
+        fn widen16<W: Isa>(src: &[Self]) -> [f32; 16];
+    }
+
+    impl Widen16 for f32 {
+        #[inline(always)]
+        fn widen16<W: Isa>(src: &[f32]) -> [f32; 16] {
+            std::array::from_fn(|i| src[i])
+        }
+    }
+
+    impl Widen16 for f16 {
+        #[inline(always)]
+        fn widen16<W: Isa>(src: &[f16]) -> [f32; 16] {
+            W::f16x16(src)
+        }
+    }
+
+    impl Widen16 for bf16 {
+        /// A shift, which every build vectorizes.
+        #[inline(always)]
+        fn widen16<W: Isa>(src: &[bf16]) -> [f32; 16] {
+            let src = &src[..16];
+            std::array::from_fn(|i| f32::from_bits(u32::from(src[i].to_bits()) << 16))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sealed::{Isa, Portable, Widen16};
+    use super::*;
+
+    /// Every f16 bit pattern widens to the library's value in each build this CPU can run.
+    #[test]
+    fn f16_widening_is_exact_in_every_build() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let check = |name: &str, widen: &dyn Fn(&[f16]) -> [f32; 16]| {
+            for chunk in all.chunks_exact(16) {
+                let got = widen(chunk);
+                for (g, h) in got.iter().zip(chunk) {
+                    let want = h.to_f32();
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "{name}: {:#06x} -> {g} (want {want})",
+                        h.to_bits()
+                    );
+                }
+            }
+        };
+        check("portable", &|c| Portable::f16x16(c));
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx2(c: &[f16]) -> [f32; 16] {
+                super::sealed::Avx2::f16x16(c)
+            }
+            #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+            unsafe fn avx512(c: &[f16]) -> [f32; 16] {
+                super::sealed::Avx512::f16x16(c)
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+                // SAFETY: the CPU has the features.
+                check("avx2", &|c| unsafe { avx2(c) });
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") {
+                // SAFETY: as above.
+                check("avx512", &|c| unsafe { avx512(c) });
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_widening_is_exact() {
+        let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        for chunk in all.chunks_exact(16) {
+            for (g, h) in bf16::widen16::<Portable>(chunk).iter().zip(chunk) {
+                let want = h.to_f32();
+                // The library quiets signalling NaNs; the shift keeps them as they are.
+                assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()));
+            }
+        }
+    }
+
+    #[test]
+    fn narrowing_rounds_to_nearest_even() {
+        // 1 + 2^-11 lies halfway between two f16 values: ties go to the even one (1.0).
+        assert_eq!(f16::from_f32(1.0 + 2f32.powi(-11)).to_f32(), 1.0);
+        assert_eq!(
+            f16::from_f32(1.0 + 3.0 * 2f32.powi(-11)).to_f32(),
+            1.0 + 2f32.powi(-9)
+        );
+        assert_eq!(bf16::from_f32(1.0 + 2f32.powi(-8)).to_f32(), 1.0);
+        let z: Vec<f16> = zeroed_vec(5);
+        assert!(z.iter().all(|x| x.to_f32() == 0.0));
+    }
+}
