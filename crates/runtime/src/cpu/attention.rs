@@ -723,14 +723,21 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     out: &mut [f32],
 ) {
     const BS: usize = 16;
-    let qs: [&[f32]; NP] = std::array::from_fn(|k| &q[(t * nh + run.pairs[k].1) * HD..][..HD]);
+    let qs: [&[f32; HD]; NP] = std::array::from_fn(|k| {
+        let at = (t * nh + run.pairs[k].1) * HD;
+        q[at..at + HD].try_into().expect("HD values")
+    });
+    // Without a next block, the prefetches touch this one (in cache): no branch in the loops.
+    let (next_k, next_v) = run.next.unwrap_or((keys, vals));
     // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
     let mut part = [[[0f32; BS]; 4]; NP];
-    for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
+    let key_steps = keys[..HD * BS].chunks_exact(4 * BS);
+    for (c, (k4, n4)) in key_steps
+        .zip(next_k[..HD * BS].chunks_exact(4 * BS))
+        .enumerate()
+    {
         // The next block's keys, as many lines as this step reads.
-        if let Some((nk, _)) = run.next {
-            prefetch(&nk[c * 4 * BS..(c + 1) * 4 * BS]);
-        }
+        prefetch(n4);
         for r in 0..4 {
             let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
             for k in 0..NP {
@@ -763,11 +770,10 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
         let p = run.first + k;
         a[k].copy_from_slice(&out[p * HD..(p + 1) * HD]);
     }
-    for (j, v) in (lo..hi).zip(vals[lo * HD..hi * HD].chunks_exact(HD)) {
+    let value_steps = vals[lo * HD..hi * HD].chunks_exact(HD);
+    for (j, (v, nv)) in (lo..hi).zip(value_steps.zip(next_v[lo * HD..hi * HD].chunks_exact(HD))) {
         // The next block's values, as many lines as this step reads.
-        if let Some((_, nv)) = run.next {
-            prefetch(&nv[j * HD..(j + 1) * HD]);
-        }
+        prefetch(nv);
         for c in 0..HD / 16 {
             let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);
             for k in 0..NP {
