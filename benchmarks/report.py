@@ -145,6 +145,8 @@ def main() -> None:
     else:
         p("llama.cpp serves with llama-cpp-python's server, which runs one request at a time (no")
         p("parallel slots), so its concurrency levels queue.")
+    p("Ferrum runs with its defaults: int8 products and `--kv-cache-dtype auto`, which keeps the KV")
+    p("cache in f16 for the GGUF (as llama.cpp does) and in bf16 for the bf16 folder (as vLLM does).")
     p("vLLM runs with `VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1")
     p("VLLM_CPU_NUM_OF_RESERVED_CPU=0`. Peak memory is the sum of VmHWM over the server's processes.")
 
