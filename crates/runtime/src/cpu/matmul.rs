@@ -386,7 +386,8 @@ const fn max(a: usize, b: usize) -> usize {
 /// storing into `out` (`[m, n]`). `kernel(tiles, rows, res)` fills `res[j * rows.len() + i]`
 /// with tile `tiles.start + j` against activation row `rows.start + i`, taking at most `per_call`
 /// (at most [`MAX_ROWS`]) rows. With at most `per_call` rows (decode) one call covers a run of
-/// tiles; otherwise each tile stays in cache while the rows pass it `per_call` at a time.
+/// tiles; otherwise each group of four tiles stays in cache while the rows pass it `per_call`
+/// at a time.
 fn drive_tiles(
     n: usize,
     m: usize,
@@ -421,16 +422,25 @@ fn drive_tiles(
         }
         return;
     }
-    for tile in tiles {
+    // A few tiles at a time stay in cache while all rows pass them, `per_call` rows per call:
+    // one call (and one build of its row views) per group of tiles, not per tile.
+    const GROUP: usize = 4;
+    let mut t = tiles.start;
+    while t < tiles.end {
+        let group = t..(t + GROUP).min(tiles.end);
         let mut i = 0;
         while i < m {
             let na = (m - i).min(per_call);
-            kernel(tile..tile + 1, i..i + na, &mut res[..na]);
-            for (d, r) in res[..na].iter().enumerate() {
-                store(r, tile, i + d);
+            let res = &mut res[..group.len() * na];
+            kernel(group.clone(), i..i + na, res);
+            for (j, tile) in group.clone().enumerate() {
+                for d in 0..na {
+                    store(&res[j * na + d], tile, i + d);
+                }
             }
             i += na;
         }
+        t = group.end;
     }
 }
 
@@ -599,7 +609,8 @@ mod tests {
     #[test]
     fn int8_path_is_close_to_float_and_batch_invariant() {
         let pool = ThreadPool::new(2).unwrap();
-        let (m, n, k) = (5, 70, 96);
+        // 10 tiles (groups of 4, 4 and 2, the last tile partial) against 9 rows (4 + 4 + 1).
+        let (m, n, k) = (9, 150, 96);
         let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
         let wv: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
         let w = q8_0(n, k, &wv);
@@ -614,12 +625,14 @@ mod tests {
         for (a, b) in fast.iter().zip(&reference) {
             assert!((a - b).abs() < 0.02 * k as f32 * 0.05 + 1e-3, "{a} vs {b}");
         }
-        // Row 3 alone gives the same bits as inside the batch.
-        let mut alone = vec![0f32; n];
-        let mut q1 = ActScratch::default();
-        let input = int8.prepare(&pool, &x[3 * k..4 * k], k, &mut q1, &[&wi]);
-        int8.matmul(&pool, &input, &wi, &mut alone).unwrap();
-        assert_eq!(alone, fast[3 * n..4 * n]);
+        // Every row alone gives the same bits as inside the batch.
+        for r in 0..m {
+            let mut alone = vec![0f32; n];
+            let mut q1 = ActScratch::default();
+            let input = int8.prepare(&pool, &x[r * k..(r + 1) * k], k, &mut q1, &[&wi]);
+            int8.matmul(&pool, &input, &wi, &mut alone).unwrap();
+            assert_eq!(alone, fast[r * n..(r + 1) * n], "row {r}");
+        }
         // The float setting never quantizes.
         let float = Linear::new(MatmulPrecision::Float);
         let mut q2 = ActScratch::default();
