@@ -68,13 +68,17 @@ pub fn write_kv<E: KvElem>(
         for g in 0..shape.num_kv_heads {
             let base = shape.block_base(block, g);
             let src = t * row + g * hd;
-            for (d, &x) in k[src..src + hd].iter().enumerate() {
-                k_cache[base + d * bs + offset] = E::from_f32(x);
+            // Keys are transposed within the block: rounded 64 at a time into a row first.
+            for d0 in (0..hd).step_by(64) {
+                let n = (hd - d0).min(64);
+                let mut row = [E::from_f32(0.0); 64];
+                E::narrow_row(&k[src + d0..src + d0 + n], &mut row[..n]);
+                for (d, &x) in (d0..d0 + n).zip(&row[..n]) {
+                    k_cache[base + d * bs + offset] = x;
+                }
             }
             let dst = base + offset * hd;
-            for (c, &x) in v_cache[dst..dst + hd].iter_mut().zip(&v[src..src + hd]) {
-                *c = E::from_f32(x);
-            }
+            E::narrow_row(&v[src..src + hd], &mut v_cache[dst..dst + hd]);
         }
     }
 }
