@@ -65,7 +65,9 @@ def main() -> None:
         tensors[hf] = torch.from_numpy(np.ascontiguousarray(w)).to(torch.bfloat16)
     dst.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    config["torch_dtype"] = "bfloat16"
+    # Both spellings (transformers 5 reads `dtype`, older code `torch_dtype`): the fixture's
+    # config says float32, and a stale `dtype` would describe these bf16 weights wrongly.
+    config["dtype"] = config["torch_dtype"] = "bfloat16"
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for f in ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]:
         shutil.copy(fixture / f, dst / f)

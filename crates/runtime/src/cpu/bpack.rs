@@ -24,6 +24,7 @@
 
 use super::aligned::Aligned;
 use super::qpack::TILE;
+use super::simd::multiversion;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 
 /// Activation rows one kernel call takes at most.
@@ -144,11 +145,7 @@ impl Bf16Acts {
             .chunks_exact(cols.max(1))
             .zip(self.data.chunks_exact_mut(pairs))
         {
-            for (d, s) in dst.iter_mut().zip(src.chunks(2)) {
-                let lo = to_bf16(s[0]) as u32;
-                let hi = s.get(1).map_or(0, |&v| to_bf16(v) as u32);
-                *d = lo | hi << 16;
-            }
+            fill_row(src, dst);
         }
     }
 
@@ -164,6 +161,23 @@ impl Bf16Acts {
     pub fn row(&self, i: usize) -> &[u32] {
         let pairs = self.cols.div_ceil(2);
         &self.data[i * pairs..(i + 1) * pairs]
+    }
+}
+
+multiversion! {
+    /// One row of [`Bf16Acts::fill`]: `src` (`cols` values) into `dst` (`cols / 2` pairs,
+    /// rounded up; an odd last value pairs with zero).
+    fn fill_row(src: &[f32], dst: &mut [u32]) = fill_row_impl;
+}
+
+#[inline(always)]
+fn fill_row_impl(src: &[f32], dst: &mut [u32]) {
+    let whole = src.len() / 2;
+    for (d, s) in dst[..whole].iter_mut().zip(src.chunks_exact(2)) {
+        *d = to_bf16(s[0]) as u32 | (to_bf16(s[1]) as u32) << 16;
+    }
+    if src.len() % 2 == 1 {
+        dst[whole] = to_bf16(src[src.len() - 1]) as u32;
     }
 }
 
@@ -341,6 +355,19 @@ mod tests {
             let mut acts = Bf16Acts::default();
             acts.fill(&x, cols);
             let xs: Vec<&[u32]> = (0..MAX_ROWS).map(|i| acts.row(i)).collect();
+            // Each pair holds the two values rounded by `to_bf16`, an odd last one with zero.
+            for (i, xr) in xs.iter().enumerate() {
+                for (p, &pair) in xr.iter().enumerate() {
+                    let at = |c: usize| {
+                        if c < cols {
+                            to_bf16(x[i * cols + c]) as u32
+                        } else {
+                            0
+                        }
+                    };
+                    assert_eq!(pair, at(2 * p) | at(2 * p + 1) << 16, "row {i} pair {p}");
+                }
+            }
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 t.dequantize_row(r, &mut row);

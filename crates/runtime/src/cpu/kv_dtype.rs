@@ -126,17 +126,11 @@ unsafe fn narrow_f16c(src: &[f32], dst: &mut [f16]) {
 
 impl KvElem for bf16 {
     const DTYPE: KvDtype = KvDtype::Bf16;
-    /// Round to nearest even on the bits (a NaN stays a NaN, made quiet): plain integer
-    /// arithmetic that vectorizes, with the library's results.
+    /// Round to nearest even on the bits ([`super::bpack::to_bf16`]): plain integer arithmetic
+    /// that vectorizes, with the library's results.
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
-        let b = x.to_bits();
-        let h = if x.is_nan() {
-            (b >> 16) | 0x40
-        } else {
-            (b + 0x7fff + ((b >> 16) & 1)) >> 16
-        };
-        bf16::from_bits(h as u16)
+        bf16::from_bits(super::bpack::to_bf16(x))
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
