@@ -405,7 +405,12 @@ fn drive_tiles(
         let r0 = tile * TILE;
         let live = (n - r0).min(TILE);
         // SAFETY: columns r0..r0 + live belong to the task owning this tile.
-        unsafe { out.slice(i * n + r0, live) }.copy_from_slice(&res[..live]);
+        let dst = unsafe { out.slice(i * n + r0, live) };
+        // A whole tile as one fixed-size copy (a register store, not a `memcpy` call).
+        match <&mut [f32; TILE]>::try_from(&mut *dst) {
+            Ok(whole) => *whole = *res,
+            Err(_) => dst.copy_from_slice(&res[..live]),
+        }
     };
     if m <= per_call {
         let mut t = tiles.start;
