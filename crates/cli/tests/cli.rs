@@ -497,23 +497,27 @@ fn offline_batch_mode_runs_every_line_through_the_engine() {
 fn bench_latency_and_throughput_report_json() {
     let model = fixtures().join("tiny-smollm/model-q8_0.gguf");
     let m = model.to_str().unwrap();
-    let out = ferrum(&[
-        "bench",
-        "latency",
-        "--model",
-        m,
-        "--input-len",
-        "8",
-        "--output-len",
-        "4",
-        "--batch-size",
-        "2",
-        "--num-iters",
-        "1",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // `bench latency --json` with these extra flags.
+    let latency = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "bench",
+            "latency",
+            "--model",
+            m,
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--num-iters",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = ferrum(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = latency(&["--batch-size", "2"]);
     assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
     assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["matmul_precision"], "int8");
@@ -521,23 +525,7 @@ fn bench_latency_and_throughput_report_json() {
         v["kv_cache_dtype"], "f16",
         "auto is f16 for GGUF on the fast path"
     );
-    let bf16 = ferrum(&[
-        "bench",
-        "latency",
-        "--model",
-        m,
-        "--input-len",
-        "8",
-        "--output-len",
-        "4",
-        "--num-iters",
-        "1",
-        "--kv-cache-dtype",
-        "bf16",
-        "--json",
-    ]);
-    assert!(bf16.status.success(), "{}", stderr(&bf16));
-    let v: Value = serde_json::from_slice(&bf16.stdout).unwrap();
+    let v = latency(&["--kv-cache-dtype", "bf16"]);
     assert_eq!(v["kv_cache_dtype"], "bf16");
     let out = ferrum(&[
         "bench",

@@ -372,6 +372,17 @@ fn attend_item<E: KvElem>(
         let mut part_buf = std::mem::MaybeUninit::uninit();
         let part_acc = zeroed(&mut part_buf, n * hd);
         let mut part_st = [SoftmaxState::EMPTY; MAX_PAIRS];
+        let job = |part| PairsJob {
+            q,
+            k_cache,
+            v_cache,
+            table,
+            pairs,
+            origin,
+            kv_head,
+            shape,
+            part,
+        };
         match dst {
             Dest::Partials {
                 shared,
@@ -380,21 +391,7 @@ fn attend_item<E: KvElem>(
             } => {
                 let p = it.parts.0;
                 let acc = &mut *part_acc;
-                attend_pairs(
-                    &PairsJob {
-                        q,
-                        k_cache,
-                        v_cache,
-                        table,
-                        pairs,
-                        origin,
-                        kv_head,
-                        shape,
-                        part: p,
-                    },
-                    &mut part_st,
-                    acc,
-                );
+                attend_pairs(&job(p), &mut part_st, acc);
                 let stride = hd + 1 + LANES;
                 for (k, &(t, hh)) in pairs.iter().enumerate() {
                     let o = base + (((t - seq.query_start) * nh + hh) * parts + p) * stride;
@@ -411,21 +408,7 @@ fn attend_item<E: KvElem>(
                 let mut run_st = [SoftmaxState::EMPTY; MAX_PAIRS];
                 for p in it.parts.0..it.parts.1 {
                     let acc = &mut *part_acc;
-                    attend_pairs(
-                        &PairsJob {
-                            q,
-                            k_cache,
-                            v_cache,
-                            table,
-                            pairs,
-                            origin,
-                            kv_head,
-                            shape,
-                            part: p,
-                        },
-                        &mut part_st,
-                        acc,
-                    );
+                    attend_pairs(&job(p), &mut part_st, acc);
                     for k in 0..n {
                         let span = k * hd..(k + 1) * hd;
                         fold(
