@@ -516,17 +516,23 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
         return;
     }
     let (b_lo, b_hi) = (key_lo / bs, (key_hi - 1) / bs);
+    // Each (block, KV head) is its own few KiB somewhere in the cache, and the hardware
+    // prefetcher does not cross into it: the first run through a block fetches the keys and
+    // values of the block AHEAD places on while it computes (one block's work is shorter than a
+    // trip to memory); the blocks before that are fetched here.
+    const AHEAD: usize = 2;
+    let block_kv = |bi: usize| {
+        let n = shape.block_base(table[bi] as usize, kv_head);
+        (&k_cache[n..n + bs * hd], &v_cache[n..n + bs * hd])
+    };
+    for bi in b_lo + 1..(b_lo + AHEAD).min(b_hi + 1) {
+        let (k, v) = block_kv(bi);
+        prefetch(k);
+        prefetch(v);
+    }
     for bi in b_lo..=b_hi {
-        let base = shape.block_base(table[bi] as usize, kv_head);
-        let keys = &k_cache[base..base + bs * hd];
-        let vals = &v_cache[base..base + bs * hd];
-        // Each (block, KV head) is its own few KiB somewhere in the cache, and the hardware
-        // prefetcher does not cross into it: the first run through this block fetches the next
-        // one's keys and values while it computes.
-        let mut next = (bi < b_hi).then(|| {
-            let n = shape.block_base(table[bi + 1] as usize, kv_head);
-            (&k_cache[n..n + bs * hd], &v_cache[n..n + bs * hd])
-        });
+        let (keys, vals) = block_kv(bi);
+        let mut next = (bi + AHEAD <= b_hi).then(|| block_kv(bi + AHEAD));
         let block_start = bi * bs;
         // Runs of pairs of one token (its query heads on this KV head) see the same keys and
         // go through the block together, up to MAX_RUN at a time.
@@ -718,13 +724,9 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     let (next_k, next_v) = run.next.unwrap_or((keys, vals));
     // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
     let mut part = [[[0f32; BS]; 4]; NP];
-    let key_steps = keys[..HD * BS].chunks_exact(4 * BS);
-    for (c, (k4, n4)) in key_steps
-        .zip(next_k[..HD * BS].chunks_exact(4 * BS))
-        .enumerate()
-    {
-        // The next block's keys, as many lines as this step reads.
-        prefetch(n4);
+    // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
+    // registers (it stored every accumulator on every step, which cost a quarter of the time).
+    for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
         for r in 0..4 {
             let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
             for k in 0..NP {
@@ -758,8 +760,13 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
         a[k].copy_from_slice(&out[p * HD..(p + 1) * HD]);
     }
     let value_steps = vals[lo * HD..hi * HD].chunks_exact(HD);
-    for (j, (v, nv)) in (lo..hi).zip(value_steps.zip(next_v[lo * HD..hi * HD].chunks_exact(HD))) {
-        // The next block's values, as many lines as this step reads.
+    // The next block's keys and values, a sixteenth of each per step (its keys cut into
+    // sixteen equal runs of lines: which lines go when does not matter).
+    let next = next_k[lo * HD..hi * HD]
+        .chunks_exact(HD)
+        .zip(next_v[lo * HD..hi * HD].chunks_exact(HD));
+    for (j, (v, (nk, nv))) in (lo..hi).zip(value_steps.zip(next)) {
+        prefetch(nk);
         prefetch(nv);
         for c in 0..HD / 16 {
             let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);

@@ -72,7 +72,8 @@ pub fn exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -81,12 +82,34 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = (p * (r * r) + r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `t` is 1.5 * 2^23 + n with |n| < 2^22, so its low mantissa bits are n itself: the
+    // exponent field comes from integer arithmetic on the bits (a float-to-int cast would be
+    // saturating, and the compiler does that one element at a time).
+    let bias = ROUND.to_bits().wrapping_sub(127);
+    y * f32::from_bits(t.to_bits().wrapping_sub(bias) << 23)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_takes_its_exponent_from_the_rounding_bits() {
+        // The bit arithmetic must give exactly the power of two of the plain cast.
+        let cast = |x: f32| {
+            let x = x.clamp(-87.0, 88.0);
+            let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+            f32::from_bits(((n as i32 + 127) as u32) << 23)
+        };
+        let mut x = -100.0f32;
+        while x < 100.0 {
+            let y = exp(x);
+            let p = cast(x);
+            // y = poly(r) * 2^n with poly(r) in [0.7, 1.42]: the same 2^n in both.
+            assert!(y / p > 0.7 && y / p < 1.42, "x {x}: {y} against 2^n = {p}");
+            x += 0.0173;
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_the_library() {
