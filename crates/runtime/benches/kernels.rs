@@ -83,6 +83,37 @@ fn memory_roof(c: &mut Criterion) {
 }
 
 /// Integer products over repacked weights: decode (m = 1, bytes/s) and prefill-like tiles.
+/// Products whose weights come from memory, as in a forward pass (64 distinct gate_up-sized
+/// Q4_1 weights, 42 MiB, more than the caches hold), for a 16-row decode step and a prefill
+/// chunk: what the kernels' prefetching is for. The `qgemm` group's single weight stays in
+/// cache.
+fn qgemm_cold(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("qgemm_cold");
+    g.sample_size(10);
+    for (threads, pool) in pools() {
+        let (n, k) = (1536, 576);
+        let ws: Vec<PackedWeight> = (0..64)
+            .map(|_| PackedWeight::pack(&weights(DType::Q4_1, n, k), &pool).expect("pack"))
+            .collect();
+        for m in [16usize, 128] {
+            let mut q = Q8Acts::default();
+            q.quantize(&acts(m, k), k);
+            let mut out = vec![0f32; m * n];
+            g.throughput(Throughput::Elements((2 * m * n * k * ws.len()) as u64));
+            let id = format!("Q4_1/64x{n}x{k}/m{m}/t{threads}");
+            g.bench_function(BenchmarkId::from_parameter(id), |b| {
+                b.iter(|| {
+                    for w in &ws {
+                        cpu::matmul_q8(&pool, isa, &q, w, &mut out).expect("matmul")
+                    }
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 fn qgemm(c: &mut Criterion) {
     let isa = Isa::detect();
     let shapes = [("gate_up", 1536, 576), ("down", 576, 1536)];
@@ -332,6 +363,7 @@ criterion_group!(
     benches,
     memory_roof,
     qgemm,
+    qgemm_cold,
     fgemm,
     bgemm,
     float_matmul,

@@ -22,6 +22,7 @@
 //! one core's share of memory bandwidth. Two chains per row (latency 6 cycles) are still far
 //! faster than memory for a single row.
 
+pub use super::ahead::Ahead;
 use super::aligned::Aligned;
 use super::qpack::TILE;
 use super::simd::multiversion;
@@ -109,8 +110,14 @@ impl Bf16Packed {
         self.rows.div_ceil(TILE)
     }
 
-    fn pairs(&self) -> usize {
+    /// Column pairs per row: the kernel's steps through a tile, 64 bytes each.
+    pub fn pairs(&self) -> usize {
         self.cols.div_ceil(2)
+    }
+
+    /// Bytes of one tile.
+    pub fn tile_bytes(&self) -> usize {
+        self.pairs() * TILE * 4
     }
 
     /// Bytes held.
@@ -218,11 +225,13 @@ pub fn dot_scalar(w: &Bf16Packed, row: usize, x: &[u32]) -> f32 {
 
 /// `out[j * xs.len() + i][l] = w[TILE * (tiles.start + j) + l] · xs[i]` for every tile in
 /// `tiles` and one to eight activation rows (rows of one [`Bf16Acts`] of `w.cols()` columns).
-/// The hardware kernel runs where [`supported`], the reference elsewhere.
+/// The hardware kernel runs where [`supported`] (also prefetching `ahead`, a unit per column
+/// pair: a hint only), the reference elsewhere.
 pub fn dot_tiles(
     w: &Bf16Packed,
     tiles: std::ops::Range<usize>,
     xs: &[&[u32]],
+    ahead: Ahead,
     out: &mut [[f32; TILE]],
 ) {
     let na = xs.len();
@@ -238,14 +247,14 @@ pub fn dot_tiles(
         // SAFETY: the CPU has the features; lengths were checked above.
         unsafe {
             match na {
-                8 => x86::k512::<8>(w, tiles, xs, out),
-                7 => x86::k512::<7>(w, tiles, xs, out),
-                6 => x86::k512::<6>(w, tiles, xs, out),
-                5 => x86::k512::<5>(w, tiles, xs, out),
-                4 => x86::k512::<4>(w, tiles, xs, out),
-                3 => x86::k512::<3>(w, tiles, xs, out),
-                2 => x86::k512::<2>(w, tiles, xs, out),
-                _ => x86::k512::<1>(w, tiles, xs, out),
+                8 => x86::k512::<8>(w, tiles, xs, ahead, out),
+                7 => x86::k512::<7>(w, tiles, xs, ahead, out),
+                6 => x86::k512::<6>(w, tiles, xs, ahead, out),
+                5 => x86::k512::<5>(w, tiles, xs, ahead, out),
+                4 => x86::k512::<4>(w, tiles, xs, ahead, out),
+                3 => x86::k512::<3>(w, tiles, xs, ahead, out),
+                2 => x86::k512::<2>(w, tiles, xs, ahead, out),
+                _ => x86::k512::<1>(w, tiles, xs, ahead, out),
             }
         }
         return;
@@ -262,7 +271,7 @@ pub fn dot_tiles(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
-    use super::{Bf16Packed, TILE};
+    use super::{Ahead, Bf16Packed, TILE};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -276,9 +285,11 @@ mod x86 {
         w: &Bf16Packed,
         tiles: Range<usize>,
         xs: &[&[u32]],
+        ahead: Ahead,
         out: &mut [[f32; TILE]],
     ) {
         let pairs = w.pairs();
+        let data = w.data.as_ptr() as *const u8;
         // SAFETY: `dot_tiles` checked the tiles exist (`pairs * TILE` words each) and every
         // activation row holds `pairs` words.
         unsafe {
@@ -293,6 +304,7 @@ mod x86 {
                         _mm_prefetch::<_MM_HINT_T0>(
                             base.wrapping_add(p * TILE + PREFETCH) as *const i8
                         );
+                        ahead.fetch(data, j * pairs + p);
                         let wv: __m512bh =
                             std::mem::transmute(_mm512_loadu_si512(base.add(p * TILE) as *const _));
                         for i in 0..NA {
@@ -383,7 +395,7 @@ mod tests {
             for na in 1..=MAX_ROWS {
                 for tiles in [0..w.tiles(), w.tiles() - 1..w.tiles()] {
                     let mut out = vec![[f32::NAN; TILE]; na * tiles.len()];
-                    dot_tiles(&w, tiles.clone(), &xs[..na], &mut out);
+                    dot_tiles(&w, tiles.clone(), &xs[..na], Ahead::NONE, &mut out);
                     for (j, o) in out.iter().enumerate() {
                         let (tile, i) = (tiles.start + j / na, j % na);
                         for (l, &v) in o.iter().enumerate() {

@@ -11,6 +11,7 @@
 //! read once per call whatever `m` is, and no matrix is ever expanded. Every output element is
 //! one `dot` in a fixed order: results are identical for any batch composition or thread count.
 
+use super::ahead::Ahead;
 use super::bpack::{self, Bf16Acts, Bf16Packed};
 use super::fpack::{self, FloatPacked};
 use super::qdot::{self, ActRow, Isa, Q8Acts};
@@ -289,10 +290,12 @@ pub fn matmul_b16_many(
             bpack::MAX_ROWS,
             tiles,
             out,
-            |tiles, rows, res| {
+            |tiles, rows, (pass, passes), res| {
+                let (tb, units) = (w.tile_bytes(), w.pairs());
+                let ahead = Ahead::split(tiles.clone(), tb, units, pass, passes);
                 let xs: [&[u32]; bpack::MAX_ROWS] =
                     std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-                bpack::dot_tiles(w, tiles, &xs[..rows.len()], res);
+                bpack::dot_tiles(w, tiles, &xs[..rows.len()], ahead, res);
             },
         );
     })
@@ -383,18 +386,19 @@ const fn max(a: usize, b: usize) -> usize {
 }
 
 /// Walks `tiles` of a weight tiled by 16 rows (`n` rows in all) against `m` activation rows,
-/// storing into `out` (`[m, n]`). `kernel(tiles, rows, res)` fills `res[j * rows.len() + i]`
-/// with tile `tiles.start + j` against activation row `rows.start + i`, taking at most `per_call`
-/// (at most [`MAX_ROWS`]) rows. With at most `per_call` rows (decode) one call covers a run of
-/// tiles; otherwise each group of four tiles stays in cache while the rows pass it `per_call`
-/// at a time.
+/// storing into `out` (`[m, n]`). `kernel(tiles, rows, pass, res)` fills
+/// `res[j * rows.len() + i]` with tile `tiles.start + j` against activation row
+/// `rows.start + i`, taking at most `per_call` (at most [`MAX_ROWS`]) rows; `pass` is
+/// `(k, n)` for the `k`-th of `n` passes over these tiles (where to prefetch: [`Ahead`]). With
+/// at most `per_call` rows (decode) one call covers a run of tiles in one pass; otherwise each
+/// group of four tiles stays in cache while the rows pass it `per_call` at a time.
 fn drive_tiles(
     n: usize,
     m: usize,
     per_call: usize,
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
-    kernel: impl Fn(Range<usize>, Range<usize>, &mut [[f32; TILE]]),
+    kernel: impl Fn(Range<usize>, Range<usize>, (usize, usize), &mut [[f32; TILE]]),
 ) {
     /// Tiles per kernel call in decode; the result buffer stays small, as it is zeroed on
     /// every call.
@@ -417,7 +421,7 @@ fn drive_tiles(
         while t < tiles.end {
             let chunk = t..(t + CHUNK).min(tiles.end);
             let res = &mut res[..chunk.len() * m];
-            kernel(chunk.clone(), 0..m, res);
+            kernel(chunk.clone(), 0..m, (0, 1), res);
             for (j, tile) in chunk.clone().enumerate() {
                 for i in 0..m {
                     store(&res[j * m + i], tile, i);
@@ -430,14 +434,16 @@ fn drive_tiles(
     // A few tiles at a time stay in cache while all rows pass them, `per_call` rows per call:
     // one call (and one build of its row views) per group of tiles, not per tile.
     const GROUP: usize = 4;
+    let passes = m.div_ceil(per_call);
     let mut t = tiles.start;
     while t < tiles.end {
         let group = t..(t + GROUP).min(tiles.end);
-        let mut i = 0;
+        let (mut i, mut pass) = (0, 0);
         while i < m {
             let na = (m - i).min(per_call);
             let res = &mut res[..group.len() * na];
-            kernel(group.clone(), i..i + na, res);
+            kernel(group.clone(), i..i + na, (pass, passes), res);
+            pass += 1;
             for (j, tile) in group.clone().enumerate() {
                 for d in 0..na {
                     store(&res[j * na + d], tile, i + d);
@@ -464,10 +470,12 @@ fn run_tiles(
         qdot::MAX_ACT_ROWS,
         tiles,
         out,
-        |tiles, rows, res| {
+        |tiles, rows, (pass, passes), res| {
+            let (tb, units) = (w.tile_bytes(), w.blocks());
+            let ahead = Ahead::split(tiles.clone(), tb, units, pass, passes);
             let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
                 std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-            qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], res);
+            qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], ahead, res);
         },
     );
 }
@@ -496,13 +504,20 @@ pub fn matmul_f(
     }
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
-        drive_tiles(n, m, fpack::MAX_ROWS, tiles, &out, |tiles, rows, res| {
-            let xs: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
-                let r = (rows.start + d).min(rows.end - 1);
-                &x[r * k..(r + 1) * k]
-            });
-            fpack::dot_tiles(isa, w, tiles, &xs[..rows.len()], res);
-        });
+        drive_tiles(
+            n,
+            m,
+            fpack::MAX_ROWS,
+            tiles,
+            &out,
+            |tiles, rows, _pass, res| {
+                let xs: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
+                    let r = (rows.start + d).min(rows.end - 1);
+                    &x[r * k..(r + 1) * k]
+                });
+                fpack::dot_tiles(isa, w, tiles, &xs[..rows.len()], res);
+            },
+        );
     });
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! (token, head) pairs; results never depend on the number of threads or on batch-mates.
 
 mod activation;
+mod ahead;
 mod aligned;
 mod attention;
 pub mod bpack;

@@ -14,6 +14,7 @@
 //! A kernel call computes one tile of sixteen weight rows against one to four activation rows:
 //! the tile's codes are unpacked once per block for all of them (prefill, batched decode).
 
+pub use super::ahead::Ahead;
 pub use super::qacts::{ActRow, Q8Acts};
 use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, TILE};
 pub use super::qpack::{QK, TILE as TILE_ROWS};
@@ -73,12 +74,14 @@ pub const MAX_ACT_ROWS: usize = 4;
 
 /// `out[j * acts.len() + i][l] = w[TILE * (tiles.start + j) + l] · acts[i]` for the sixteen
 /// rows of every tile in `tiles` (padding rows give zeros) and one to four activation rows;
-/// `isa` must be one of [`Isa::available`].
+/// `isa` must be one of [`Isa::available`]. The AVX-512 kernel also prefetches `ahead`, a unit
+/// per 32-element block (a hint only; the AVX2 one has not been measured with it).
 pub fn dot_tiles(
     isa: Isa,
     w: &PackedWeight,
     tiles: std::ops::Range<usize>,
     acts: &[ActRow<'_>],
+    ahead: Ahead,
     out: &mut [[f32; TILE]],
 ) {
     let na = acts.len();
@@ -102,10 +105,10 @@ pub fn dot_tiles(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa` comes from `Isa::detect`/`available`, so the CPU has the features;
         // every row's lengths were checked above against the weight's block count.
-        Isa::Avx512Vnni => unsafe { x86::tiles_vnni(w, tiles, acts, out) },
+        Isa::Avx512Vnni => unsafe { x86::tiles_vnni(w, tiles, acts, ahead, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::tiles_avx2(w, tiles, acts, out) },
+        Isa::Avx2 => unsafe { x86::tiles_avx2(w, tiles, acts, ahead, out) },
         _ => {
             for (j, tile) in tiles.enumerate() {
                 for (a, o) in acts.iter().zip(&mut out[j * na..(j + 1) * na]) {
@@ -153,7 +156,7 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
-    use super::{ActRow, Codes, PackedWeight, QK, TILE};
+    use super::{ActRow, Ahead, Codes, PackedWeight, QK, TILE};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -164,10 +167,12 @@ mod x86 {
     const BYTE: u8 = 2;
 
     /// Runs `$f::<codes, sub16, bias_shift, has_min, NA>` on every tile, for the call's format
-    /// and row count.
+    /// and row count; tile `j` of the call fetches from unit `j * blocks` of `ahead` (where
+    /// `$fetch` and there is something to fetch).
     macro_rules! dispatch {
-        ($f:ident, $w:expr, $tiles:expr, $acts:expr, $out:expr) => {{
+        ($f:ident, $fetch:literal, $w:expr, $tiles:expr, $acts:expr, $ahead:expr, $out:expr) => {{
             let fm = $w.format();
+            let nb = $w.blocks();
             let c = match fm.codes {
                 Codes::Nib4 => NIB4,
                 Codes::Nib5 => NIB5,
@@ -177,7 +182,14 @@ mod x86 {
                 ($C:expr, $S16:expr, $SH:expr, $M:expr, $NA:expr) => {
                     for (j, tile) in $tiles.clone().enumerate() {
                         let o = &mut $out[j * $NA..(j + 1) * $NA];
-                        $f::<$C, $S16, $SH, $M, $NA>($w, tile, $acts, o);
+                        let at = ($ahead, j * nb);
+                        // A separate build without the fetches: even skipped, they cost the
+                        // many-pass products 4%.
+                        if $fetch && $ahead.step > 0 {
+                            $f::<$C, $S16, $SH, $M, $NA, $fetch>($w, tile, $acts, at, o);
+                        } else {
+                            $f::<$C, $S16, $SH, $M, $NA, false>($w, tile, $acts, at, o);
+                        }
                     }
                 };
             }
@@ -210,10 +222,11 @@ mod x86 {
         w: &PackedWeight,
         tiles: Range<usize>,
         acts: &[ActRow<'_>],
+        ahead: Ahead,
         out: &mut [[f32; TILE]],
     ) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(vnni, w, tiles, acts, out) }
+        unsafe { dispatch!(vnni, true, w, tiles, acts, ahead, out) }
     }
 
     /// # Safety
@@ -223,10 +236,11 @@ mod x86 {
         w: &PackedWeight,
         tiles: Range<usize>,
         acts: &[ActRow<'_>],
+        ahead: Ahead,
         out: &mut [[f32; TILE]],
     ) {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(avx2, w, tiles, acts, out) }
+        unsafe { dispatch!(avx2, false, w, tiles, acts, ahead, out) }
     }
 
     /// The integer bias correction `-bias * Σq` of elements `16 s0 .. 16 (s0 + n)` of block `b`.
@@ -242,23 +256,31 @@ mod x86 {
         -(s << SH)
     }
 
-    /// How far ahead of the VNNI kernel the weight stream is prefetched, in bytes.
-    const PREFETCH: usize = 2048;
-
     /// AVX-512 VNNI: lane `l` of every register is row `l` of the tile.
     #[inline(always)]
-    unsafe fn vnni<const C: u8, const S16: bool, const SH: u32, const M: bool, const NA: usize>(
+    unsafe fn vnni<
+        const C: u8,
+        const S16: bool,
+        const SH: u32,
+        const M: bool,
+        const NA: usize,
+        const F: bool,
+    >(
         w: &PackedWeight,
         tile: usize,
         acts: &[ActRow<'_>],
+        (ahead, unit): (Ahead, usize),
         out: &mut [[f32; TILE]],
     ) {
+        /// How far ahead of itself the kernel prefetches the weight stream, in bytes.
+        const PREFETCH: usize = 2048;
         let fm = w.format();
         let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
         // SAFETY: `dot_tiles` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
         // and that every activation row has `nb` blocks, so all offsets below are in bounds.
         unsafe {
             let base = w.tile(tile).as_ptr();
+            let data = w.data().as_ptr();
             let ap: [&ActRow<'_>; NA] = std::array::from_fn(|i| &acts[i]);
             let mut acc = [_mm512_setzero_ps(); NA];
             let mut macc = [_mm512_setzero_ps(); NA];
@@ -270,6 +292,9 @@ mod x86 {
                 // over a tile waits on memory.
                 for l in (0..bb).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + l) as *const i8);
+                }
+                if F {
+                    ahead.fetch(data, unit + b);
                 }
                 let mut c = [_mm512_setzero_si512(); 8];
                 if C == BYTE {
@@ -380,10 +405,18 @@ mod x86 {
 
     /// AVX2: each register of sixteen rows as two halves (rows 0..8 and 8..16).
     #[inline(always)]
-    unsafe fn avx2<const C: u8, const S16: bool, const SH: u32, const M: bool, const NA: usize>(
+    unsafe fn avx2<
+        const C: u8,
+        const S16: bool,
+        const SH: u32,
+        const M: bool,
+        const NA: usize,
+        const F: bool,
+    >(
         w: &PackedWeight,
         tile: usize,
         acts: &[ActRow<'_>],
+        (ahead, unit): (Ahead, usize),
         out: &mut [[f32; TILE]],
     ) {
         let fm = w.format();
@@ -391,6 +424,7 @@ mod x86 {
         // SAFETY: as in `vnni`: every offset below was bounds-checked by `dot_tiles`.
         unsafe {
             let base = w.tile(tile).as_ptr();
+            let data = w.data().as_ptr();
             let ap: [&ActRow<'_>; NA] = std::array::from_fn(|i| &acts[i]);
             let mut acc = [[_mm256_setzero_ps(); 2]; NA];
             let mut macc = [[_mm256_setzero_ps(); 2]; NA];
@@ -398,6 +432,9 @@ mod x86 {
             let ones = _mm256_set1_epi16(1);
             for b in 0..nb {
                 let p = base.add(b * bb);
+                if F {
+                    ahead.fetch(data, unit + b);
+                }
                 for h in 0..2 {
                     let mut c = [_mm256_setzero_si256(); 8];
                     if C == BYTE {
@@ -543,7 +580,14 @@ mod tests {
                 for na in 1..=MAX_ACT_ROWS {
                     for tiles in [0..w.tiles(), 1..2, 0..1] {
                         let mut out = vec![[f32::NAN; TILE]; na * tiles.len()];
-                        dot_tiles(isa, &w, tiles.clone(), &act_rows[..na], &mut out);
+                        dot_tiles(
+                            isa,
+                            &w,
+                            tiles.clone(),
+                            &act_rows[..na],
+                            Ahead::split(tiles.clone(), w.tile_bytes(), w.blocks(), 1, 2),
+                            &mut out,
+                        );
                         for (j, o) in out.iter().enumerate() {
                             let (tile, i) = (tiles.start + j / na, j % na);
                             for (l, &v) in o.iter().enumerate() {

@@ -202,8 +202,18 @@ impl PackedWeight {
 
     /// The bytes of tile `t`: its blocks in order.
     pub fn tile(&self, t: usize) -> &[u8] {
-        let n = self.blocks() * self.format.block_bytes();
+        let n = self.tile_bytes();
         &self.data[t * n..(t + 1) * n]
+    }
+
+    /// Bytes of one tile.
+    pub fn tile_bytes(&self) -> usize {
+        self.blocks() * self.format.block_bytes()
+    }
+
+    /// All tiles' bytes, in order.
+    pub fn data(&self) -> &[u8] {
+        &self.data
     }
 
     /// Bytes held.
