@@ -347,7 +347,7 @@ impl LlamaModel {
             self.rope.apply_with(&mut s.q, &s.rope);
             self.rope.apply_with(&mut s.k, &s.rope);
             let mut cache = kv.layer_mut(li);
-            cache.write(&s.k, &s.v, &batch.slot_mapping, &shape);
+            cache.write(pool, &s.k, &s.v, &batch.slot_mapping, &shape);
             // [t, nh*hd]
             cache.attend(
                 pool,

@@ -61,24 +61,77 @@ pub fn write_kv<E: KvElem>(
     k_cache: &mut [E],
     v_cache: &mut [E],
 ) {
+    let (kc, vc) = (DisjointMut::new(k_cache), DisjointMut::new(v_cache));
+    for g in 0..shape.num_kv_heads {
+        // SAFETY: one thread writes everything, one region at a time.
+        unsafe {
+            write_head(k, slot_mapping, shape, g, &kc, true);
+            write_head(v, slot_mapping, shape, g, &vc, false);
+        }
+    }
+}
+
+/// Batches of at least this many tokens write their keys and values in parallel.
+const PAR_WRITE_TOKENS: usize = 8;
+
+/// [`write_kv`] split over `pool` (for [`PAR_WRITE_TOKENS`] tokens or more): a task per KV head
+/// and cache, so no two tasks ever write the same memory, whatever the slots. Each value is
+/// rounded as in `write_kv`: the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn write_kv_par<E: KvElem>(
+    pool: &ThreadPool,
+    k: &[f32],
+    v: &[f32],
+    slot_mapping: &[u32],
+    shape: &AttentionShape,
+    k_cache: &mut [E],
+    v_cache: &mut [E],
+) {
+    if slot_mapping.len() < PAR_WRITE_TOKENS || pool.num_threads() == 1 {
+        return write_kv(k, v, slot_mapping, shape, k_cache, v_cache);
+    }
+    let (kc, vc) = (DisjointMut::new(k_cache), DisjointMut::new(v_cache));
+    pool.parallel_for(2 * shape.num_kv_heads, |i| {
+        let (g, keys) = (i / 2, i % 2 == 0);
+        let (src, dst) = if keys { (k, &kc) } else { (v, &vc) };
+        // SAFETY: task (g, cache) writes only head g's regions of that cache, and no other
+        // task writes those.
+        unsafe { write_head(src, slot_mapping, shape, g, dst, keys) };
+    });
+}
+
+/// Writes KV head `g` of every token (`src`: `[num_tokens, num_kv_heads * head_dim]`) into
+/// `cache`: transposed within its block (`keys`) or as a row.
+///
+/// # Safety
+/// No other thread touches head `g`'s regions of `cache` meanwhile.
+unsafe fn write_head<E: KvElem>(
+    src: &[f32],
+    slot_mapping: &[u32],
+    shape: &AttentionShape,
+    g: usize,
+    cache: &DisjointMut<E>,
+    keys: bool,
+) {
     let (hd, bs) = (shape.head_dim, shape.block_size);
     let row = shape.num_kv_heads * hd;
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let (block, offset) = (slot as usize / bs, slot as usize % bs);
-        for g in 0..shape.num_kv_heads {
-            let base = shape.block_base(block, g);
-            let src = t * row + g * hd;
+        let x = &src[t * row + g * hd..][..hd];
+        // SAFETY: (block, head g) is one region of `cache`; the caller owns head g's regions.
+        let region = unsafe { cache.slice(shape.block_base(block, g), bs * hd) };
+        if keys {
             // Keys are transposed within the block: rounded 64 at a time into a row first.
             for d0 in (0..hd).step_by(64) {
                 let n = (hd - d0).min(64);
-                let mut row = [E::from_f32(0.0); 64];
-                E::narrow_row(&k[src + d0..src + d0 + n], &mut row[..n]);
-                for (d, &x) in (d0..d0 + n).zip(&row[..n]) {
-                    k_cache[base + d * bs + offset] = x;
+                let mut r = [E::from_f32(0.0); 64];
+                E::narrow_row(&x[d0..d0 + n], &mut r[..n]);
+                for (d, &e) in (d0..d0 + n).zip(&r[..n]) {
+                    region[d * bs + offset] = e;
                 }
             }
-            let dst = base + offset * hd;
-            E::narrow_row(&v[src..src + hd], &mut v_cache[dst..dst + hd]);
+        } else {
+            E::narrow_row(x, &mut region[offset * hd..(offset + 1) * hd]);
         }
     }
 }
@@ -814,6 +867,44 @@ mod tests {
     use super::*;
 
     /// Dense causal attention for one sequence whose cache blocks are laid out in `table` order.
+    #[test]
+    fn parallel_kv_writes_equal_serial_ones() {
+        // 24 tokens over shuffled blocks, f16 and f32 caches: the same bits either way.
+        let shape = AttentionShape {
+            num_heads: 6,
+            num_kv_heads: 3,
+            head_dim: 64,
+            block_size: 4,
+            scale: 0.125,
+            sliding_window: None,
+        };
+        let n = 24;
+        let row = shape.num_kv_heads * shape.head_dim;
+        let k: Vec<f32> = (0..n * row).map(|i| (i as f32 * 0.37).sin()).collect();
+        let v: Vec<f32> = (0..n * row).map(|i| (i as f32 * 0.91).cos()).collect();
+        let slots: Vec<u32> = (0..n as u32).map(|j| (j / 4 * 5 % 7) * 4 + j % 4).collect();
+        let len = 7 * row * shape.block_size;
+        let pool = ThreadPool::new(2).expect("pool");
+        fn check<E: KvElem + PartialEq + std::fmt::Debug>(
+            pool: &ThreadPool,
+            k: &[f32],
+            v: &[f32],
+            slots: &[u32],
+            shape: &AttentionShape,
+            len: usize,
+        ) {
+            let zero = E::from_f32(0.0);
+            let (mut ks, mut vs) = (vec![zero; len], vec![zero; len]);
+            write_kv(k, v, slots, shape, &mut ks, &mut vs);
+            let (mut kp, mut vp) = (vec![zero; len], vec![zero; len]);
+            write_kv_par(pool, k, v, slots, shape, &mut kp, &mut vp);
+            assert!(ks == kp && vs == vp);
+            assert!(ks.iter().any(|&x| x != zero));
+        }
+        check::<f32>(&pool, &k, &v, &slots, &shape, len);
+        check::<half::f16>(&pool, &k, &v, &slots, &shape, len);
+    }
+
     #[test]
     fn matches_dense_softmax_through_a_shuffled_block_table() {
         let shape = AttentionShape {

@@ -7,7 +7,7 @@
 //! f32 cache holding the rounded values, whatever the instruction set: the widening differs
 //! between builds (`vcvtph2ps` or plain code), its result does not.
 
-use super::attention::{paged_attention, write_kv, AttentionShape};
+use super::attention::{paged_attention, write_kv_par, AttentionShape};
 use crate::ThreadPool;
 use ferrum_types::batch::SeqSlice;
 use half::{bf16, f16};
@@ -148,12 +148,19 @@ pub enum KvLayerMut<'a> {
 }
 
 impl KvLayerMut<'_> {
-    /// [`super::write_kv`] into this layer.
-    pub fn write(&mut self, k: &[f32], v: &[f32], slot_mapping: &[u32], shape: &AttentionShape) {
+    /// [`super::write_kv`] into this layer, split over `pool` for larger batches (the same bits).
+    pub fn write(
+        &mut self,
+        pool: &ThreadPool,
+        k: &[f32],
+        v: &[f32],
+        slot_mapping: &[u32],
+        shape: &AttentionShape,
+    ) {
         match self {
-            KvLayerMut::F32(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
-            KvLayerMut::F16(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
-            KvLayerMut::Bf16(kc, vc) => write_kv(k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::F32(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::F16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::Bf16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
         }
     }
 

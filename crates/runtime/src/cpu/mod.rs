@@ -20,7 +20,9 @@ mod rope;
 pub mod simd;
 
 pub use activation::silu_mul;
-pub use attention::{paged_attention, write_kv, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
+pub use attention::{
+    paged_attention, write_kv, write_kv_par, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
+};
 pub use embedding::embedding;
 pub use kv_dtype::{zeroed_vec, KvDtype, KvElem, KvLayerMut};
 pub use matmul::{
