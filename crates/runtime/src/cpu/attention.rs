@@ -74,7 +74,7 @@ pub fn write_kv<E: KvElem>(
 /// Batches of at least this many tokens write their keys and values in parallel.
 const PAR_WRITE_TOKENS: usize = 8;
 
-/// [`write_kv`] split over `pool` (for [`PAR_WRITE_TOKENS`] tokens or more): a task per KV head
+/// [`write_kv`] split over `pool` (for 8 tokens or more): a task per KV head
 /// and cache, so no two tasks ever write the same memory, whatever the slots. Each value is
 /// rounded as in `write_kv`: the same bits.
 #[allow(clippy::too_many_arguments)]
