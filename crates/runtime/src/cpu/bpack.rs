@@ -246,15 +246,26 @@ pub fn dot_tiles(
     if supported() {
         // SAFETY: the CPU has the features; lengths were checked above.
         unsafe {
-            match na {
-                8 => x86::k512::<8>(w, tiles, xs, ahead, out),
-                7 => x86::k512::<7>(w, tiles, xs, ahead, out),
-                6 => x86::k512::<6>(w, tiles, xs, ahead, out),
-                5 => x86::k512::<5>(w, tiles, xs, ahead, out),
-                4 => x86::k512::<4>(w, tiles, xs, ahead, out),
-                3 => x86::k512::<3>(w, tiles, xs, ahead, out),
-                2 => x86::k512::<2>(w, tiles, xs, ahead, out),
-                _ => x86::k512::<1>(w, tiles, xs, ahead, out),
+            // A separate build without the fetches, so that many-pass products (which have
+            // none) do not test for them at every step.
+            macro_rules! rows {
+                ($f:literal) => {
+                    match na {
+                        8 => x86::k512::<8, $f>(w, tiles, xs, ahead, out),
+                        7 => x86::k512::<7, $f>(w, tiles, xs, ahead, out),
+                        6 => x86::k512::<6, $f>(w, tiles, xs, ahead, out),
+                        5 => x86::k512::<5, $f>(w, tiles, xs, ahead, out),
+                        4 => x86::k512::<4, $f>(w, tiles, xs, ahead, out),
+                        3 => x86::k512::<3, $f>(w, tiles, xs, ahead, out),
+                        2 => x86::k512::<2, $f>(w, tiles, xs, ahead, out),
+                        _ => x86::k512::<1, $f>(w, tiles, xs, ahead, out),
+                    }
+                };
+            }
+            if ahead.step > 0 {
+                rows!(true)
+            } else {
+                rows!(false)
             }
         }
         return;
@@ -281,7 +292,7 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX-512 F/BW and BF16; the call was checked by `dot_tiles`.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn k512<const NA: usize>(
+    pub(super) unsafe fn k512<const NA: usize, const F: bool>(
         w: &Bf16Packed,
         tiles: Range<usize>,
         xs: &[&[u32]],
@@ -304,7 +315,9 @@ mod x86 {
                         _mm_prefetch::<_MM_HINT_T0>(
                             base.wrapping_add(p * TILE + PREFETCH) as *const i8
                         );
-                        ahead.fetch(data, j * pairs + p);
+                        if F {
+                            ahead.fetch(data, j * pairs + p);
+                        }
                         let wv: __m512bh =
                             std::mem::transmute(_mm512_loadu_si512(base.add(p * TILE) as *const _));
                         for i in 0..NA {
