@@ -1,10 +1,19 @@
 //! The persistent compute pool.
 //!
 //! `num_threads - 1` workers live as long as the pool; the calling thread is the last worker.
-//! [`ThreadPool::parallel_for`] publishes one job (a borrowed closure and a task counter), every
-//! thread claims task indices from the shared counter until none are left, and the call returns
-//! only after every worker has let go of the job. That wait is what makes lending a stack
-//! closure to other threads sound. A panic in any task is re-raised in the caller after the wait.
+//! A call publishes one job, a borrowed closure that every thread runs once with its own index
+//! (the caller is 0), and returns only after every worker has let go of the job. That wait is
+//! what makes lending a stack closure to other threads sound. A panic in any thread is re-raised
+//! in the caller after the wait.
+//!
+//! Two ways to share work out:
+//! - [`ThreadPool::parallel_for`] (and [`ThreadPool::parallel_ranges`]): every thread claims task
+//!   indices from one shared counter until none are left.
+//! - [`ThreadPool::parallel_segments`]: each thread owns a contiguous segment of units and takes
+//!   them front to back, then steals from the back of the others' segments. A thread's work so
+//!   stays one contiguous stream (what its prefetches run ahead along) while the load still
+//!   balances to a unit. Every unit runs exactly once either way.
+//!
 //! No threads are spawned per call. Between jobs, workers and the caller first spin briefly
 //! (a forward pass publishes jobs microseconds apart, far less than a park and wake-up cost),
 //! then park on a condition variable, so an idle pool costs nothing.
@@ -23,10 +32,9 @@ type TaskFn<'a> = dyn Fn(usize) + Sync + 'a;
 
 #[derive(Clone, Copy)]
 struct Job {
-    /// Erased borrow of the caller's closure; valid until the caller's wait ends.
+    /// Erased borrow of the caller's closure, run once per thread with the thread's index;
+    /// valid until the caller's wait ends.
     f: *const TaskFn<'static>,
-    next: *const AtomicUsize,
-    num_tasks: usize,
 }
 
 /// How long a thread spins for the next job (or for the workers to finish) before parking.
@@ -91,6 +99,9 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     submit: Mutex<()>,
+    /// Per thread, the units left of its segment in [`ThreadPool::parallel_segments`]
+    /// (`front << 32 | back`); used only under `submit`.
+    segments: Box<[AtomicU64]>,
 }
 
 impl fmt::Debug for ThreadPool {
@@ -121,13 +132,14 @@ impl ThreadPool {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("ferrum-compute-{i}"))
-                .spawn(move || worker_loop(&shared))?;
+                .spawn(move || worker_loop(&shared, i))?;
             workers.push(handle);
         }
         Ok(ThreadPool {
             shared,
             workers,
             submit: Mutex::new(()),
+            segments: (0..num_threads.max(1)).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -152,29 +164,62 @@ impl ThreadPool {
             (0..num_tasks).for_each(f);
             return;
         }
-        let _submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
-        let sh = &*self.shared;
+        let submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
         let next = AtomicUsize::new(0);
-        let f_ref: &TaskFn<'_> = &f;
+        self.broadcast(&submit, &|_| run_tasks(&f, &next, num_tasks));
+    }
+
+    /// Runs `f` on ranges of `0..len` that together cover it once: units of `unit` items (the
+    /// last one shorter). Thread `i` of `n` owns the `i`-th of `n` contiguous runs of units and
+    /// takes them in order, front to back; a thread out of its own units takes the others' from
+    /// their backs. `f` gets one unit at a time, and must not call back into the same pool.
+    pub fn parallel_segments<F: Fn(Range<usize>) + Sync>(&self, len: usize, unit: usize, f: F) {
+        let unit = unit.max(1);
+        let units = len.div_ceil(unit);
+        let n = self.num_threads();
+        if units == 0 {
+            return;
+        }
+        if self.workers.is_empty() || units == 1 || units > u32::MAX as usize {
+            return f(0..len);
+        }
+        let submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
+        let segs = &self.segments;
+        for (i, s) in segs.iter().enumerate() {
+            let (lo, hi) = (i * units / n, (i + 1) * units / n);
+            s.store(((lo as u64) << 32) | hi as u64, Ordering::Relaxed);
+        }
+        let range = |u: usize| u * unit..((u + 1) * unit).min(len);
+        self.broadcast(&submit, &|me| {
+            while let Some(u) = take(&segs[me], true) {
+                f(range(u));
+            }
+            for d in 1..n {
+                let other = &segs[(me + d) % n];
+                while let Some(u) = take(other, false) {
+                    f(range(u));
+                }
+            }
+        });
+    }
+
+    /// Runs `f(i)` once on every thread `i` (the caller is 0) and waits for all; `_submit` is
+    /// the held submission lock. A panic in any of them is re-raised here after the wait.
+    fn broadcast(&self, _submit: &MutexGuard<'_, ()>, f: &TaskFn<'_>) {
+        let sh = &*self.shared;
         // SAFETY: only the lifetime is erased; the wait for `active == 0` below outlives every
         // use.
-        let f_static: *const TaskFn<'static> = unsafe { std::mem::transmute(f_ref) };
+        let f_static: *const TaskFn<'static> = unsafe { std::mem::transmute(f) };
         // SAFETY: no worker runs a job (the previous call waited for `active == 0`), so none
         // reads the slot; `submit` keeps other callers out.
-        unsafe {
-            *sh.job.get() = Some(Job {
-                f: f_static,
-                next: &next,
-                num_tasks,
-            })
-        };
+        unsafe { *sh.job.get() = Some(Job { f: f_static }) };
         sh.active.store(self.workers.len(), Ordering::SeqCst);
         sh.epoch.fetch_add(1, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = sh.lock();
             sh.work_ready.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(&f, &next, num_tasks)));
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
         if !spin_until(|| sh.active.load(Ordering::Acquire) == 0) {
             let mut g = sh.lock();
             sh.caller_parked.store(true, Ordering::SeqCst);
@@ -214,7 +259,27 @@ impl ThreadPool {
     }
 }
 
-fn run_tasks(f: &TaskFn<'_>, next: &AtomicUsize, num_tasks: usize) {
+/// Takes a unit of a segment (`front << 32 | back`): its front one (`front`) or its back one.
+fn take(seg: &AtomicU64, front: bool) -> Option<usize> {
+    let mut v = seg.load(Ordering::Relaxed);
+    loop {
+        let (lo, hi) = (v >> 32, v & u64::from(u32::MAX));
+        if lo >= hi {
+            return None;
+        }
+        let (next, unit) = if front {
+            (((lo + 1) << 32) | hi, lo)
+        } else {
+            ((lo << 32) | (hi - 1), hi - 1)
+        };
+        match seg.compare_exchange_weak(v, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return Some(unit as usize),
+            Err(now) => v = now,
+        }
+    }
+}
+
+fn run_tasks(f: &(impl Fn(usize) + ?Sized), next: &AtomicUsize, num_tasks: usize) {
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
         if i >= num_tasks {
@@ -224,7 +289,7 @@ fn run_tasks(f: &TaskFn<'_>, next: &AtomicUsize, num_tasks: usize) {
     }
 }
 
-fn worker_loop(sh: &Shared) {
+fn worker_loop(sh: &Shared, me: usize) {
     let mut seen = 0u64;
     loop {
         let fresh = |sh: &Shared| sh.epoch.load(Ordering::SeqCst) != seen;
@@ -249,9 +314,7 @@ fn worker_loop(sh: &Shared) {
             continue;
         };
         // SAFETY: as above.
-        let result = catch_unwind(AssertUnwindSafe(|| unsafe {
-            run_tasks(&*job.f, &*job.next, job.num_tasks)
-        }));
+        let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job.f)(me) }));
         if let Err(p) = result {
             sh.panic
                 .lock()
@@ -303,6 +366,63 @@ mod tests {
             sum.fetch_add(r.sum::<usize>(), Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 1000 * 1001 / 2);
+    }
+
+    #[test]
+    fn segments_cover_everything_once_and_each_thread_starts_on_its_own() {
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for (len, unit) in [(0, 4), (1, 4), (7, 4), (96, 4), (1001, 10), (5, 1), (3, 0)] {
+                let hits: Vec<AtomicUsize> = (0..len).map(|_| AtomicUsize::new(0)).collect();
+                let calls = AtomicUsize::new(0);
+                pool.parallel_segments(len, unit, |r| {
+                    assert!(
+                        !r.is_empty() && r.len() <= unit.max(1).max(len * (threads == 1) as usize)
+                    );
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    for i in r {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "{threads} {len} {unit}"
+                );
+                assert_eq!(calls.load(Ordering::Relaxed) > 0, len > 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_thread_takes_its_own_segment_front_to_back_then_steals_from_the_back() {
+        // Per thread, the units it ran: a run of consecutive units from the front of some
+        // segment, then stolen units in falling order. One slow unit makes stealing likely.
+        let pool = ThreadPool::new(2).unwrap();
+        let log = Mutex::new(Vec::new());
+        pool.parallel_segments(16, 1, |r| {
+            if r.start == 8 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            log.lock()
+                .unwrap()
+                .push((std::thread::current().id(), r.start));
+        });
+        let log = log.into_inner().unwrap();
+        let mut all: Vec<usize> = log.iter().map(|&(_, u)| u).collect();
+        all.sort();
+        assert_eq!(all, (0..16).collect::<Vec<_>>());
+        let mut ids: Vec<_> = log.iter().map(|&(t, _)| t).collect();
+        ids.dedup();
+        for id in ids {
+            let mine: Vec<usize> = log
+                .iter()
+                .filter(|&&(t, _)| t == id)
+                .map(|&(_, u)| u)
+                .collect();
+            assert!(mine[0] == 0 || mine[0] == 8, "{mine:?}");
+            let own = mine.windows(2).take_while(|w| w[1] == w[0] + 1).count() + 1;
+            assert!(mine[own..].windows(2).all(|w| w[1] < w[0]), "{mine:?}");
+        }
     }
 
     #[test]

@@ -359,7 +359,9 @@ fn over_tiles<W: Tiled>(
         *d = Some(DisjointMut::new(out));
     }
     let total: usize = weights.iter().map(|w| w.shape().2).sum();
-    pool.parallel_ranges(total, 1, |range| {
+    // Each thread walks its own contiguous run of tiles (the next group is what its kernels
+    // prefetch), a group at a time, and the last groups balance the threads.
+    pool.parallel_segments(total, GROUP, |range| {
         // Map the global tile range onto each weight's own tiles.
         let mut first = 0;
         for (w, out) in weights.iter().zip(dst.iter().flatten()) {
@@ -373,6 +375,10 @@ fn over_tiles<W: Tiled>(
     });
     Ok(())
 }
+
+/// Tiles that stay in cache together while the activation rows pass them (and the unit of work
+/// the pool balances).
+const GROUP: usize = 4;
 
 /// Activation rows one call of any tiled kernel takes at most.
 const MAX_ROWS: usize = max(max(qdot::MAX_ACT_ROWS, fpack::MAX_ROWS), bpack::MAX_ROWS);
@@ -433,7 +439,6 @@ fn drive_tiles(
     }
     // A few tiles at a time stay in cache while all rows pass them, `per_call` rows per call:
     // one call (and one build of its row views) per group of tiles, not per tile.
-    const GROUP: usize = 4;
     let passes = m.div_ceil(per_call);
     let mut t = tiles.start;
     while t < tiles.end {

@@ -107,6 +107,7 @@ impl Q8Acts {
         self.k
     }
 
+    #[inline]
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let (k, nb) = (self.k, self.k / QK);
         ActRow {
