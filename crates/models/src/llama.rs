@@ -322,9 +322,19 @@ impl LlamaModel {
                 block_size: kv.block_size(),
                 ..layer.attn
             };
-            cpu::rms_norm_par(pool, &s.x, &layer.attn_norm, c.rms_norm_eps, &mut s.h);
-            // q: [t, nh*hd], k and v: [t, nkv*hd]; the input is quantized once for all three.
-            let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.wq, &layer.wk, &layer.wv]);
+            // The previous layer's MLP output joins the residual stream here, fused with the
+            // norm and the input's quantization. q: [t, nh*hd], k and v: [t, nkv*hd]; the
+            // input is quantized once for all three.
+            let input = lin.add_norm_prepare(
+                pool,
+                &mut s.x,
+                &mut s.h,
+                li > 0,
+                &layer.attn_norm,
+                c.rms_norm_eps,
+                &mut s.qa,
+                &[&layer.wq, &layer.wk, &layer.wv],
+            );
             lin.matmul_many(
                 pool,
                 &input,
@@ -361,10 +371,17 @@ impl LlamaModel {
             // [t, h]
             let input = lin.prepare(pool, &s.attn, qd, &mut s.qa, &[&layer.wo]);
             lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
-            cpu::add_par(pool, &mut s.x, &s.h);
-            cpu::rms_norm_par(pool, &s.x, &layer.mlp_norm, c.rms_norm_eps, &mut s.h);
             // [t, inter]
-            let input = lin.prepare(pool, &s.h, h, &mut s.qa, &[&layer.w_gate, &layer.w_up]);
+            let input = lin.add_norm_prepare(
+                pool,
+                &mut s.x,
+                &mut s.h,
+                true,
+                &layer.mlp_norm,
+                c.rms_norm_eps,
+                &mut s.qa,
+                &[&layer.w_gate, &layer.w_up],
+            );
             lin.matmul_many(
                 pool,
                 &input,
@@ -373,10 +390,13 @@ impl LlamaModel {
                     (&layer.w_up, &mut s.up[..]),
                 ],
             )?;
-            cpu::silu_mul_par(pool, &mut s.gate, &s.up);
             // [t, h]
-            let input = lin.prepare(pool, &s.gate, inter, &mut s.qa, &[&layer.w_down]);
+            let input =
+                lin.silu_mul_prepare(pool, &mut s.gate, &s.up, inter, &mut s.qa, &[&layer.w_down]);
             lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
+        }
+        // The last layer's MLP output (the others' joined at the next layer's norm).
+        if !self.layers.is_empty() {
             cpu::add_par(pool, &mut s.x, &s.h);
         }
         // [num_logits, h]

@@ -26,6 +26,7 @@ pub use super::ahead::Ahead;
 use super::aligned::Aligned;
 use super::qpack::TILE;
 use super::simd::multiversion;
+use super::DisjointMut;
 use crate::{DType, Result, RuntimeError, Tensor, ThreadPool};
 
 /// Activation rows one kernel call takes at most.
@@ -156,6 +157,19 @@ impl Bf16Acts {
         }
     }
 
+    /// The buffer sized for `rows` rows of `cols` values, for tasks that fill disjoint rows.
+    pub(crate) fn rows_mut(&mut self, rows: usize, cols: usize) -> Bf16Rows<'_> {
+        let pairs = cols.div_ceil(2);
+        self.rows = rows;
+        self.cols = cols;
+        self.data.resize(rows * pairs, 0);
+        Bf16Rows {
+            cols,
+            data: DisjointMut::new(&mut self.data),
+            _acts: std::marker::PhantomData,
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -168,6 +182,28 @@ impl Bf16Acts {
     pub fn row(&self, i: usize) -> &[u32] {
         let pairs = self.cols.div_ceil(2);
         &self.data[i * pairs..(i + 1) * pairs]
+    }
+}
+
+/// A [`Bf16Acts`] whose rows parallel tasks fill, each its own rows.
+pub(crate) struct Bf16Rows<'a> {
+    cols: usize,
+    data: DisjointMut<u32>,
+    _acts: std::marker::PhantomData<&'a mut Bf16Acts>,
+}
+
+impl Bf16Rows<'_> {
+    /// Rounds `x` (`[rows.len(), cols]`) into rows `rows`, as [`Bf16Acts::fill`] does.
+    ///
+    /// # Safety
+    /// No other task writes any of `rows` meanwhile.
+    pub(crate) unsafe fn fill(&self, rows: std::ops::Range<usize>, x: &[f32]) {
+        let (cols, pairs) = (self.cols, self.cols.div_ceil(2));
+        assert_eq!(x.len(), rows.len() * cols, "Bf16Rows: bad rows");
+        for (r, src) in rows.zip(x.chunks_exact(cols.max(1))) {
+            // SAFETY: row r belongs to the caller alone (the slice checks bounds).
+            fill_row(src, unsafe { self.data.slice(r * pairs, pairs) });
+        }
     }
 }
 

@@ -154,21 +154,91 @@ impl Linear {
         scratch: &'a mut ActScratch,
         weights: &[&Weight],
     ) -> LinearInput<'a> {
-        let rows = k > 0 && x.len().is_multiple_of(k) && !x.is_empty();
-        let int8 = rows
-            && k.is_multiple_of(qdot::QK)
-            && weights.iter().any(|w| w.packed.is_some() && w.cols() == k);
-        let bf16 = rows && weights.iter().any(|w| w.bpacked.is_some() && w.cols() == k);
-        if int8 {
-            scratch.q8.quantize_par(x, k, pool);
-        }
-        if bf16 {
-            scratch.bf16.fill(x, k);
+        let (int8, bf16) = forms(x.len(), k, weights);
+        if int8 || bf16 {
+            convert_rows(pool, x.len(), k, scratch, (int8, bf16), |rows, conv| {
+                let span = rows.start * k..rows.end * k;
+                conv.put(rows, &x[span]);
+            });
         }
         LinearInput {
             x,
             q: int8.then_some(&scratch.q8),
             b: bf16.then_some(&scratch.bf16),
+        }
+    }
+
+    /// The residual add and RMSNorm in front of a linear layer, fused with its
+    /// [`Linear::prepare`] into one pass over the rows: `x += h` (when `add`), then
+    /// `h = rms_norm(x) * w`, then `h` prepared for `weights`. Each row's arithmetic is that of
+    /// the separate steps (the same bits).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_norm_prepare<'a>(
+        &self,
+        pool: &ThreadPool,
+        x: &mut [f32],
+        h: &'a mut [f32],
+        add: bool,
+        w: &[f32],
+        eps: f32,
+        scratch: &'a mut ActScratch,
+        weights: &[&Weight],
+    ) -> LinearInput<'a> {
+        let k = w.len();
+        assert_eq!(x.len(), h.len(), "add_norm_prepare: x and h differ in size");
+        let forms = forms(h.len(), k, weights);
+        let (xs, hs) = (DisjointMut::new(x), DisjointMut::new(h));
+        convert_rows(pool, hs.len, k, scratch, forms, |rows, conv| {
+            let span = rows.start * k..rows.end * k;
+            // SAFETY: the row ranges of different tasks do not overlap.
+            let (x, h) = unsafe {
+                (
+                    xs.slice(span.start, span.len()),
+                    hs.slice(span.start, span.len()),
+                )
+            };
+            if add {
+                x.iter_mut().zip(&*h).for_each(|(a, b)| *a += b);
+            }
+            super::rms_norm(x, w, eps, h);
+            conv.put(rows, h);
+        });
+        LinearInput {
+            x: h,
+            q: forms.0.then_some(&scratch.q8),
+            b: forms.1.then_some(&scratch.bf16),
+        }
+    }
+
+    /// `gate = silu(gate) * up` ([`super::silu_mul`]) fused with [`Linear::prepare`] for
+    /// `weights` (rows of `k`): one pass over the rows, the same bits as the separate steps.
+    pub fn silu_mul_prepare<'a>(
+        &self,
+        pool: &ThreadPool,
+        gate: &'a mut [f32],
+        up: &[f32],
+        k: usize,
+        scratch: &'a mut ActScratch,
+        weights: &[&Weight],
+    ) -> LinearInput<'a> {
+        assert_eq!(
+            gate.len(),
+            up.len(),
+            "silu_mul_prepare: gate and up differ in size"
+        );
+        let forms = forms(gate.len(), k, weights);
+        let gs = DisjointMut::new(gate);
+        convert_rows(pool, gs.len, k, scratch, forms, |rows, conv| {
+            let span = rows.start * k..rows.end * k;
+            // SAFETY: the row ranges of different tasks do not overlap.
+            let g = unsafe { gs.slice(span.start, span.len()) };
+            super::silu_mul(g, &up[span]);
+            conv.put(rows, g);
+        });
+        LinearInput {
+            x: gate,
+            q: forms.0.then_some(&scratch.q8),
+            b: forms.1.then_some(&scratch.bf16),
         }
     }
 
@@ -221,6 +291,62 @@ impl Linear {
             _ => matmul(pool, input.x, &w.tensor, out),
         }
     }
+}
+
+/// Which converted forms of a `[len / k, k]` input `weights` take: (int8 codes, bf16).
+fn forms(len: usize, k: usize, weights: &[&Weight]) -> (bool, bool) {
+    let rows = k > 0 && len.is_multiple_of(k) && len > 0;
+    let int8 = rows
+        && k.is_multiple_of(qdot::QK)
+        && weights.iter().any(|w| w.packed.is_some() && w.cols() == k);
+    let bf16 = rows && weights.iter().any(|w| w.bpacked.is_some() && w.cols() == k);
+    (int8, bf16)
+}
+
+/// Where [`convert_rows`]' tasks put their finished f32 rows: converted into the forms asked
+/// for.
+struct RowForms<'s> {
+    q8: Option<super::qacts::Q8Rows<'s>>,
+    bf16: Option<bpack::Bf16Rows<'s>>,
+}
+
+impl RowForms<'_> {
+    /// Converts rows `rows` (`x`: their values) into every form asked for.
+    fn put(&self, rows: Range<usize>, x: &[f32]) {
+        // SAFETY: `convert_rows` gives each task its own rows, and a task puts only those.
+        unsafe {
+            if let Some(q) = &self.q8 {
+                q.quantize(rows.clone(), x);
+            }
+            if let Some(b) = &self.bf16 {
+                b.fill(rows, x);
+            }
+        }
+    }
+}
+
+/// Runs `task(rows, forms)` over the `len / k` rows of an input (split over `pool` from eight
+/// rows on), each task producing its rows' f32 values and putting them into `forms`.
+fn convert_rows(
+    pool: &ThreadPool,
+    len: usize,
+    k: usize,
+    scratch: &mut ActScratch,
+    (int8, bf16): (bool, bool),
+    task: impl Fn(Range<usize>, &RowForms<'_>) + Sync,
+) {
+    let m = len.checked_div(k).unwrap_or(0);
+    if m == 0 {
+        return;
+    }
+    let forms = RowForms {
+        q8: int8.then(|| scratch.q8.rows_mut(m, k)),
+        bf16: bf16.then(|| scratch.bf16.rows_mut(m, k)),
+    };
+    if m < 8 || pool.num_threads() == 1 {
+        return task(0..m, &forms);
+    }
+    pool.parallel_ranges(m, 2, |rows| task(rows, &forms));
 }
 
 /// The kernel forms `form` picks out of every weight of `products`, with their outputs taken
@@ -666,5 +792,75 @@ mod tests {
         let input = float.prepare(&pool, &x, k, &mut q2, &[&wf]);
         float.matmul(&pool, &input, &wf, &mut fast).unwrap();
         assert_eq!(fast, reference);
+    }
+
+    #[test]
+    fn fused_norm_and_silu_preparation_equals_the_separate_steps() {
+        use crate::Storage;
+        let pool = ThreadPool::new(2).unwrap();
+        let int8 = Linear::new(MatmulPrecision::Int8);
+        let k = 96;
+        let wv: Vec<f32> = (0..32 * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let bf16_bytes: Vec<u8> = wv
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let bf16 = Tensor::new(DType::BF16, vec![32, k], Storage::owned(bf16_bytes)).unwrap();
+        let weights = [
+            Weight::new(q8_0(32, k, &wv), &int8, &pool).unwrap(),
+            Weight::new(bf16, &int8, &pool).unwrap(),
+        ];
+        let norm: Vec<f32> = (0..k).map(|i| 0.5 + (i as f32 * 0.3).sin().abs()).collect();
+        // One row (the serial path) and 13 (split over the pool).
+        for m in [1, 13] {
+            let x0: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let h0: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.23).cos()).collect();
+            for w in &weights {
+                for add in [false, true] {
+                    // Separate: add, norm, prepare.
+                    let (mut xa, mut ha) = (x0.clone(), vec![0f32; m * k]);
+                    if add {
+                        xa.iter_mut().zip(&h0).for_each(|(a, b)| *a += b);
+                    }
+                    super::super::rms_norm(&xa, &norm, 1e-5, &mut ha);
+                    let mut sa = ActScratch::default();
+                    let a = int8.prepare(&pool, &ha, k, &mut sa, &[w]);
+                    let mut outa = vec![0f32; m * 32];
+                    int8.matmul(&pool, &a, w, &mut outa).unwrap();
+                    // Fused.
+                    let (mut xb, mut hb) = (x0.clone(), h0.clone());
+                    let mut sb = ActScratch::default();
+                    let b = int8.add_norm_prepare(
+                        &pool,
+                        &mut xb,
+                        &mut hb,
+                        add,
+                        &norm,
+                        1e-5,
+                        &mut sb,
+                        &[w],
+                    );
+                    let mut outb = vec![0f32; m * 32];
+                    int8.matmul(&pool, &b, w, &mut outb).unwrap();
+                    assert_eq!(b.x, &ha[..]);
+                    assert_eq!(xb, xa);
+                    assert_eq!(outb, outa, "m {m} add {add}");
+                }
+                // SiLU-gated product.
+                let (mut ga, up) = (x0.clone(), h0.clone());
+                super::super::silu_mul(&mut ga, &up);
+                let mut sa = ActScratch::default();
+                let a = int8.prepare(&pool, &ga, k, &mut sa, &[w]);
+                let mut outa = vec![0f32; m * 32];
+                int8.matmul(&pool, &a, w, &mut outa).unwrap();
+                let mut gb = x0.clone();
+                let mut sb = ActScratch::default();
+                let b = int8.silu_mul_prepare(&pool, &mut gb, &up, k, &mut sb, &[w]);
+                let mut outb = vec![0f32; m * 32];
+                int8.matmul(&pool, &b, w, &mut outb).unwrap();
+                assert_eq!(b.x, &ga[..]);
+                assert_eq!(outb, outa, "silu m {m}");
+            }
+        }
     }
 }

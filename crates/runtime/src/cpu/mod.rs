@@ -64,20 +64,6 @@ impl<T> DisjointMut<T> {
 /// hand-off costs about as much as this much work).
 const PAR_MIN: usize = 1 << 15;
 
-/// [`silu_mul`] split over `pool` for large inputs (elementwise: the same bits either way).
-pub fn silu_mul_par(pool: &crate::ThreadPool, gate: &mut [f32], up: &[f32]) {
-    let n = gate.len().min(up.len());
-    if n < PAR_MIN || pool.num_threads() == 1 {
-        return silu_mul(gate, up);
-    }
-    let g = DisjointMut::new(gate);
-    pool.parallel_ranges(n.div_ceil(64), 64, |r| {
-        let (lo, hi) = (r.start * 64, (r.end * 64).min(n));
-        // SAFETY: the ranges of different tasks do not overlap.
-        silu_mul(unsafe { g.slice(lo, hi - lo) }, &up[lo..hi]);
-    });
-}
-
 /// `x += y`, split over `pool` for large inputs.
 pub fn add_par(pool: &crate::ThreadPool, x: &mut [f32], y: &[f32]) {
     let n = x.len().min(y.len());
@@ -90,22 +76,5 @@ pub fn add_par(pool: &crate::ThreadPool, x: &mut [f32], y: &[f32]) {
         let (lo, hi) = (r.start * 64, (r.end * 64).min(n));
         // SAFETY: the ranges of different tasks do not overlap.
         add(unsafe { xs.slice(lo, hi - lo) }, &y[lo..hi]);
-    });
-}
-
-/// [`rms_norm`] with the rows split over `pool` for large inputs (per row: the same bits).
-pub fn rms_norm_par(pool: &crate::ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let dim = w.len();
-    let rows = x.len().checked_div(dim).unwrap_or(0);
-    if x.len() < PAR_MIN || pool.num_threads() == 1 || dim == 0 {
-        return rms_norm(x, w, eps, out);
-    }
-    let o = DisjointMut::new(out);
-    pool.parallel_ranges(rows, 8, |r| {
-        let span = r.start * dim..r.end * dim;
-        // SAFETY: the row ranges of different tasks do not overlap.
-        rms_norm(&x[span.clone()], w, eps, unsafe {
-            o.slice(span.start, span.len())
-        });
     });
 }

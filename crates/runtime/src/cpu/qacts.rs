@@ -58,29 +58,31 @@ impl Q8Acts {
             self.quantize(x, k);
             return;
         }
-        let nb = k / QK;
-        let (qs, d) = (
-            DisjointMut::new(&mut self.qs),
-            DisjointMut::new(&mut self.d),
-        );
-        let (bsum, sum16) = (
-            DisjointMut::new(&mut self.bsum),
-            DisjointMut::new(&mut self.sum16),
-        );
-        pool.parallel_ranges(m, 4, |rows| {
-            for r in rows {
-                // SAFETY: row r's ranges of every buffer belong to this task alone.
-                unsafe {
-                    quantize_row(
-                        &x[r * k..(r + 1) * k],
-                        qs.slice(r * k, k),
-                        d.slice(r * nb, nb),
-                        bsum.slice(r * nb, nb),
-                        sum16.slice(2 * r * nb, 2 * nb),
-                    )
-                };
-            }
+        let rows = self.rows_mut(m, k);
+        pool.parallel_ranges(m, 4, |r| {
+            // SAFETY: the row ranges of different tasks do not overlap.
+            unsafe { rows.quantize(r.clone(), &x[r.start * k..r.end * k]) };
         });
+    }
+
+    /// The buffers sized for `[m, k]` (`k` a multiple of 32), for tasks that quantize disjoint
+    /// rows of them.
+    pub(crate) fn rows_mut(&mut self, m: usize, k: usize) -> Q8Rows<'_> {
+        assert!(k.is_multiple_of(QK) && k > 0, "Q8Acts: bad shape");
+        self.k = k;
+        self.m = m;
+        self.qs.resize(m * k, 0);
+        self.d.resize(m * k / QK, 0.0);
+        self.bsum.resize(m * k / QK, 0.0);
+        self.sum16.resize(m * k / 16, 0);
+        Q8Rows {
+            k,
+            qs: DisjointMut::new(&mut self.qs),
+            d: DisjointMut::new(&mut self.d),
+            bsum: DisjointMut::new(&mut self.bsum),
+            sum16: DisjointMut::new(&mut self.sum16),
+            _acts: std::marker::PhantomData,
+        }
     }
 
     /// Checks the shape of `x` (`[m, k]`) and sizes the buffers for it (reused); returns `m`.
@@ -115,6 +117,39 @@ impl Q8Acts {
             d: &self.d[i * nb..(i + 1) * nb],
             bsum: &self.bsum[i * nb..(i + 1) * nb],
             sum16: &self.sum16[i * 2 * nb..(i + 1) * 2 * nb],
+        }
+    }
+}
+
+/// A [`Q8Acts`] whose rows parallel tasks quantize, each its own rows.
+pub(crate) struct Q8Rows<'a> {
+    k: usize,
+    qs: DisjointMut<i8>,
+    d: DisjointMut<f32>,
+    bsum: DisjointMut<f32>,
+    sum16: DisjointMut<i32>,
+    _acts: std::marker::PhantomData<&'a mut Q8Acts>,
+}
+
+impl Q8Rows<'_> {
+    /// Quantizes `x` (`[rows.len(), k]`) into rows `rows`, as [`Q8Acts::quantize`] does.
+    ///
+    /// # Safety
+    /// No other task writes any of `rows` meanwhile.
+    pub(crate) unsafe fn quantize(&self, rows: std::ops::Range<usize>, x: &[f32]) {
+        let (k, nb) = (self.k, self.k / QK);
+        assert_eq!(x.len(), rows.len() * k, "Q8Rows: bad rows");
+        for (r, xr) in rows.zip(x.chunks_exact(k)) {
+            // SAFETY: row r's ranges belong to the caller alone (the slices check bounds).
+            unsafe {
+                quantize_row(
+                    xr,
+                    self.qs.slice(r * k, k),
+                    self.d.slice(r * nb, nb),
+                    self.bsum.slice(r * nb, nb),
+                    self.sum16.slice(2 * r * nb, 2 * nb),
+                )
+            };
         }
     }
 }
