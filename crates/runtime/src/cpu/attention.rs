@@ -284,7 +284,7 @@ pub fn paged_attention<E: KvElem>(
     }
     let out_shared = DisjointMut::new(out);
     let partials_shared = DisjointMut::new(partials);
-    pool.parallel_for(total, |mut i| {
+    let run_item = |mut i: usize| {
         // Item `i`: find its sequence (and where its partials start), then its part, token run
         // and head chunk.
         let (mut si, mut pbase) = (0, 0);
@@ -334,7 +334,10 @@ pub fn paged_attention<E: KvElem>(
             Dest::Out(&out_shared)
         };
         attend_item(q, k_cache, v_cache, table, s, it, shape, dst);
-    });
+    };
+    // Each thread walks its own run of items (a sequence's KV heads, whose blocks sit side by
+    // side in the cache), stealing the others' last ones when done.
+    pool.parallel_segments(total, 1, |items| items.for_each(run_item));
     // Fold the split sequences' parts, in order, into their outputs.
     let mut pbase = 0;
     for s in seqs {
