@@ -17,6 +17,7 @@
 use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use ferrum_engine::sampler::argmax;
 use ferrum_engine::{EngineHandle, Event, GenerateRequest};
 use ferrum_models::{KvCache, Model};
 use ferrum_types::{ForwardBatch, SamplingParams, TokenId};
@@ -97,16 +98,6 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 }
 
 const BLOCK_SIZE: usize = 16;
-
-fn argmax(row: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as TokenId
-}
 
 /// One iteration: (prefill seconds, decode seconds).
 fn iteration(model: &mut Model, kv: &mut KvCache, args: &LatencyArgs) -> Result<(f64, f64)> {
