@@ -326,8 +326,9 @@ impl RowForms<'_> {
     }
 }
 
-/// Runs `task(rows, forms)` over the `len / k` rows of an input (split over `pool` from eight
-/// rows on), each task producing its rows' f32 values and putting them into `forms`.
+/// Runs `task(rows, forms)` for every one of the `len / k` rows of an input (`rows` one row
+/// long; split over `pool` from eight rows on), each producing its row's f32 values and putting
+/// them into `forms`.
 fn convert_rows(
     pool: &ThreadPool,
     len: usize,
@@ -344,10 +345,12 @@ fn convert_rows(
         q8: int8.then(|| scratch.q8.rows_mut(m, k)),
         bf16: bf16.then(|| scratch.bf16.rows_mut(m, k)),
     };
+    // A row at a time: its f32 values are still in L1 when they are converted.
+    let rows = |r: Range<usize>| r.for_each(|i| task(i..i + 1, &forms));
     if m < 8 || pool.num_threads() == 1 {
-        return task(0..m, &forms);
+        return rows(0..m);
     }
-    pool.parallel_ranges(m, 2, |rows| task(rows, &forms));
+    pool.parallel_ranges(m, 2, rows);
 }
 
 /// The kernel forms `form` picks out of every weight of `products`, with their outputs taken
