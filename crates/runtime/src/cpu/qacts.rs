@@ -68,13 +68,7 @@ impl Q8Acts {
     /// The buffers sized for `[m, k]` (`k` a multiple of 32), for tasks that quantize disjoint
     /// rows of them.
     pub(crate) fn rows_mut(&mut self, m: usize, k: usize) -> Q8Rows<'_> {
-        assert!(k.is_multiple_of(QK) && k > 0, "Q8Acts: bad shape");
-        self.k = k;
-        self.m = m;
-        self.qs.resize(m * k, 0);
-        self.d.resize(m * k / QK, 0.0);
-        self.bsum.resize(m * k / QK, 0.0);
-        self.sum16.resize(m * k / 16, 0);
+        self.size_for(m, k);
         Q8Rows {
             k,
             qs: DisjointMut::new(&mut self.qs),
@@ -92,13 +86,19 @@ impl Q8Acts {
             "Q8Acts: bad shape"
         );
         let m = x.len() / k;
+        self.size_for(m, k);
+        m
+    }
+
+    /// Sizes the buffers for `[m, k]` (`k` a multiple of 32), reusing their memory.
+    fn size_for(&mut self, m: usize, k: usize) {
+        assert!(k.is_multiple_of(QK) && k > 0, "Q8Acts: bad shape");
         self.k = k;
         self.m = m;
         self.qs.resize(m * k, 0);
         self.d.resize(m * k / QK, 0.0);
         self.bsum.resize(m * k / QK, 0.0);
         self.sum16.resize(m * k / 16, 0);
-        m
     }
 
     pub fn rows(&self) -> usize {
