@@ -284,9 +284,10 @@ pub fn paged_attention<E: KvElem>(
     }
     let out_shared = DisjointMut::new(out);
     let partials_shared = DisjointMut::new(partials);
-    let run_item = |mut i: usize| {
-        // Item `i`: find its sequence (and where its partials start), then its part, token run
-        // and head chunk.
+    // Item `i`: its sequence, where that sequence's partials start, its plan, and the item.
+    let locate = |mut i: usize| {
+        // Find its sequence (and where its partials start), then its part, token run and head
+        // chunk.
         let (mut si, mut pbase) = (0, 0);
         loop {
             let (s, pl) = (&seqs[si], plan(&seqs[si]));
@@ -323,6 +324,28 @@ pub fn paged_attention<E: KvElem>(
                 (0, pl.parts)
             },
         };
+        (s, pbase, pl, it)
+    };
+    // Brings the first blocks an item reads towards L2 (a hint), while the item before it runs.
+    let warm = |i: usize| {
+        let (s, _, _, it) = locate(i);
+        let table = &block_tables[s.block_table_start..][..s.num_blocks];
+        let kv_head = it.heads.0 / group;
+        let b0 = it.parts.0 * PART / shape.block_size;
+        for &block in table.iter().skip(b0).take(WARM_BLOCKS) {
+            let at = shape.block_base(block as usize, kv_head);
+            let len = shape.block_size * hd;
+            if let (Some(k), Some(v)) = (k_cache.get(at..at + len), v_cache.get(at..at + len)) {
+                prefetch_l2(k);
+                prefetch_l2(v);
+            }
+        }
+    };
+    let run_item = |i: usize| {
+        if i + 1 < total {
+            warm(i + 1);
+        }
+        let (s, pbase, pl, it) = locate(i);
         let table = &block_tables[s.block_table_start..][..s.num_blocks];
         let dst = if pl.split {
             Dest::Partials {
@@ -574,9 +597,13 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
     let (b_lo, b_hi) = (key_lo / bs, (key_hi - 1) / bs);
     // Each (block, KV head) is its own few KiB somewhere in the cache, and the hardware
     // prefetcher does not cross into it: the first run through a block fetches the keys and
-    // values of the block AHEAD places on while it computes (one block's work is shorter than a
-    // trip to memory); the blocks before that are fetched here.
+    // values of the block AHEAD places on into L1, and of the block FAR places on into L2, while
+    // it computes (one block's work is shorter than a trip to memory, and more lines in flight
+    // keep memory busier: 16 sequences' decode ran 1.15x faster with the L2 lead than without);
+    // the blocks before those are fetched here. The item before this one brought the first
+    // WARM_BLOCKS towards L2 already.
     const AHEAD: usize = 2;
+    const FAR: usize = 4;
     let block_kv = |bi: usize| {
         let n = shape.block_base(table[bi] as usize, kv_head);
         (&k_cache[n..n + bs * hd], &v_cache[n..n + bs * hd])
@@ -586,9 +613,15 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
         prefetch(k);
         prefetch(v);
     }
+    for bi in b_lo + AHEAD..(b_lo + FAR).min(b_hi + 1) {
+        let (k, v) = block_kv(bi);
+        prefetch_l2(k);
+        prefetch_l2(v);
+    }
     for bi in b_lo..=b_hi {
         let (keys, vals) = block_kv(bi);
         let mut next = (bi + AHEAD <= b_hi).then(|| block_kv(bi + AHEAD));
+        let mut far = (bi + FAR <= b_hi).then(|| block_kv(bi + FAR));
         let block_start = bi * bs;
         // Runs of pairs of one token (its query heads on this KV head) see the same keys and
         // go through the block together, up to MAX_RUN at a time.
@@ -612,6 +645,7 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
                     first: k0,
                     range: (lo - block_start, hi - block_start),
                     next: next.take(),
+                    far: far.take(),
                 };
                 let qv = |h: usize| &q[(t * nh + h) * hd..][..hd];
                 match (bs, hd, run.pairs.len()) {
@@ -643,6 +677,10 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
                         if let Some((nk, nv)) = run.next {
                             prefetch(nk);
                             prefetch(nv);
+                        }
+                        if let Some((fk, fv)) = run.far {
+                            prefetch_l2(fk);
+                            prefetch_l2(fv);
                         }
                         for (k, &(_, h)) in run.pairs.iter().enumerate() {
                             let p = run.first + k;
@@ -681,6 +719,24 @@ fn prefetch<E>(data: &[E]) {
     let _ = data;
 }
 
+/// Blocks of the next item brought towards L2 while an item runs.
+const WARM_BLOCKS: usize = 2;
+
+/// [`prefetch`] into L2 only.
+#[inline(always)]
+fn prefetch_l2<E>(data: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(64 / std::mem::size_of::<E>()) {
+        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 /// Most pairs of one token that go through a block together.
 const MAX_RUN: usize = 4;
 
@@ -692,6 +748,8 @@ struct Run<'a, E> {
     range: (usize, usize),
     /// Keys and values of the block that comes next, to prefetch meanwhile.
     next: Option<(&'a [E], &'a [E])>,
+    /// Keys and values of a block further on, to bring into L2 meanwhile.
+    far: Option<(&'a [E], &'a [E])>,
 }
 
 /// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible): lane
@@ -778,6 +836,7 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     });
     // Without a next block, the prefetches touch this one (in cache): no branch in the loops.
     let (next_k, next_v) = run.next.unwrap_or((keys, vals));
+    let (far_k, far_v) = run.far.unwrap_or((keys, vals));
     // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
     let mut part = [[[0f32; BS]; 4]; NP];
     // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
@@ -821,9 +880,14 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     let next = next_k[lo * HD..hi * HD]
         .chunks_exact(HD)
         .zip(next_v[lo * HD..hi * HD].chunks_exact(HD));
-    for (j, (v, (nk, nv))) in (lo..hi).zip(value_steps.zip(next)) {
+    let far = far_k[lo * HD..hi * HD]
+        .chunks_exact(HD)
+        .zip(far_v[lo * HD..hi * HD].chunks_exact(HD));
+    for (j, (v, ((nk, nv), (fk, fv)))) in (lo..hi).zip(value_steps.zip(next.zip(far))) {
         prefetch(nk);
         prefetch(nv);
+        prefetch_l2(fk);
+        prefetch_l2(fv);
         for c in 0..HD / 16 {
             let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);
             for k in 0..NP {
@@ -1239,6 +1303,7 @@ mod tests {
                     first: 0,
                     range,
                     next: None,
+                    far: None,
                 };
                 block_fast::<f32, Portable, 64, 3>(
                     &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
@@ -1248,6 +1313,7 @@ mod tests {
                     first: 3,
                     range,
                     next: None,
+                    far: None,
                 };
                 block_fast::<f32, Portable, 64, 1>(
                     &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
