@@ -14,7 +14,7 @@
 use super::ahead::Ahead;
 use super::bpack::{self, Bf16Acts, Bf16Packed};
 use super::fpack::{self, FloatPacked};
-use super::qdot::{self, ActRow, Isa, Q8Acts};
+use super::qdot::{self, Isa, Q8Acts};
 use super::qpack::PackedWeight;
 use super::simd::multiversion;
 use super::DisjointMut;
@@ -633,21 +633,9 @@ fn run_tiles(
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
 ) {
-    let m = acts.rows();
-    drive_tiles(
-        w.rows(),
-        m,
-        qdot::MAX_ACT_ROWS,
-        tiles,
-        out,
-        |tiles, rows, (pass, passes), res| {
-            let (tb, units) = (w.tile_bytes(), w.blocks());
-            let ahead = Ahead::split(tiles.clone(), tb, units, pass, passes);
-            let a: [ActRow<'_>; qdot::MAX_ACT_ROWS] =
-                std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-            qdot::dot_tiles(isa, w, tiles, &a[..rows.len()], ahead, res);
-        },
-    );
+    // SAFETY: these tiles' columns belong to this task (`over_tiles` splits the tiles), and
+    // `isa` is the detected one.
+    unsafe { qdot::dot_rows(isa, w, tiles, acts, 0..acts.rows(), GROUP, out) }
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with float weights in row tiles ([`fpack`]): f32

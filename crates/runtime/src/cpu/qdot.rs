@@ -101,20 +101,157 @@ pub fn dot_tiles(
             a.qs.len()
         );
     }
+    let dst = Dst {
+        base: out.as_mut_ptr() as *mut f32,
+        row_stride: TILE,
+        tile_stride: TILE * na,
+        cols: usize::MAX,
+    };
+    // SAFETY: `isa` is available (the caller's contract), every row was checked against the
+    // weight's blocks above, and `dst` addresses exactly `out`, whose length was checked.
+    unsafe { call(isa, w, tiles, acts, ahead, dst) }
+}
+
+/// `out[i, c] = w[c] · acts.row(i)` for every column `c` of the tiles `tiles` (columns at or
+/// past the weight's rows are not written) and every activation row `i` in `rows`, where `out`
+/// is `[acts.rows(), w.rows()]`. With at most [`MAX_ACT_ROWS`] rows (decode) one kernel call
+/// covers all the tiles; with more, each group of `group` tiles stays in cache while the rows
+/// pass it four at a time, the group's last passes prefetching a share of the next ([`Ahead`]).
+/// Results go straight from the kernels' registers to `out`.
+///
+/// # Safety
+/// Columns `TILE * tiles.start .. TILE * tiles.end` of rows `rows` of `out` belong to the
+/// caller's task alone; `isa` is one of [`Isa::available`].
+pub(super) unsafe fn dot_rows(
+    isa: Isa,
+    w: &PackedWeight,
+    tiles: std::ops::Range<usize>,
+    acts: &Q8Acts,
+    rows: std::ops::Range<usize>,
+    group: usize,
+    out: &super::DisjointMut<f32>,
+) {
+    let (n, nb) = (w.rows(), w.blocks());
+    assert!(
+        tiles.end <= w.tiles()
+            && rows.end <= acts.rows()
+            && acts.cols() == nb * QK
+            && out.len == acts.rows() * n,
+        "dot_rows: no product of tiles {tiles:?} of [{n}, {}] with rows {rows:?} of [{}, {}]",
+        w.cols(),
+        acts.rows(),
+        acts.cols()
+    );
+    if tiles.is_empty() || rows.is_empty() {
+        return;
+    }
+    let dst = |tiles: &std::ops::Range<usize>, i: usize| Dst {
+        // SAFETY (of the `add`): row `i` < `acts.rows()` and the tile's first column < `n`,
+        // so the offset is inside `out`.
+        base: unsafe { out.ptr.add(i * n + TILE * tiles.start) },
+        row_stride: n,
+        tile_stride: TILE,
+        cols: n - TILE * tiles.start,
+    };
+    let pass_rows = |i: usize, na: usize| -> [ActRow<'_>; MAX_ACT_ROWS] {
+        std::array::from_fn(|d| acts.row(i + d.min(na - 1)))
+    };
+    // SAFETY (of the calls below): rows come from `acts`, whose width was checked against
+    // the weight's blocks; the stores stay in these tiles' columns of these rows, the caller's
+    // alone.
+    if rows.len() <= MAX_ACT_ROWS {
+        let na = rows.len();
+        let a = pass_rows(rows.start, na);
+        unsafe {
+            call(
+                isa,
+                w,
+                tiles.clone(),
+                &a[..na],
+                Ahead::NONE,
+                dst(&tiles, rows.start),
+            )
+        };
+        return;
+    }
+    let passes = rows.len().div_ceil(MAX_ACT_ROWS);
+    let group = group.max(1);
+    let mut t = tiles.start;
+    while t < tiles.end {
+        let g = t..(t + group).min(tiles.end);
+        let mut i = rows.start;
+        for pass in 0..passes {
+            let na = (rows.end - i).min(MAX_ACT_ROWS);
+            let a = pass_rows(i, na);
+            let ahead = Ahead::split(g.clone(), w.tile_bytes(), nb, pass, passes);
+            unsafe { call(isa, w, g.clone(), &a[..na], ahead, dst(&g, i)) };
+            i += na;
+        }
+        t = g.end;
+    }
+}
+
+/// Where a kernel call stores: the result of tile `tiles.start + j` against activation row `i`
+/// goes to `base + i * row_stride + j * tile_stride`, those of its sixteen values whose column
+/// (counted from the call's first tile) is under `cols`.
+#[derive(Debug, Clone, Copy)]
+struct Dst {
+    base: *mut f32,
+    row_stride: usize,
+    tile_stride: usize,
+    cols: usize,
+}
+
+impl Dst {
+    /// Where tile `j`'s result against row `i` starts, and how many of its values are stored.
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize) -> (*mut f32, usize) {
+        let live = self.cols.saturating_sub(TILE * j).min(TILE);
+        (
+            self.base
+                .wrapping_add(i * self.row_stride + j * self.tile_stride),
+            live,
+        )
+    }
+
+    /// Stores `v` as tile `j`'s result against row `i` (its live values only).
+    ///
+    /// # Safety
+    /// The live values' addresses are writable and nobody else's.
+    #[inline(always)]
+    unsafe fn put(&self, i: usize, j: usize, v: &[f32; TILE]) {
+        let (p, live) = self.at(i, j);
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p, live) };
+    }
+}
+
+/// One kernel call: the `isa` build of the tiles' product with `acts`, stored through `dst`.
+///
+/// # Safety
+/// `isa` is available; every row of `acts` holds the weight's blocks; `dst` addresses writable
+/// memory that is the caller's alone for every tile of `tiles` and row of `acts`.
+unsafe fn call(
+    isa: Isa,
+    w: &PackedWeight,
+    tiles: std::ops::Range<usize>,
+    acts: &[ActRow<'_>],
+    ahead: Ahead,
+    dst: Dst,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa` comes from `Isa::detect`/`available`, so the CPU has the features;
-        // every row's lengths were checked above against the weight's block count.
-        Isa::Avx512Vnni => unsafe { x86::tiles_vnni(w, tiles, acts, ahead, out) },
+        // SAFETY: forwarded from the caller's contract.
+        Isa::Avx512Vnni => unsafe { x86::tiles_vnni(w, tiles, acts, ahead, dst) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::tiles_avx2(w, tiles, acts, ahead, out) },
+        Isa::Avx2 => unsafe { x86::tiles_avx2(w, tiles, acts, ahead, dst) },
         _ => {
             for (j, tile) in tiles.enumerate() {
-                for (a, o) in acts.iter().zip(&mut out[j * na..(j + 1) * na]) {
-                    for (l, o) in o.iter_mut().enumerate() {
-                        *o = dot_scalar(w, TILE * tile + l, a);
-                    }
+                for (i, a) in acts.iter().enumerate() {
+                    let v: [f32; TILE] = std::array::from_fn(|l| dot_scalar(w, TILE * tile + l, a));
+                    // SAFETY: forwarded from the caller's contract.
+                    unsafe { dst.put(i, j, &v) };
                 }
             }
         }
@@ -156,7 +293,7 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
-    use super::{ActRow, Ahead, Codes, PackedWeight, QK, TILE};
+    use super::{ActRow, Ahead, Codes, Dst, PackedWeight, QK, TILE};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -181,7 +318,7 @@ mod x86 {
             macro_rules! tiles {
                 ($C:expr, $S16:expr, $SH:expr, $M:expr, $NA:expr) => {
                     for (j, tile) in $tiles.clone().enumerate() {
-                        let o = &mut $out[j * $NA..(j + 1) * $NA];
+                        let o = ($out, j);
                         let at = ($ahead, j * nb);
                         // A separate build without the fetches: even skipped, they cost the
                         // many-pass products 4%.
@@ -216,28 +353,29 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; the call was checked by `dot_tiles`.
+    /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; the call was checked by `dot_tiles` or
+    /// `dot_rows`, and `out` addresses the caller's own memory for every tile and row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn tiles_vnni(
         w: &PackedWeight,
         tiles: Range<usize>,
         acts: &[ActRow<'_>],
         ahead: Ahead,
-        out: &mut [[f32; TILE]],
+        out: Dst,
     ) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { dispatch!(vnni, true, w, tiles, acts, ahead, out) }
     }
 
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; the call was checked by `dot_tiles`.
+    /// The CPU has AVX2, FMA and F16C; the call was checked as for `tiles_vnni`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn tiles_avx2(
         w: &PackedWeight,
         tiles: Range<usize>,
         acts: &[ActRow<'_>],
         ahead: Ahead,
-        out: &mut [[f32; TILE]],
+        out: Dst,
     ) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { dispatch!(avx2, false, w, tiles, acts, ahead, out) }
@@ -249,7 +387,7 @@ mod x86 {
         if SH == 0 {
             return 0;
         }
-        // SAFETY: `dot_tiles` checked that `sum16` holds two entries per block.
+        // SAFETY: `dot_tiles`/`dot_rows` checked that `sum16` holds two entries per block.
         let s: i32 = (0..n)
             .map(|s| unsafe { *a.sum16.get_unchecked(2 * b + s0 + s) })
             .sum();
@@ -270,13 +408,13 @@ mod x86 {
         tile: usize,
         acts: &[ActRow<'_>],
         (ahead, unit): (Ahead, usize),
-        out: &mut [[f32; TILE]],
+        (out, j): (Dst, usize),
     ) {
         /// How far ahead of itself the kernel prefetches the weight stream, in bytes.
         const PREFETCH: usize = 2048;
         let fm = w.format();
         let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
-        // SAFETY: `dot_tiles` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
+        // SAFETY: `dot_tiles`/`dot_rows` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
         // and that every activation row has `nb` blocks, so all offsets below are in bounds.
         unsafe {
             let base = w.tile(tile).as_ptr();
@@ -356,7 +494,13 @@ mod x86 {
                 }
             }
             for i in 0..NA {
-                _mm512_storeu_ps(out[i].as_mut_ptr(), _mm512_add_ps(acc[i], macc[i]));
+                let (p, live) = out.at(i, j);
+                let v = _mm512_add_ps(acc[i], macc[i]);
+                if live >= TILE {
+                    _mm512_storeu_ps(p, v);
+                } else {
+                    _mm512_mask_storeu_ps(p, (1u16 << live) - 1, v);
+                }
             }
         }
     }
@@ -417,11 +561,11 @@ mod x86 {
         tile: usize,
         acts: &[ActRow<'_>],
         (ahead, unit): (Ahead, usize),
-        out: &mut [[f32; TILE]],
+        (out, j): (Dst, usize),
     ) {
         let fm = w.format();
         let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
-        // SAFETY: as in `vnni`: every offset below was bounds-checked by `dot_tiles`.
+        // SAFETY: as in `vnni`: every offset below was bounds-checked by the caller.
         unsafe {
             let base = w.tile(tile).as_ptr();
             let data = w.data().as_ptr();
@@ -502,12 +646,14 @@ mod x86 {
                 }
             }
             for i in 0..NA {
+                let mut v = [0f32; TILE];
                 for h in 0..2 {
                     _mm256_storeu_ps(
-                        out[i].as_mut_ptr().add(8 * h),
+                        v.as_mut_ptr().add(8 * h),
                         _mm256_add_ps(acc[i][h], macc[i][h]),
                     );
                 }
+                out.put(i, j, &v);
             }
         }
     }
@@ -601,6 +747,52 @@ mod tests {
                                 if r >= rows {
                                     assert_eq!(v, 0.0, "padding row {r}");
                                 }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_passes_store_straight_into_the_output() {
+        // 20 weight rows (the last tile has 12 padding rows) against 11 activation rows: one
+        // pass of three rows, or three passes (the last of three rows), each task's tiles in
+        // turn. Every value is the scalar reference's, and the padding rows store nothing: the
+        // last tile goes after the first, so a whole-tile store would overwrite the next row's
+        // first columns.
+        let pool = ThreadPool::new(1).expect("pool");
+        let (n, m) = (20, 11);
+        for dtype in [DType::Q4_1, DType::Q8_0, DType::Q6_K] {
+            let k = if dtype.block_size() == 256 { 512 } else { 288 };
+            let t = random_tensor(dtype, n, k, dtype as u32 + 11);
+            let w = PackedWeight::pack(&t, &pool).expect("pack");
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.05)
+                .collect();
+            let mut acts = Q8Acts::default();
+            acts.quantize(&x, k);
+            for isa in Isa::available() {
+                for (rows, group) in [(0..m, 1), (0..m, 4), (4..7, 2)] {
+                    let mut out = vec![f32::NAN; m * n];
+                    let shared = super::super::DisjointMut::new(&mut out);
+                    for tiles in [0..1, 1..2] {
+                        // SAFETY: `isa` is available, and the calls store in turn.
+                        unsafe { dot_rows(isa, &w, tiles, &acts, rows.clone(), group, &shared) };
+                    }
+                    for i in 0..m {
+                        for c in 0..n {
+                            let got = out[i * n + c];
+                            if rows.contains(&i) {
+                                let want = dot_scalar(&w, c, &acts.row(i));
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want.to_bits(),
+                                    "{dtype} {isa:?} rows {rows:?} group {group}: [{i}, {c}]"
+                                );
+                            } else {
+                                assert!(got.is_nan(), "{dtype} {isa:?}: row {i} written");
                             }
                         }
                     }
