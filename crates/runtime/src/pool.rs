@@ -169,35 +169,34 @@ impl ThreadPool {
         self.broadcast(&submit, &|_| run_tasks(&f, &next, num_tasks));
     }
 
-    /// Runs `f` on ranges of `0..len` that together cover it once: units of `unit` items (the
-    /// last one shorter). Thread `i` of `n` owns the `i`-th of `n` contiguous runs of units and
-    /// takes them in order, front to back; a thread out of its own units takes the others' from
-    /// their backs. `f` gets one unit at a time, and must not call back into the same pool.
+    /// Runs `f` on ranges of `0..len` that together cover it once. Thread `i` of `n` owns the
+    /// `i`-th of `n` contiguous runs of items and takes them front to back, `unit` items at a
+    /// time (a run's last range may be shorter); a thread out of its own items takes the others'
+    /// from their backs, one item at a time, so the threads finish within about an item of each
+    /// other. `f` must not call back into the same pool.
     pub fn parallel_segments<F: Fn(Range<usize>) + Sync>(&self, len: usize, unit: usize, f: F) {
         let unit = unit.max(1);
-        let units = len.div_ceil(unit);
         let n = self.num_threads();
-        if units == 0 {
+        if len == 0 {
             return;
         }
-        if self.workers.is_empty() || units == 1 || units > u32::MAX as usize {
+        if self.workers.is_empty() || len <= unit || len > u32::MAX as usize {
             return f(0..len);
         }
         let submit = self.submit.lock().unwrap_or_else(PoisonError::into_inner);
         let segs = &self.segments;
         for (i, s) in segs.iter().enumerate() {
-            let (lo, hi) = (i * units / n, (i + 1) * units / n);
+            let (lo, hi) = (i * len / n, (i + 1) * len / n);
             s.store(((lo as u64) << 32) | hi as u64, Ordering::Relaxed);
         }
-        let range = |u: usize| u * unit..((u + 1) * unit).min(len);
         self.broadcast(&submit, &|me| {
-            while let Some(u) = take(&segs[me], true) {
-                f(range(u));
+            while let Some(r) = take(&segs[me], Some(unit)) {
+                f(r);
             }
             for d in 1..n {
                 let other = &segs[(me + d) % n];
-                while let Some(u) = take(other, false) {
-                    f(range(u));
+                while let Some(r) = take(other, None) {
+                    f(r);
                 }
             }
         });
@@ -259,21 +258,24 @@ impl ThreadPool {
     }
 }
 
-/// Takes a unit of a segment (`front << 32 | back`): its front one (`front`) or its back one.
-fn take(seg: &AtomicU64, front: bool) -> Option<usize> {
+/// Takes items of a segment (`front << 32 | back`): up to `Some(k)` from its front, or the one
+/// at its back (`None`).
+fn take(seg: &AtomicU64, front: Option<usize>) -> Option<Range<usize>> {
     let mut v = seg.load(Ordering::Relaxed);
     loop {
         let (lo, hi) = (v >> 32, v & u64::from(u32::MAX));
         if lo >= hi {
             return None;
         }
-        let (next, unit) = if front {
-            (((lo + 1) << 32) | hi, lo)
-        } else {
-            ((lo << 32) | (hi - 1), hi - 1)
+        let (next, items) = match front {
+            Some(k) => {
+                let end = hi.min(lo + k as u64);
+                ((end << 32) | hi, lo..end)
+            }
+            None => ((lo << 32) | (hi - 1), hi - 1..hi),
         };
         match seg.compare_exchange_weak(v, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return Some(unit as usize),
+            Ok(_) => return Some(items.start as usize..items.end as usize),
             Err(now) => v = now,
         }
     }
@@ -395,33 +397,44 @@ mod tests {
 
     #[test]
     fn a_thread_takes_its_own_segment_front_to_back_then_steals_from_the_back() {
-        // Per thread, the units it ran: a run of consecutive units from the front of some
-        // segment, then stolen units in falling order. One slow unit makes stealing likely.
+        // Per thread, the ranges it ran: consecutive ranges of at most `unit` items from the
+        // front of some segment, then stolen single items in falling order. One slow item
+        // makes stealing likely.
         let pool = ThreadPool::new(2).unwrap();
-        let log = Mutex::new(Vec::new());
-        pool.parallel_segments(16, 1, |r| {
-            if r.start == 8 {
-                std::thread::sleep(Duration::from_millis(20));
+        for unit in [1, 3] {
+            let log = Mutex::new(Vec::new());
+            pool.parallel_segments(16, unit, |r| {
+                if r.contains(&8) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                log.lock().unwrap().push((std::thread::current().id(), r));
+            });
+            let log = log.into_inner().unwrap();
+            let mut all: Vec<usize> = log.iter().flat_map(|(_, r)| r.clone()).collect();
+            all.sort();
+            assert_eq!(all, (0..16).collect::<Vec<_>>());
+            let mut ids: Vec<_> = log.iter().map(|(t, _)| *t).collect();
+            ids.dedup();
+            for id in ids {
+                let mine: Vec<Range<usize>> = log
+                    .iter()
+                    .filter(|(t, _)| *t == id)
+                    .map(|(_, r)| r.clone())
+                    .collect();
+                assert!(mine[0].start == 0 || mine[0].start == 8, "{mine:?}");
+                let own = mine
+                    .windows(2)
+                    .take_while(|w| w[1].start == w[0].end)
+                    .count()
+                    + 1;
+                assert!(mine[..own].iter().all(|r| r.len() <= unit), "{mine:?}");
+                let stolen = &mine[own..];
+                assert!(stolen.iter().all(|r| r.len() == 1), "{mine:?}");
+                assert!(
+                    stolen.windows(2).all(|w| w[1].start < w[0].start),
+                    "{mine:?}"
+                );
             }
-            log.lock()
-                .unwrap()
-                .push((std::thread::current().id(), r.start));
-        });
-        let log = log.into_inner().unwrap();
-        let mut all: Vec<usize> = log.iter().map(|&(_, u)| u).collect();
-        all.sort();
-        assert_eq!(all, (0..16).collect::<Vec<_>>());
-        let mut ids: Vec<_> = log.iter().map(|&(t, _)| t).collect();
-        ids.dedup();
-        for id in ids {
-            let mine: Vec<usize> = log
-                .iter()
-                .filter(|&&(t, _)| t == id)
-                .map(|&(_, u)| u)
-                .collect();
-            assert!(mine[0] == 0 || mine[0] == 8, "{mine:?}");
-            let own = mine.windows(2).take_while(|w| w[1] == w[0] + 1).count() + 1;
-            assert!(mine[own..].windows(2).all(|w| w[1] < w[0]), "{mine:?}");
         }
     }
 
