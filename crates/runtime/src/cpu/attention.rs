@@ -279,6 +279,18 @@ pub fn paged_attention<E: KvElem>(
     };
     let total: usize = seqs.iter().map(|s| plan(s).items(s, nh)).sum();
     let need: usize = seqs.iter().map(|s| plan(s).partials(s, nh, hd)).sum();
+    // Where each of the first INDEXED sequences' items and partials start, so an item finds
+    // its sequence by binary search (a batch of more sequences walks the rest).
+    let mut index = [(0usize, 0usize); INDEXED];
+    let indexed = seqs.len().min(INDEXED);
+    let (mut at, mut pat) = (0, 0);
+    for (e, s) in index.iter_mut().zip(seqs) {
+        *e = (at, pat);
+        let pl = plan(s);
+        at += pl.items(s, nh);
+        pat += pl.partials(s, nh, hd);
+    }
+    let index = &index[..indexed];
     if partials.len() < need {
         partials.resize(need, 0.0);
     }
@@ -289,6 +301,15 @@ pub fn paged_attention<E: KvElem>(
         // Find its sequence (and where its partials start), then its part, token run and head
         // chunk.
         let (mut si, mut pbase) = (0, 0);
+        if let Some(k) = index
+            .partition_point(|&(start, _)| start <= i)
+            .checked_sub(1)
+        {
+            // The last indexed sequence starting at or before `i` (an empty one's successor
+            // starts where it does, so this is the one `i` falls in, or one before the walk).
+            (si, pbase) = (k, index[k].1);
+            i -= index[k].0;
+        }
         loop {
             let (s, pl) = (&seqs[si], plan(&seqs[si]));
             let n = pl.items(s, nh);
@@ -719,6 +740,9 @@ fn prefetch<E>(data: &[E]) {
     let _ = data;
 }
 
+/// Sequences of a batch whose first items are indexed for [`paged_attention`]'s items to find.
+const INDEXED: usize = 256;
+
 /// Blocks of the next item brought towards L2 while an item runs.
 const WARM_BLOCKS: usize = 2;
 
@@ -1098,6 +1122,66 @@ mod tests {
         assert_eq!(first, one[..5 * 96]);
         let second = run(1, &[slice(0, 1, 0)], tables[1], &q[5 * 96..]);
         assert_eq!(second, one[5 * 96..]);
+    }
+
+    #[test]
+    fn more_sequences_than_indexed_find_their_items() {
+        // 300 one-token decodes (past INDEXED, whose items the walk finds) over one shared
+        // cache: each sequence's rows equal the sequence run alone.
+        let shape = AttentionShape {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 16,
+            block_size: 4,
+            scale: 0.25,
+            sliding_window: None,
+        };
+        let f = |i: usize, s: f32| ((i as f32) * s).sin();
+        let cache_len = 5 * 2 * 4 * 16;
+        let kc: Vec<f32> = (0..cache_len).map(|i| f(i, 0.7)).collect();
+        let vc: Vec<f32> = (0..cache_len).map(|i| f(i, 1.1)).collect();
+        let n = INDEXED + 44;
+        let tables: Vec<u32> = (0..n)
+            .flat_map(|s| (0..3).map(move |b| ((s + b) % 5) as u32))
+            .collect();
+        let seq = |s: usize, start: usize, table_start: usize| SeqSlice {
+            query_start: start,
+            query_len: 1,
+            context_len: 9 + s % 4,
+            block_table_start: table_start,
+            num_blocks: 3,
+        };
+        let seqs: Vec<SeqSlice> = (0..n).map(|s| seq(s, s, 3 * s)).collect();
+        let q: Vec<f32> = (0..n * 6 * 16).map(|i| f(i, 0.3)).collect();
+        let pool = ThreadPool::new(2).unwrap();
+        let mut all = vec![0f32; q.len()];
+        let mut partials = Vec::new();
+        paged_attention(
+            &pool,
+            &q,
+            &kc,
+            &vc,
+            &seqs,
+            &tables,
+            &shape,
+            &mut all,
+            &mut partials,
+        );
+        for s in 0..n {
+            let mut one = vec![0f32; 96];
+            paged_attention(
+                &pool,
+                &q[s * 96..(s + 1) * 96],
+                &kc,
+                &vc,
+                &[seq(s, 0, 0)],
+                &tables[3 * s..3 * s + 3],
+                &shape,
+                &mut one,
+                &mut partials,
+            );
+            assert_eq!(one, all[s * 96..(s + 1) * 96], "sequence {s}");
+        }
     }
 
     /// A decode over several softmax parts (split across the pool, folded after) gives the
