@@ -170,6 +170,7 @@ fn quantize_row(xr: &[f32], qs: &mut [i8], d: &mut [f32], bsum: &mut [f32], sum1
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::needless_range_loop)] // a block index addresses four arrays
 unsafe fn quantize_row_avx512(
     xr: &[f32],
     qs: &mut [i8],
@@ -178,9 +179,11 @@ unsafe fn quantize_row_avx512(
     sum16: &mut [i32],
 ) {
     use std::arch::x86_64::*;
+    let nb = xr.len() / QK;
     // SAFETY: `quantize_row` checked every length against the row's block count.
     unsafe {
-        for b in 0..xr.len() / QK {
+        // Block `b`'s scale into `d[b]`, and its two halves' codes.
+        let mut block = |b: usize| {
             let x0 = _mm512_loadu_ps(xr.as_ptr().add(b * QK));
             let x1 = _mm512_loadu_ps(xr.as_ptr().add(b * QK + 16));
             let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -188,19 +191,41 @@ unsafe fn quantize_row_avx512(
             let id = _mm512_set1_ps(if db > 0.0 { 1.0 / db } else { 0.0 });
             let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
             let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
-            _mm_storeu_si128(
-                qs.as_mut_ptr().add(b * QK) as *mut __m128i,
-                _mm512_cvtsepi32_epi8(q0),
-            );
-            _mm_storeu_si128(
-                qs.as_mut_ptr().add(b * QK + 16) as *mut __m128i,
-                _mm512_cvtsepi32_epi8(q1),
-            );
-            let (s0, s1) = (_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
-            sum16[2 * b] = s0;
-            sum16[2 * b + 1] = s1;
             d[b] = db;
-            bsum[b] = db * (s0 + s1) as f32;
+            (_mm512_cvtsepi32_epi8(q0), _mm512_cvtsepi32_epi8(q1))
+        };
+        // Two blocks at a time: their 64 codes as one register, stored once, and their four
+        // 16-code sums from it: pairs of codes, pairs of those (multiply-adds by one: exact),
+        // then within 128-bit lanes, whose first values are the sums. Integer sums: the same
+        // values as a horizontal sum per half.
+        let (ones8, ones16) = (_mm512_set1_epi8(1), _mm512_set1_epi16(1));
+        let mut b = 0;
+        while b + 2 <= nb {
+            let ((a0, a1), (b0, b1)) = (block(b), block(b + 1));
+            let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a0), a1);
+            let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(b0), b1);
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+            _mm512_storeu_si512(qs.as_mut_ptr().add(b * QK) as *mut __m512i, v);
+            let s4 = _mm512_madd_epi16(_mm512_maddubs_epi16(ones8, v), ones16);
+            let s8 = _mm512_add_epi32(s4, _mm512_shuffle_epi32::<_MM_PERM_CDAB>(s4));
+            let s16 = _mm512_add_epi32(s8, _mm512_shuffle_epi32::<_MM_PERM_BADC>(s8));
+            let first = _mm512_maskz_compress_epi32(0x1111, s16);
+            _mm_storeu_si128(
+                sum16.as_mut_ptr().add(2 * b) as *mut __m128i,
+                _mm512_castsi512_si128(first),
+            );
+            b += 2;
+        }
+        if b < nb {
+            let (h0, h1) = block(b);
+            for (h, codes) in [h0, h1].into_iter().enumerate() {
+                _mm_storeu_si128(qs.as_mut_ptr().add(b * QK + 16 * h) as *mut __m128i, codes);
+                let c: [i8; 16] = std::mem::transmute(codes);
+                sum16[2 * b + h] = c.iter().map(|&q| q as i32).sum();
+            }
+        }
+        for b in 0..nb {
+            bsum[b] = d[b] * (sum16[2 * b] + sum16[2 * b + 1]) as f32;
         }
     }
 }
@@ -293,6 +318,31 @@ mod tests {
         );
         quantize_row(&big, &mut best.0, &mut best.1, &mut best.2, &mut best.3);
         assert_eq!(plain, best);
+        // Odd block counts (the last block's sums on their own) and codes at both ends.
+        for nb in [1, 3, 9] {
+            let x: Vec<f32> = (0..nb * QK)
+                .map(|i| match i % 7 {
+                    0 => 3.0,
+                    1 => -3.0,
+                    _ => ((i * 13 % 29) as f32 - 14.0) * 0.2,
+                })
+                .collect();
+            let mut want = (
+                vec![0i8; x.len()],
+                vec![0f32; nb],
+                vec![0f32; nb],
+                vec![0i32; 2 * nb],
+            );
+            quantize_row_plain(&x, &mut want.0, &mut want.1, &mut want.2, &mut want.3);
+            let mut got = (
+                vec![0i8; x.len()],
+                vec![0f32; nb],
+                vec![0f32; nb],
+                vec![0i32; 2 * nb],
+            );
+            quantize_row(&x, &mut got.0, &mut got.1, &mut got.2, &mut got.3);
+            assert_eq!(want, got, "{nb} blocks");
+        }
         a.quantize(&[0.0; 32], 32);
         assert_eq!(a.row(0).d[0], 0.0);
         assert!(a.row(0).qs.iter().all(|&q| q == 0));
