@@ -798,6 +798,20 @@ fn softmax_step(
         lane_max[j % LANES] = lane_max[j % LANES].max(v);
     }
     let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    softmax_rest(block_max, scores, range, s, acc, probs);
+}
+
+/// [`softmax_step`] after the block's maximum `block_max` (that of the visible scores).
+#[inline(always)]
+fn softmax_rest(
+    block_max: f32,
+    scores: &[f32],
+    range: (usize, usize),
+    s: &mut SoftmaxState,
+    acc: &mut [f32],
+    probs: &mut [f32],
+) {
+    let (lo, hi) = range;
     if block_max > s.max {
         let correction = simd::exp(s.max - block_max);
         s.denom.iter_mut().for_each(|d| *d *= correction);
@@ -883,7 +897,10 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
             scores[j] = ((part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j])) * scale;
         }
         let p = run.first + k;
-        softmax_step(
+        // The block's maximum as the build does it best (the same value as `softmax_step`'s).
+        let block_max = W::visible_max16(&scores, run.range.0, run.range.1);
+        softmax_rest(
+            block_max,
             &scores,
             run.range,
             &mut st[p],

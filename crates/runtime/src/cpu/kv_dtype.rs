@@ -218,9 +218,26 @@ fn reinterpret<T: Copy, E: KvElem>(v: Vec<T>) -> Vec<E> {
 pub(crate) mod sealed {
     use half::{bf16, f16};
 
-    /// How one build widens 16 f16 values.
+    /// How one build widens 16 f16 values, and takes the maximum of a block's visible scores.
     pub trait Isa {
         fn f16x16(src: &[f16]) -> [f32; 16];
+
+        /// The largest of `scores[lo..hi]` that is not NaN (minus infinity when there is
+        /// none): the fold of `f32::max` from minus infinity, which is exact in any order.
+        #[inline(always)]
+        fn visible_max16(scores: &[f32; 16], lo: usize, hi: usize) -> f32 {
+            scores[lo.min(hi)..hi.min(16)]
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+        }
+    }
+
+    /// Lanes `lo..hi` of 16 as a bit mask.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn lanes(lo: usize, hi: usize) -> u32 {
+        let below = |n: usize| (1u32 << n.min(16)) - 1;
+        below(hi) & !below(lo)
     }
 
     /// Any CPU: the library's scalar conversion.
@@ -252,6 +269,34 @@ pub(crate) mod sealed {
                 std::mem::transmute::<[__m256; 2], [f32; 16]>([lo, hi])
             }
         }
+
+        /// Invisible and NaN lanes become minus infinity, then a tree of maxima.
+        #[inline(always)]
+        fn visible_max16(scores: &[f32; 16], lo: usize, hi: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let m = lanes(lo, hi);
+            // SAFETY: register arithmetic on 16 values the array holds; this marker is only
+            // used in functions compiled with AVX2.
+            unsafe {
+                let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+                let half = |v: __m256, bits: u32| {
+                    let sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+                    let on = _mm256_cmpeq_epi32(
+                        _mm256_and_si256(_mm256_set1_epi32(bits as i32), sel),
+                        sel,
+                    );
+                    let ord = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+                    _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(_mm256_and_si256(on, ord)))
+                };
+                let a = half(_mm256_loadu_ps(scores.as_ptr()), m & 0xff);
+                let b = half(_mm256_loadu_ps(scores.as_ptr().add(8)), m >> 8);
+                let v = _mm256_max_ps(a, b);
+                let v = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let v = _mm_max_ps(v, _mm_movehl_ps(v, v));
+                let v = _mm_max_ss(v, _mm_shuffle_ps::<1>(v, v));
+                _mm_cvtss_f32(v)
+            }
+        }
     }
 
     /// AVX-512 builds: one `vcvtph2ps` of 16.
@@ -269,6 +314,20 @@ pub(crate) mod sealed {
             unsafe {
                 let v = _mm512_cvtph_ps(_mm256_loadu_si256(src.as_ptr() as *const __m256i));
                 std::mem::transmute::<__m512, [f32; 16]>(v)
+            }
+        }
+
+        /// Invisible and NaN lanes become minus infinity, then a tree of maxima.
+        #[inline(always)]
+        fn visible_max16(scores: &[f32; 16], lo: usize, hi: usize) -> f32 {
+            use std::arch::x86_64::*;
+            // SAFETY: register arithmetic on 16 values the array holds; this marker is only
+            // used in functions compiled with AVX-512F.
+            unsafe {
+                let v = _mm512_loadu_ps(scores.as_ptr());
+                let keep = lanes(lo, hi) as u16 & _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+                let v = _mm512_mask_blend_ps(keep, _mm512_set1_ps(f32::NEG_INFINITY), v);
+                _mm512_reduce_max_ps(v)
             }
         }
     }
@@ -342,6 +401,65 @@ mod tests {
             if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") {
                 // SAFETY: as above.
                 check("avx512", &|c| unsafe { avx512(c) });
+            }
+        }
+    }
+
+    /// Every build's maximum of the visible scores equals the fold of `f32::max` over them, for
+    /// every visible range, with NaN, infinities and both zeros among the scores.
+    #[test]
+    fn visible_maxima_agree_in_every_build() {
+        let fold = |s: &[f32; 16], lo: usize, hi: usize| {
+            s[lo..hi].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+        };
+        let mut x = 12345u32;
+        let mut cases: Vec<[f32; 16]> = Vec::new();
+        for c in 0..200 {
+            cases.push(std::array::from_fn(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match (x >> 8) % 16 {
+                    0 if c % 3 == 0 => f32::NAN,
+                    1 if c % 5 == 0 => f32::INFINITY,
+                    2 if c % 4 == 0 => f32::NEG_INFINITY,
+                    3 => -0.0,
+                    4 => 0.0,
+                    _ => (x % 2001) as f32 * 0.01 - 10.0,
+                }
+            }));
+        }
+        cases.push([f32::NAN; 16]);
+        type Max = dyn Fn(&[f32; 16], usize, usize) -> f32;
+        let check = |name: &str, max: &Max| {
+            for s in &cases {
+                for lo in 0..16 {
+                    for hi in lo + 1..=16 {
+                        let (got, want) = (max(s, lo, hi), fold(s, lo, hi));
+                        // Equal values (a zero's sign may differ: max(-0, +0) is either).
+                        assert!(got == want, "{name} {lo}..{hi}: {got} vs {want} in {s:?}");
+                    }
+                }
+            }
+        };
+        check("portable", &|s, lo, hi| Portable::visible_max16(s, lo, hi));
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx2(s: &[f32; 16], lo: usize, hi: usize) -> f32 {
+                super::sealed::Avx2::visible_max16(s, lo, hi)
+            }
+            #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+            unsafe fn avx512(s: &[f32; 16], lo: usize, hi: usize) -> f32 {
+                super::sealed::Avx512::visible_max16(s, lo, hi)
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+                // SAFETY: the CPU has the features.
+                check("avx2", &|s, lo, hi| unsafe { avx2(s, lo, hi) });
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") {
+                // SAFETY: as above.
+                check("avx512", &|s, lo, hi| unsafe { avx512(s, lo, hi) });
             }
         }
     }
