@@ -502,12 +502,26 @@ fn attend_item<E: KvElem>(
                     slot[hd + 1..].copy_from_slice(&part_st[k].denom);
                 }
             }
+            Dest::Out(out) if it.parts.1 - it.parts.0 == 1 => {
+                // One part: its state is the whole state (folding it into an empty one would
+                // copy it), normalized straight from its buffers.
+                let acc = &mut *part_acc;
+                attend_pairs(&job(it.parts.0), &mut part_st, acc);
+                for (k, &(t, hh)) in pairs.iter().enumerate() {
+                    // SAFETY: each (token, head) pair belongs to exactly one item.
+                    let o = unsafe { out.slice((t * nh + hh) * hd, hd) };
+                    normalize(&part_st[k], &acc[k * hd..(k + 1) * hd], o);
+                }
+            }
             Dest::Out(out) => {
                 let mut run_buf = std::mem::MaybeUninit::uninit();
                 let run_acc = zeroed(&mut run_buf, n * hd);
                 let mut run_st = [SoftmaxState::EMPTY; MAX_PAIRS];
                 for p in it.parts.0..it.parts.1 {
                     let acc = &mut *part_acc;
+                    if p > it.parts.0 {
+                        acc.fill(0.0);
+                    }
                     attend_pairs(&job(p), &mut part_st, acc);
                     for k in 0..n {
                         let span = k * hd..(k + 1) * hd;
@@ -544,10 +558,10 @@ struct PairsJob<'a, E> {
     part: usize,
 }
 
-/// Runs `job`, setting each pair's state and unnormalized weighted values (`acc`:
-/// `[pairs, head_dim]`), in the widest build this CPU has (plain loops compiled with AVX-512 or
-/// AVX2, as `simd::multiversion!` does, plus the build's own f16 widening). Every build gives
-/// the same bits.
+/// Runs `job`, setting each pair's state and accumulating its unnormalized weighted values
+/// into `acc` (`[pairs, head_dim]`, zero on entry: the callers zero it once), in the widest
+/// build this CPU has (plain loops compiled with AVX-512 or AVX2, as `simd::multiversion!`
+/// does, plus the build's own f16 widening). Every build gives the same bits.
 fn attend_pairs<E: KvElem>(job: &PairsJob<'_, E>, st: &mut [SoftmaxState], acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -600,7 +614,6 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
         part,
     } = job;
     let (bs, hd, nh) = (shape.block_size, shape.head_dim, shape.num_heads);
-    out.fill(0.0);
     st.iter_mut().for_each(|s| *s = SoftmaxState::EMPTY);
     let pos = |t: usize| t - origin.0 + origin.1;
     let last_pos = pairs.iter().map(|&(t, _)| pos(t)).max().unwrap_or(0);
