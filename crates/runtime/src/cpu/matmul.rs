@@ -722,8 +722,9 @@ pub fn add_bias(out: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// Dot product with 16 independent partial sums (vectorizes; fixed summation order).
-#[inline]
+/// Dot product with 16 independent partial sums (vectorizes; fixed summation order). Always
+/// inlined, so callers built for wider vectors (RMSNorm's) get it in their width.
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; 16];
