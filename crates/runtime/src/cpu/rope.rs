@@ -115,18 +115,28 @@ impl Rope {
 
     /// [`Rope::apply`] with angles from [`Rope::angles`] (same results).
     pub fn apply_with(&self, x: &mut [f32], table: &[f32]) {
-        let hd = self.head_dim();
-        let half = hd / 2;
-        let num_tokens = table.len() / hd;
-        let row = x.len() / num_tokens.max(1);
-        for (xr, cs) in x.chunks_exact_mut(row).zip(table.chunks_exact(hd)) {
-            for head in xr.chunks_exact_mut(hd) {
-                let (lo, hi) = head.split_at_mut(half);
-                for ((a, b), c) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.chunks_exact(2)) {
-                    let (x0, x1) = (*a, *b);
-                    *a = x0 * c[0] - x1 * c[1];
-                    *b = x1 * c[0] + x0 * c[1];
-                }
+        rotate(x, table, self.head_dim());
+    }
+}
+
+super::simd::multiversion! {
+    /// Rotates every head (`hd` values) of every token row of `x` by its token's angles
+    /// (`table`: `[num_tokens, hd / 2, 2]`, cosine then sine).
+    fn rotate(x: &mut [f32], table: &[f32], hd: usize) = rotate_impl;
+}
+
+#[inline(always)]
+fn rotate_impl(x: &mut [f32], table: &[f32], hd: usize) {
+    let half = hd / 2;
+    let num_tokens = table.len() / hd;
+    let row = x.len() / num_tokens.max(1);
+    for (xr, cs) in x.chunks_exact_mut(row).zip(table.chunks_exact(hd)) {
+        for head in xr.chunks_exact_mut(hd) {
+            let (lo, hi) = head.split_at_mut(half);
+            for ((a, b), c) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.chunks_exact(2)) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * c[0] - x1 * c[1];
+                *b = x1 * c[0] + x0 * c[1];
             }
         }
     }
