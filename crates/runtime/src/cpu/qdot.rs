@@ -18,6 +18,7 @@ pub use super::ahead::Ahead;
 pub use super::qacts::{ActRow, Q8Acts};
 use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, TILE};
 pub use super::qpack::{QK, TILE as TILE_ROWS};
+use super::DisjointMut;
 use crate::DType;
 
 /// Whether weights of `dtype` have an integer dot product here.
@@ -112,6 +113,62 @@ pub fn dot_tiles(
     unsafe { call(isa, w, tiles, acts, ahead, dst) }
 }
 
+/// The kernel calls of [`dot_rows`] (checked by it): with at most [`MAX_ACT_ROWS`] rows one call
+/// over all the tiles, else every group of `$group` tiles passed by the rows four at a time,
+/// the group's last passes prefetching a share of the next. `|tiles, acts, ahead, dst| body`
+/// makes each call. A macro, so that each instruction set's function expands the passes (and
+/// its kernels) in its own build, crossing into it once per product share, not once per pass.
+macro_rules! row_passes {
+    ($w:expr, $tiles:expr, $acts:expr, $rows:expr, $group:expr, $out:expr,
+     |$t:ident, $a:ident, $ah:ident, $d:ident| $body:expr) => {{
+        let (w, tiles, acts, rows, out): (
+            &PackedWeight,
+            std::ops::Range<usize>,
+            &Q8Acts,
+            std::ops::Range<usize>,
+            &DisjointMut<f32>,
+        ) = ($w, $tiles, $acts, $rows, $out);
+        let (n, nb) = (w.rows(), w.blocks());
+        let dst = |tiles: &std::ops::Range<usize>, i: usize| Dst {
+            // `i` < `acts.rows()` and the tile's first column < `n`: inside `out`.
+            base: out.ptr.wrapping_add(i * n + TILE * tiles.start),
+            row_stride: n,
+            tile_stride: TILE,
+            cols: n - TILE * tiles.start,
+        };
+        let pass_rows = |i: usize, na: usize| -> [ActRow<'_>; MAX_ACT_ROWS] {
+            std::array::from_fn(|d| acts.row(i + d.min(na - 1)))
+        };
+        if rows.len() <= MAX_ACT_ROWS {
+            let na = rows.len();
+            let a = pass_rows(rows.start, na);
+            let ($t, $a, $ah, $d) = (
+                tiles.clone(),
+                &a[..na],
+                Ahead::NONE,
+                dst(&tiles, rows.start),
+            );
+            $body;
+        } else {
+            let passes = rows.len().div_ceil(MAX_ACT_ROWS);
+            let group = ($group as usize).max(1);
+            let mut t = tiles.start;
+            while t < tiles.end {
+                let g = t..(t + group).min(tiles.end);
+                let mut i = rows.start;
+                for pass in 0..passes {
+                    let na = (rows.end - i).min(MAX_ACT_ROWS);
+                    let a = pass_rows(i, na);
+                    let ahead = Ahead::split(g.clone(), w.tile_bytes(), nb, pass, passes);
+                    let ($t, $a, $ah, $d) = (g.clone(), &a[..na], ahead, dst(&g, i));
+                    $body;
+                    i += na;
+                }
+                t = g.end;
+            }
+        }
+    }};
+}
 /// `out[i, c] = w[c] · acts.row(i)` for every column `c` of the tiles `tiles` (columns at or
 /// past the weight's rows are not written) and every activation row `i` in `rows`, where `out`
 /// is `[acts.rows(), w.rows()]`. With at most [`MAX_ACT_ROWS`] rows (decode) one kernel call
@@ -129,7 +186,7 @@ pub(super) unsafe fn dot_rows(
     acts: &Q8Acts,
     rows: std::ops::Range<usize>,
     group: usize,
-    out: &super::DisjointMut<f32>,
+    out: &DisjointMut<f32>,
 ) {
     let (n, nb) = (w.rows(), w.blocks());
     assert!(
@@ -145,49 +202,17 @@ pub(super) unsafe fn dot_rows(
     if tiles.is_empty() || rows.is_empty() {
         return;
     }
-    let dst = |tiles: &std::ops::Range<usize>, i: usize| Dst {
-        // SAFETY (of the `add`): row `i` < `acts.rows()` and the tile's first column < `n`,
-        // so the offset is inside `out`.
-        base: unsafe { out.ptr.add(i * n + TILE * tiles.start) },
-        row_stride: n,
-        tile_stride: TILE,
-        cols: n - TILE * tiles.start,
-    };
-    let pass_rows = |i: usize, na: usize| -> [ActRow<'_>; MAX_ACT_ROWS] {
-        std::array::from_fn(|d| acts.row(i + d.min(na - 1)))
-    };
-    // SAFETY (of the calls below): rows come from `acts`, whose width was checked against
-    // the weight's blocks; the stores stay in these tiles' columns of these rows, the caller's
-    // alone.
-    if rows.len() <= MAX_ACT_ROWS {
-        let na = rows.len();
-        let a = pass_rows(rows.start, na);
-        unsafe {
-            call(
-                isa,
-                w,
-                tiles.clone(),
-                &a[..na],
-                Ahead::NONE,
-                dst(&tiles, rows.start),
-            )
-        };
-        return;
-    }
-    let passes = rows.len().div_ceil(MAX_ACT_ROWS);
-    let group = group.max(1);
-    let mut t = tiles.start;
-    while t < tiles.end {
-        let g = t..(t + group).min(tiles.end);
-        let mut i = rows.start;
-        for pass in 0..passes {
-            let na = (rows.end - i).min(MAX_ACT_ROWS);
-            let a = pass_rows(i, na);
-            let ahead = Ahead::split(g.clone(), w.tile_bytes(), nb, pass, passes);
-            unsafe { call(isa, w, g.clone(), &a[..na], ahead, dst(&g, i)) };
-            i += na;
-        }
-        t = g.end;
+    // SAFETY (of the calls below): `isa` is available (the caller's contract); rows come from
+    // `acts`, whose width was checked against the weight's blocks; the stores stay in these
+    // tiles' columns of these rows, the caller's alone.
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { x86::rows_vnni(w, tiles, acts, rows, group, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::rows_avx2(w, tiles, acts, rows, group, out) },
+        _ => row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| unsafe {
+            call(Isa::Scalar, w, t, a, ah, d)
+        }),
     }
 }
 
@@ -293,7 +318,9 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
-    use super::{ActRow, Ahead, Codes, Dst, PackedWeight, QK, TILE};
+    use super::{
+        ActRow, Ahead, Codes, DisjointMut, Dst, PackedWeight, Q8Acts, MAX_ACT_ROWS, QK, TILE,
+    };
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -365,6 +392,49 @@ mod x86 {
     ) {
         // SAFETY: forwarded from the caller's contract.
         unsafe { dispatch!(vnni, true, w, tiles, acts, ahead, out) }
+    }
+
+    /// [`super::dot_rows`] in the AVX-512 VNNI build.
+    ///
+    /// # Safety
+    /// As for `dot_rows`, which checked the call; the CPU has AVX-512 F/BW/VNNI, AVX2, FMA and
+    /// F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn rows_vnni(
+        w: &PackedWeight,
+        tiles: Range<usize>,
+        acts: &Q8Acts,
+        rows: Range<usize>,
+        group: usize,
+        out: &DisjointMut<f32>,
+    ) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe {
+            row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| dispatch!(
+                vnni, true, w, t, a, ah, d
+            ))
+        }
+    }
+
+    /// [`super::dot_rows`] in the AVX2 build.
+    ///
+    /// # Safety
+    /// As for `dot_rows`, which checked the call; the CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_avx2(
+        w: &PackedWeight,
+        tiles: Range<usize>,
+        acts: &Q8Acts,
+        rows: Range<usize>,
+        group: usize,
+        out: &DisjointMut<f32>,
+    ) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe {
+            row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| dispatch!(
+                avx2, false, w, t, a, ah, d
+            ))
+        }
     }
 
     /// # Safety
