@@ -742,15 +742,28 @@ fn attend_pairs_impl<E: KvElem, W: Isa>(
 #[inline(always)]
 fn prefetch<E>(data: &[E]) {
     #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(64 / std::mem::size_of::<E>()) {
-        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
-        }
-    }
+    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T0 }, E>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// [`prefetch`] into L2 only.
+#[inline(always)]
+fn prefetch_l2<E>(data: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T1 }, E>(data);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+/// Prefetches every cache line of `data` with hint `HINT`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_with<const HINT: i32, E>(data: &[E]) {
+    for line in data.chunks(64 / std::mem::size_of::<E>()) {
+        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr() as *const i8) };
+    }
 }
 
 /// Sequences of a batch whose first items are indexed for [`paged_attention`]'s items to find.
@@ -758,21 +771,6 @@ const INDEXED: usize = 256;
 
 /// Blocks of the next item brought towards L2 while an item runs.
 const WARM_BLOCKS: usize = 2;
-
-/// [`prefetch`] into L2 only.
-#[inline(always)]
-fn prefetch_l2<E>(data: &[E]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(64 / std::mem::size_of::<E>()) {
-        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8);
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
 
 /// Most pairs of one token that go through a block together.
 const MAX_RUN: usize = 4;
