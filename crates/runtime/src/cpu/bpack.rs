@@ -24,6 +24,7 @@
 
 pub use super::ahead::Ahead;
 use super::aligned::Aligned;
+use super::dst::Dst;
 use super::qpack::TILE;
 use super::simd::multiversion;
 use super::DisjointMut;
@@ -262,7 +263,8 @@ pub fn dot_scalar(w: &Bf16Packed, row: usize, x: &[u32]) -> f32 {
 /// `out[j * xs.len() + i][l] = w[TILE * (tiles.start + j) + l] · xs[i]` for every tile in
 /// `tiles` and one to eight activation rows (rows of one [`Bf16Acts`] of `w.cols()` columns).
 /// The hardware kernel runs where [`supported`] (also prefetching `ahead`, a unit per column
-/// pair: a hint only), the reference elsewhere.
+/// pair: a hint only), the reference elsewhere. The test and bench entry; products go through
+/// [`dot_rows`].
 pub fn dot_tiles(
     w: &Bf16Packed,
     tiles: std::ops::Range<usize>,
@@ -278,23 +280,39 @@ pub fn dot_tiles(
             && xs.iter().all(|x| x.len() == w.pairs()),
         "bpack::dot_tiles: no product of tiles {tiles:?} with {na} rows"
     );
+    // SAFETY: the call was checked above, and `dst` addresses exactly `out`.
+    unsafe { call(w, tiles, xs, ahead, Dst::buffer(out, na)) }
+}
+
+/// One kernel call: the tiles against `xs`, stored through `dst`.
+///
+/// # Safety
+/// One to [`MAX_ROWS`] rows of `w.pairs()` pairs each, tiles of `w`; `dst` addresses writable
+/// memory that is the caller's alone for every tile of `tiles` and row of `xs`.
+unsafe fn call(
+    w: &Bf16Packed,
+    tiles: std::ops::Range<usize>,
+    xs: &[&[u32]],
+    ahead: Ahead,
+    dst: Dst,
+) {
     #[cfg(target_arch = "x86_64")]
     if supported() {
-        // SAFETY: the CPU has the features; lengths were checked above.
+        // SAFETY: the CPU has the features; the caller checked the call.
         unsafe {
             // A separate build without the fetches, so that many-pass products (which have
             // none) do not test for them at every step.
             macro_rules! rows {
                 ($f:literal) => {
-                    match na {
-                        8 => x86::k512::<8, $f>(w, tiles, xs, ahead, out),
-                        7 => x86::k512::<7, $f>(w, tiles, xs, ahead, out),
-                        6 => x86::k512::<6, $f>(w, tiles, xs, ahead, out),
-                        5 => x86::k512::<5, $f>(w, tiles, xs, ahead, out),
-                        4 => x86::k512::<4, $f>(w, tiles, xs, ahead, out),
-                        3 => x86::k512::<3, $f>(w, tiles, xs, ahead, out),
-                        2 => x86::k512::<2, $f>(w, tiles, xs, ahead, out),
-                        _ => x86::k512::<1, $f>(w, tiles, xs, ahead, out),
+                    match xs.len() {
+                        8 => x86::k512::<8, $f>(w, tiles, xs, ahead, dst),
+                        7 => x86::k512::<7, $f>(w, tiles, xs, ahead, dst),
+                        6 => x86::k512::<6, $f>(w, tiles, xs, ahead, dst),
+                        5 => x86::k512::<5, $f>(w, tiles, xs, ahead, dst),
+                        4 => x86::k512::<4, $f>(w, tiles, xs, ahead, dst),
+                        3 => x86::k512::<3, $f>(w, tiles, xs, ahead, dst),
+                        2 => x86::k512::<2, $f>(w, tiles, xs, ahead, dst),
+                        _ => x86::k512::<1, $f>(w, tiles, xs, ahead, dst),
                     }
                 };
             }
@@ -307,18 +325,77 @@ pub fn dot_tiles(
         return;
     }
     for (j, tile) in tiles.enumerate() {
-        for (x, o) in xs.iter().zip(&mut out[j * na..(j + 1) * na]) {
-            for (l, o) in o.iter_mut().enumerate() {
-                *o = dot_scalar(w, TILE * tile + l, x);
-            }
+        for (i, x) in xs.iter().enumerate() {
+            let v: [f32; TILE] = std::array::from_fn(|l| dot_scalar(w, TILE * tile + l, x));
+            // SAFETY: the caller's contract.
+            unsafe { dst.put(i, j, &v) };
         }
+    }
+}
+
+/// `out[i, c] = w[c] · acts.row(i)` for every column `c` of the tiles `tiles` (columns at or
+/// past the weight's rows are not written) and every activation row `i` in `rows`, where `out`
+/// is `[acts.rows(), w.rows()]`. With at most [`MAX_ROWS`] rows (decode) one kernel call covers
+/// all the tiles; with more, each group of `group` tiles stays in cache while the rows pass it
+/// eight at a time, the group's last passes prefetching a share of the next ([`Ahead`]).
+/// Results go straight from the kernel's registers to `out`.
+///
+/// # Safety
+/// Columns `TILE * tiles.start .. TILE * tiles.end` of rows `rows` of `out` belong to the
+/// caller's task alone.
+pub(super) unsafe fn dot_rows(
+    w: &Bf16Packed,
+    tiles: std::ops::Range<usize>,
+    acts: &Bf16Acts,
+    rows: std::ops::Range<usize>,
+    group: usize,
+    out: &DisjointMut<f32>,
+) {
+    let n = w.rows();
+    assert!(
+        tiles.end <= w.tiles()
+            && rows.end <= acts.rows()
+            && acts.cols() == w.cols()
+            && out.len == acts.rows() * n,
+        "bpack::dot_rows: no product of tiles {tiles:?} of [{n}, {}] with rows {rows:?} of [{}, {}]",
+        w.cols(),
+        acts.rows(),
+        acts.cols()
+    );
+    if tiles.is_empty() || rows.is_empty() {
+        return;
+    }
+    // One call: tiles `t` against rows `i .. i + na` (`i` < `acts.rows()`, each row
+    // `w.pairs()` pairs as checked above), into those rows' columns of the tiles: the caller's.
+    let pass = |t: std::ops::Range<usize>, i: usize, na: usize, ahead: Ahead| {
+        let xs: [&[u32]; MAX_ROWS] = std::array::from_fn(|d| acts.row(i + d.min(na - 1)));
+        let dst = Dst::output(out, n, t.start, i);
+        // SAFETY: as above.
+        unsafe { call(w, t, &xs[..na], ahead, dst) }
+    };
+    if rows.len() <= MAX_ROWS {
+        pass(tiles, rows.start, rows.len(), Ahead::NONE);
+        return;
+    }
+    let passes = rows.len().div_ceil(MAX_ROWS);
+    let mut t = tiles.start;
+    while t < tiles.end {
+        let g = t..(t + group.max(1)).min(tiles.end);
+        let mut i = rows.start;
+        for k in 0..passes {
+            let na = (rows.end - i).min(MAX_ROWS);
+            let ahead = Ahead::split(g.clone(), w.tile_bytes(), w.pairs(), k, passes);
+            pass(g.clone(), i, na, ahead);
+            i += na;
+        }
+        t = g.end;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
-    use super::{Ahead, Bf16Packed, TILE};
+    use super::{Ahead, Bf16Packed, Dst, TILE};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -326,18 +403,19 @@ mod x86 {
     const PREFETCH: usize = 512;
 
     /// # Safety
-    /// The CPU has AVX-512 F/BW and BF16; the call was checked by `dot_tiles`.
+    /// The CPU has AVX-512 F/BW and BF16; the call was checked as `call` requires, and `out`
+    /// addresses the caller's own memory for every tile and row.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn k512<const NA: usize, const F: bool>(
         w: &Bf16Packed,
         tiles: Range<usize>,
         xs: &[&[u32]],
         ahead: Ahead,
-        out: &mut [[f32; TILE]],
+        out: Dst,
     ) {
         let pairs = w.pairs();
         let data = w.data.as_ptr() as *const u8;
-        // SAFETY: `dot_tiles` checked the tiles exist (`pairs * TILE` words each) and every
+        // SAFETY: the caller checked the tiles exist (`pairs * TILE` words each) and every
         // activation row holds `pairs` words.
         unsafe {
             for (j, tile) in tiles.enumerate() {
@@ -374,7 +452,12 @@ mod x86 {
                 }
                 for i in 0..NA {
                     let r = _mm512_add_ps(acc[i][0], acc[i][1]);
-                    _mm512_storeu_ps(out[j * NA + i].as_mut_ptr(), r);
+                    let (p, live) = out.at(i, j);
+                    if live >= TILE {
+                        _mm512_storeu_ps(p, r);
+                    } else {
+                        _mm512_mask_storeu_ps(p, (1u16 << live) - 1, r);
+                    }
                 }
             }
         }
@@ -459,6 +542,48 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn row_passes_store_straight_into_the_output() {
+        // 20 weight rows (the last tile has 12 padding rows) against 19 activation rows: one
+        // pass of three rows, or three passes (the last of three rows), each tile in turn. Every
+        // value is the reference's, and the padding rows store nothing: the last tile goes after
+        // the first, so a whole-tile store would overwrite the next row's first columns.
+        let pool = ThreadPool::new(1).expect("pool");
+        let (n, m, k) = (20, 19, 37);
+        let bytes: Vec<u8> = (0..n * k)
+            .flat_map(|i| {
+                let v = ((i * 29 % 101) as f32 - 50.0) * 0.02;
+                half::bf16::from_f32(v).to_bits().to_le_bytes()
+            })
+            .collect();
+        let t = Tensor::new(DType::BF16, vec![n, k], Storage::owned(bytes)).expect("tensor");
+        let w = Bf16Packed::pack(&t, &pool).expect("pack");
+        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.71).cos()).collect();
+        let mut acts = Bf16Acts::default();
+        acts.fill(&x, k);
+        for (rows, group) in [(0..m, 1), (0..m, 4), (4..7, 2), (2..12, 1)] {
+            // A guard tile past the output catches stores past its last row.
+            let mut out = vec![f32::NAN; m * n + TILE];
+            let shared = DisjointMut::new(&mut out[..m * n]);
+            for tiles in [0..1, 1..2] {
+                // SAFETY: the calls store in turn.
+                unsafe { dot_rows(&w, tiles, &acts, rows.clone(), group, &shared) };
+            }
+            for i in 0..m {
+                for c in 0..n {
+                    let got = out[i * n + c];
+                    if rows.contains(&i) {
+                        let want = dot_scalar(&w, c, acts.row(i));
+                        assert_eq!(got.to_bits(), want.to_bits(), "rows {rows:?}: [{i}, {c}]");
+                    } else {
+                        assert!(got.is_nan(), "rows {rows:?}: row {i} written");
+                    }
+                }
+            }
+            assert!(out[m * n..].iter().all(|v| v.is_nan()), "rows {rows:?}: guard written");
         }
     }
 

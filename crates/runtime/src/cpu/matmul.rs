@@ -11,7 +11,6 @@
 //! read once per call whatever `m` is, and no matrix is ever expanded. Every output element is
 //! one `dot` in a fixed order: results are identical for any batch composition or thread count.
 
-use super::ahead::Ahead;
 use super::bpack::{self, Bf16Acts, Bf16Packed};
 use super::fpack::{self, FloatPacked};
 use super::qdot::{self, Isa, Q8Acts};
@@ -414,20 +413,8 @@ pub fn matmul_b16_many(
 ) -> Result<()> {
     let (m, k) = (acts.rows(), acts.cols());
     over_tiles(pool, "matmul_b16", m, k, weights, outs, |w, tiles, out| {
-        drive_tiles(
-            w.rows(),
-            m,
-            bpack::MAX_ROWS,
-            tiles,
-            out,
-            |tiles, rows, (pass, passes), res| {
-                let (tb, units) = (w.tile_bytes(), w.pairs());
-                let ahead = Ahead::split(tiles.clone(), tb, units, pass, passes);
-                let xs: [&[u32]; bpack::MAX_ROWS] =
-                    std::array::from_fn(|d| acts.row((rows.start + d).min(rows.end - 1)));
-                bpack::dot_tiles(w, tiles, &xs[..rows.len()], ahead, res);
-            },
-        );
+        // SAFETY: these tiles' columns belong to this task (`over_tiles` splits the tiles).
+        unsafe { bpack::dot_rows(w, tiles, acts, 0..m, GROUP, out) }
     })
 }
 
@@ -510,61 +497,47 @@ fn over_tiles<W: Tiled>(
 /// the pool balances).
 const GROUP: usize = 4;
 
-/// Activation rows one call of any tiled kernel takes at most.
-const MAX_ROWS: usize = max(max(qdot::MAX_ACT_ROWS, fpack::MAX_ROWS), bpack::MAX_ROWS);
-
-const fn max(a: usize, b: usize) -> usize {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-/// Walks `tiles` of a weight tiled by 16 rows (`n` rows in all) against `m` activation rows,
-/// storing into `out` (`[m, n]`). `kernel(tiles, rows, pass, res)` fills
+/// Walks `tiles` of a float weight ([`fpack`], tiled by 16 rows, `n` rows in all) against `m`
+/// activation rows, storing into `out` (`[m, n]`). `kernel(tiles, rows, res)` fills
 /// `res[j * rows.len() + i]` with tile `tiles.start + j` against activation row
-/// `rows.start + i`, taking at most `per_call` (at most [`MAX_ROWS`]) rows; `pass` is
-/// `(k, n)` for the `k`-th of `n` passes over these tiles (where to prefetch: [`Ahead`]). With
-/// at most `per_call` rows (decode) one call covers a run of tiles in one pass; otherwise each
-/// group of four tiles stays in cache while the rows pass it `per_call` at a time.
+/// `rows.start + i`, taking at most [`fpack::MAX_ROWS`] rows. With that many rows or fewer
+/// (decode) one call covers a run of tiles; otherwise each group of four tiles stays in cache
+/// while the rows pass it four at a time. (The int8 and bf16 products store straight from
+/// their kernels: [`qdot::dot_rows`], [`bpack::dot_rows`].)
 fn drive_tiles(
     n: usize,
     m: usize,
-    per_call: usize,
     tiles: Range<usize>,
     out: &DisjointMut<f32>,
-    kernel: impl Fn(Range<usize>, Range<usize>, (usize, usize), &mut [[f32; TILE]]),
+    kernel: impl Fn(Range<usize>, Range<usize>, &mut [[f32; TILE]]),
 ) {
     /// Tiles per kernel call in decode; the result buffer stays small, as it is zeroed on
     /// every call.
     const CHUNK: usize = 8;
-    let per_call = per_call.clamp(1, MAX_ROWS);
-    let mut res = [[0f32; TILE]; CHUNK * MAX_ROWS];
-    if m <= per_call {
+    const PER_CALL: usize = fpack::MAX_ROWS;
+    let mut res = [[0f32; TILE]; CHUNK * PER_CALL];
+    if m <= PER_CALL {
         let mut t = tiles.start;
         while t < tiles.end {
             let chunk = t..(t + CHUNK).min(tiles.end);
             let res = &mut res[..chunk.len() * m];
-            kernel(chunk.clone(), 0..m, (0, 1), res);
+            kernel(chunk.clone(), 0..m, res);
             // SAFETY: these tiles' columns belong to this task.
             unsafe { store_results(res, n, chunk.clone(), 0..m, out) };
             t = chunk.end;
         }
         return;
     }
-    // A few tiles at a time stay in cache while all rows pass them, `per_call` rows per call:
-    // one call (and one build of its row views) per group of tiles, not per tile.
-    let passes = m.div_ceil(per_call);
+    // A few tiles at a time stay in cache while all rows pass them, four rows per call: one
+    // call (and one build of its row views) per group of tiles, not per tile.
     let mut t = tiles.start;
     while t < tiles.end {
         let group = t..(t + GROUP).min(tiles.end);
-        let (mut i, mut pass) = (0, 0);
+        let mut i = 0;
         while i < m {
-            let na = (m - i).min(per_call);
+            let na = (m - i).min(PER_CALL);
             let res = &mut res[..group.len() * na];
-            kernel(group.clone(), i..i + na, (pass, passes), res);
-            pass += 1;
+            kernel(group.clone(), i..i + na, res);
             // SAFETY: these tiles' columns belong to this task.
             unsafe { store_results(res, n, group.clone(), i..i + na, out) };
             i += na;
@@ -662,20 +635,13 @@ pub fn matmul_f(
     }
     let out = DisjointMut::new(out);
     pool.parallel_ranges(w.tiles(), 1, |tiles| {
-        drive_tiles(
-            n,
-            m,
-            fpack::MAX_ROWS,
-            tiles,
-            &out,
-            |tiles, rows, _pass, res| {
-                let xs: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
-                    let r = (rows.start + d).min(rows.end - 1);
-                    &x[r * k..(r + 1) * k]
-                });
-                fpack::dot_tiles(isa, w, tiles, &xs[..rows.len()], res);
-            },
-        );
+        drive_tiles(n, m, tiles, &out, |tiles, rows, res| {
+            let xs: [&[f32]; fpack::MAX_ROWS] = std::array::from_fn(|d| {
+                let r = (rows.start + d).min(rows.end - 1);
+                &x[r * k..(r + 1) * k]
+            });
+            fpack::dot_tiles(isa, w, tiles, &xs[..rows.len()], res);
+        });
     });
     Ok(())
 }

@@ -8,6 +8,7 @@ mod ahead;
 mod aligned;
 mod attention;
 pub mod bpack;
+mod dst;
 mod embedding;
 pub mod fpack;
 mod kv_dtype;

@@ -15,6 +15,7 @@
 //! the tile's codes are unpacked once per block for all of them (prefill, batched decode).
 
 pub use super::ahead::Ahead;
+use super::dst::Dst;
 pub use super::qacts::{ActRow, Q8Acts};
 use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, TILE};
 pub use super::qpack::{QK, TILE as TILE_ROWS};
@@ -102,12 +103,7 @@ pub fn dot_tiles(
             a.qs.len()
         );
     }
-    let dst = Dst {
-        base: out.as_mut_ptr() as *mut f32,
-        row_stride: TILE,
-        tile_stride: TILE * na,
-        cols: usize::MAX,
-    };
+    let dst = Dst::buffer(out, na);
     // SAFETY: `isa` is available (the caller's contract), every row was checked against the
     // weight's blocks above, and `dst` addresses exactly `out`, whose length was checked.
     unsafe { call(isa, w, tiles, acts, ahead, dst) }
@@ -129,13 +125,8 @@ macro_rules! row_passes {
             &DisjointMut<f32>,
         ) = ($w, $tiles, $acts, $rows, $out);
         let (n, nb) = (w.rows(), w.blocks());
-        let dst = |tiles: &std::ops::Range<usize>, i: usize| Dst {
-            // `i` < `acts.rows()` and the tile's first column < `n`: inside `out`.
-            base: out.ptr.wrapping_add(i * n + TILE * tiles.start),
-            row_stride: n,
-            tile_stride: TILE,
-            cols: n - TILE * tiles.start,
-        };
+        // `i` < `acts.rows()` and the tile's first column < `n`: inside `out`.
+        let dst = |tiles: &std::ops::Range<usize>, i: usize| Dst::output(out, n, tiles.start, i);
         let pass_rows = |i: usize, na: usize| -> [ActRow<'_>; MAX_ACT_ROWS] {
             std::array::from_fn(|d| acts.row(i + d.min(na - 1)))
         };
@@ -213,41 +204,6 @@ pub(super) unsafe fn dot_rows(
         _ => row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| unsafe {
             call(Isa::Scalar, w, t, a, ah, d)
         }),
-    }
-}
-
-/// Where a kernel call stores: the result of tile `tiles.start + j` against activation row `i`
-/// goes to `base + i * row_stride + j * tile_stride`, those of its sixteen values whose column
-/// (counted from the call's first tile) is under `cols`.
-#[derive(Debug, Clone, Copy)]
-struct Dst {
-    base: *mut f32,
-    row_stride: usize,
-    tile_stride: usize,
-    cols: usize,
-}
-
-impl Dst {
-    /// Where tile `j`'s result against row `i` starts, and how many of its values are stored.
-    #[inline(always)]
-    fn at(&self, i: usize, j: usize) -> (*mut f32, usize) {
-        let live = self.cols.saturating_sub(TILE * j).min(TILE);
-        (
-            self.base
-                .wrapping_add(i * self.row_stride + j * self.tile_stride),
-            live,
-        )
-    }
-
-    /// Stores `v` as tile `j`'s result against row `i` (its live values only).
-    ///
-    /// # Safety
-    /// The live values' addresses are writable and nobody else's.
-    #[inline(always)]
-    unsafe fn put(&self, i: usize, j: usize, v: &[f32; TILE]) {
-        let (p, live) = self.at(i, j);
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p, live) };
     }
 }
 
