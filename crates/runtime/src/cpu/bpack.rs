@@ -583,7 +583,10 @@ mod tests {
                     }
                 }
             }
-            assert!(out[m * n..].iter().all(|v| v.is_nan()), "rows {rows:?}: guard written");
+            assert!(
+                out[m * n..].iter().all(|v| v.is_nan()),
+                "rows {rows:?}: guard written"
+            );
         }
     }
 

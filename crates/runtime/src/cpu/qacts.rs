@@ -109,7 +109,7 @@ impl Q8Acts {
         self.k
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let (k, nb) = (self.k, self.k / QK);
         ActRow {
