@@ -66,8 +66,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let mut cfg = args
         .engine
         .config(args.model.max_model_len, args.max_waiting_requests)?;
-    // A server's KV cache becomes resident in the first seconds, not over hours of traffic:
-    // its resident size then stays flat under load.
+    // A server's KV cache becomes resident in its first idle seconds, not over hours of
+    // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
     let kv_dtype = model.config().kv_cache_dtype;
     let engine = EngineHandle::start(model, Some(Arc::new(tokenizer)), &cfg)?;

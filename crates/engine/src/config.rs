@@ -25,9 +25,9 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Requests queued beyond the running ones before `generate` refuses new ones.
     pub max_waiting: usize,
-    /// Make the whole KV cache resident right after start, in the background (see
-    /// `KvCache::populate_in_background`); off, pages become resident as blocks are first
-    /// used.
+    /// Make the whole KV cache resident while the engine is idle, starting right after start,
+    /// a slice at a time between checks for requests (see `KvCache::populate`); off, pages
+    /// become resident as blocks are first used.
     pub prefault_kv_cache: bool,
 }
 

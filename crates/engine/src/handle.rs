@@ -156,9 +156,6 @@ impl EngineHandle {
             )));
         }
         let kv = KvCache::new(&mc, num_blocks, cfg.block_size)?;
-        if cfg.prefault_kv_cache {
-            kv.populate_in_background();
-        }
         let eos = match &tokenizer {
             Some(t) => t.special().stop_token_ids.clone(),
             None => mc.eos_token_ids.clone(),
@@ -180,6 +177,9 @@ impl EngineHandle {
             metrics.clone(),
             in_flight.clone(),
         );
+        if cfg.prefault_kv_cache {
+            core.prefault_kv_cache();
+        }
         setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())

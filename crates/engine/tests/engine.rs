@@ -193,6 +193,59 @@ fn prefix_reuse_reports_hits_and_gives_the_same_output() {
 }
 
 #[test]
+fn kv_prefault_while_idle_keeps_cached_prefixes_and_outputs() {
+    // A server's engine makes its KV cache resident while idle, between requests too: the
+    // blocks a finished request left in the prefix cache must read back the same, so tokens
+    // and their logprobs (to the bit) equal an engine's without it.
+    let cfg = |prefault| EngineConfig {
+        block_size: 4,
+        kv_cache: KvCacheSize::Bytes(64 << 20),
+        prefault_kv_cache: prefault,
+        ..EngineConfig::default()
+    };
+    let long: Vec<TokenId> = (0..60).map(|j| (j * 29) % 200 + 3).collect();
+    let p = SamplingParams {
+        max_tokens: Some(12),
+        ignore_eos: true,
+        logprobs: Some(0),
+        ..SamplingParams::greedy()
+    };
+    let run = |e: &EngineHandle| {
+        let mut s = e
+            .generate(GenerateRequest::new(long.clone(), p.clone()))
+            .unwrap();
+        let mut out = Vec::new();
+        loop {
+            match s.blocking_next() {
+                Some(Event::Token { token, logprob, .. }) => {
+                    out.push((token, logprob.map(f32::to_bits)))
+                }
+                Some(Event::Done { usage }) => return (out, usage.cached_tokens),
+                Some(Event::Error(e)) => panic!("engine error: {e}"),
+                Some(_) => {}
+                None => panic!("stream ended without Done"),
+            }
+        }
+    };
+    let plain = engine("tiny-qwen2", cfg(false));
+    let (want, _) = run(&plain);
+    plain.shutdown();
+    assert!(
+        want.iter().all(|(_, lp)| lp.is_some()),
+        "logprobs asked for"
+    );
+    let e = engine("tiny-qwen2", cfg(true));
+    let (first, _) = run(&e);
+    // Idle long enough for the 64 MiB to become resident, over the cached blocks too.
+    std::thread::sleep(Duration::from_millis(300));
+    let (second, cached) = run(&e);
+    assert_eq!(first, want);
+    assert_eq!(second, want);
+    assert_eq!(cached, 56, "the prefix came from the cache");
+    e.shutdown();
+}
+
+#[test]
 fn parallel_samples_share_the_prompt_and_differ() {
     let e = engine(
         "tiny-llama",

@@ -23,12 +23,17 @@ fn zeroed_layers<E: KvElem>(layers: usize, len: usize) -> Vec<(Vec<E>, Vec<E>)> 
         .collect()
 }
 
-/// (address, bytes) of each buffer.
-fn spans<E>(layers: &[(Vec<E>, Vec<E>)]) -> Vec<(usize, usize)> {
+/// (start, bytes) of each buffer, in order: layer by layer, keys then values.
+fn buffers_mut<E>(layers: &mut [(Vec<E>, Vec<E>)]) -> Vec<(*mut u8, usize)> {
     layers
-        .iter()
+        .iter_mut()
         .flat_map(|(k, v)| [k, v])
-        .map(|b| (b.as_ptr() as usize, std::mem::size_of_val(b.as_slice())))
+        .map(|b| {
+            (
+                b.as_mut_ptr() as *mut u8,
+                std::mem::size_of_val(b.as_slice()),
+            )
+        })
         .collect()
 }
 
@@ -96,55 +101,50 @@ impl KvCache {
         }
     }
 
-    /// Makes the whole cache resident, on a background thread (Linux: `madvise` with
-    /// `MADV_POPULATE_WRITE`, which faults pages in without touching their contents, so the
-    /// engine may use the cache meanwhile). A server's resident size then stays flat while
-    /// requests cycle through the blocks, and reaches its full size seconds after start
-    /// instead of hours into traffic. Elsewhere, or on kernels without it, pages stay lazy.
-    pub fn populate_in_background(&self) {
-        #[cfg(target_os = "linux")]
-        {
-            let ranges = match &self.layers {
-                Layers::F32(l) => spans(l),
-                Layers::F16(l) => spans(l),
-                Layers::Bf16(l) => spans(l),
-            };
-            let _ = std::thread::Builder::new()
-                .name("ferrum-kv-populate".into())
-                .spawn(move || {
-                    // Idle priority: the kernel's page zeroing must not take a core from the
-                    // first requests (it did: 1.3 s TTFT right after start). If the policy
-                    // cannot be set, the thread runs at normal priority.
-                    let param = libc::sched_param { sched_priority: 0 };
-                    // SAFETY: sets the calling thread's own policy from a valid parameter.
-                    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-                    const PAGE: usize = 4096;
-                    /// Bytes per call, so the scheduler can step in between: one call is
-                    /// not preempted, and with 16 MiB calls the first request's TTFT right
-                    /// after start reached 1.5-2.8 s on a memory-starved day (p50 100 ms);
-                    /// with 256 KiB it stayed at 150-370 ms. The 2 GiB still fill in ~2 s.
-                    const CHUNK: usize = 256 << 10;
-                    for (addr, len) in ranges {
-                        // Whole pages inside the buffer only.
-                        let start = addr.next_multiple_of(PAGE);
-                        let end = (addr + len) / PAGE * PAGE;
-                        let mut at = start;
-                        while at < end {
-                            let n = CHUNK.min(end - at);
-                            // SAFETY: madvise only changes page tables of a range inside a
-                            // live allocation (or fails harmlessly with ENOMEM if the cache
-                            // was freed meanwhile); it reads and writes no memory.
-                            let r = unsafe {
-                                libc::madvise(at as *mut libc::c_void, n, libc::MADV_POPULATE_WRITE)
-                            };
-                            if r != 0 {
-                                return;
-                            }
-                            at += n;
-                        }
-                    }
-                });
+    /// Makes the next part of the cache resident: `max_bytes` (rounded up to whole pages) from
+    /// position `from` of its buffers' whole pages taken in order (layer by layer, keys then
+    /// values), by writing back the first byte of each page: the write fault gives the page its
+    /// memory, and contents stay as they are. Returns where the next call starts, `None`
+    /// once everything is resident.
+    ///
+    /// A server's engine calls it while idle, a slice at a time between checks for requests,
+    /// so the cache is resident seconds after start and the resident size stays flat under
+    /// load. Page faults leave the address-space lock alone. (`madvise(MADV_POPULATE_WRITE)`
+    /// holds that lock for a whole call: first on a background thread at idle priority, then
+    /// from this loop, the first request after start waited 170-270 ms for its first token
+    /// behind it, against 7-30 ms without; its HTTP thread sat in the lock's write path.)
+    pub fn populate(&mut self, from: usize, max_bytes: usize) -> Option<usize> {
+        const PAGE: usize = 4096;
+        let ranges = match &mut self.layers {
+            Layers::F32(l) => buffers_mut(l),
+            Layers::F16(l) => buffers_mut(l),
+            Layers::Bf16(l) => buffers_mut(l),
+        };
+        let mut left = max_bytes.max(1).next_multiple_of(PAGE);
+        let (mut at, mut skip) = (from, from);
+        for (ptr, len) in ranges {
+            // Whole pages inside the buffer only: their count is a multiple of the page.
+            let first = ptr.align_offset(PAGE).min(len);
+            let pages = (len - first) / PAGE * PAGE;
+            if skip >= pages {
+                skip -= pages;
+                continue;
+            }
+            let n = (pages - skip).min(left);
+            for off in (first + skip..first + skip + n).step_by(PAGE) {
+                // SAFETY: `off < len` (whole pages of the buffer), and `&mut self` excludes
+                // every other access meanwhile. Volatile: the compiler must keep the store.
+                unsafe {
+                    let p = ptr.add(off);
+                    p.write_volatile(p.read_volatile());
+                }
+            }
+            (at, left, skip) = (at + n, left - n, 0);
+            if left == 0 {
+                return Some(at);
+            }
         }
+        None
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -183,5 +183,79 @@ impl KvCache {
                 KvLayerMut::Bf16(k, v)
             }
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Whether every whole page of each buffer is resident, per buffer (`mincore`).
+    fn resident(kv: &mut KvCache) -> Vec<bool> {
+        const PAGE: usize = 4096;
+        let ranges: Vec<(usize, usize)> = match &mut kv.layers {
+            Layers::F32(l) => buffers_mut(l),
+            Layers::F16(l) => buffers_mut(l),
+            Layers::Bf16(l) => buffers_mut(l),
+        }
+        .into_iter()
+        .map(|(p, n)| (p as usize, n))
+        .collect();
+        ranges
+            .into_iter()
+            .map(|(addr, len)| {
+                let start = addr.next_multiple_of(PAGE);
+                let n = ((addr + len) / PAGE * PAGE).saturating_sub(start);
+                let mut vec = vec![0u8; n / PAGE];
+                // SAFETY: the range is whole pages inside a live buffer; `vec` has a byte per
+                // page.
+                let r = unsafe { libc::mincore(start as *mut libc::c_void, n, vec.as_mut_ptr()) };
+                assert_eq!(r, 0, "mincore");
+                vec.iter().all(|v| v & 1 == 1)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn populate_makes_every_page_resident_slice_by_slice_and_keeps_contents() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny-llama/config.json");
+        let config = ModelConfig::from_hf_file(&dir).expect("config");
+        // 64 blocks of 16: each buffer is hundreds of KiB, fresh pages from the system.
+        let mut kv = KvCache::new(&config, 64, 16).expect("cache");
+        // Fresh buffers are normally not resident yet (unless the allocator reused memory).
+        let fresh = resident(&mut kv).iter().filter(|&&r| !r).count();
+        match kv.layer_mut(0) {
+            KvLayerMut::F32(k, _) => k[12345] = 1.5,
+            KvLayerMut::F16(k, _) => k[12345] = f16::from_f32(1.5),
+            KvLayerMut::Bf16(k, _) => k[12345] = bf16::from_f32(1.5),
+        }
+        let slice = 64 << 10;
+        let (mut at, mut calls) = (Some(0), 0);
+        while let Some(from) = at {
+            at = kv.populate(from, slice);
+            calls += 1;
+            if let Some(next) = at {
+                assert_eq!(next, from + slice, "a whole slice per call");
+            }
+            assert!(calls < 100_000, "populate must end");
+        }
+        assert!(calls > 2, "several slices: {calls}");
+        assert!(
+            resident(&mut kv).iter().all(|&r| r),
+            "every whole page resident ({fresh} buffers were not before)"
+        );
+        let kept = match kv.layer_mut(0) {
+            KvLayerMut::F32(k, _) => (k[12345], k.iter().filter(|v| **v != 0.0).count()),
+            KvLayerMut::F16(k, _) => (
+                k[12345].to_f32(),
+                k.iter().filter(|v| v.to_f32() != 0.0).count(),
+            ),
+            KvLayerMut::Bf16(k, _) => (
+                k[12345].to_f32(),
+                k.iter().filter(|v| v.to_f32() != 0.0).count(),
+            ),
+        } == (1.5, 1);
+        assert!(kept, "contents untouched");
     }
 }
