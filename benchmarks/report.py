@@ -98,6 +98,21 @@ def main() -> None:
                 v = peer.get(key) if peer else None
                 cells += [f"{v:.1f}" if v else "n/a", ratio(f[key], v)]
             p(f"| {what} | {f[key]:.1f} | " + " | ".join(cells) + " |")
+    busy = [(n, l, load(d / f"busy-ferrum-{n}.json"), load(d / f"busy-llamacpp-{n}.json"))
+            for n, l in [("single", "one sequence"), ("batch16", "16 sequences together")]]
+    if any(f for _, _, f, _ in busy):
+        p("\n## Raw model speed on a busy machine\n")
+        p("The same tools while one CPU-bound process (a Python busy loop) shares the cores with the")
+        p("engine's threads: one run each, 128-token prompts, 64 steps. Ratios are Ferrum over llama.cpp.\n")
+        p("| | Ferrum | llama.cpp (llama-batched-bench) | ratio |")
+        p("| --- | --- | --- | --- |")
+        for _, label, f, q in busy:
+            if not f:
+                continue
+            for key, what in [("prefill_tok_s", f"prefill, {label} (tok/s)"),
+                              ("decode_tok_s", f"decode, {label} (tok/s)")]:
+                v = q.get(key) if q else None
+                p(f"| {what} | {f[key]:.1f} | {f'{v:.1f}' if v else 'n/a'} | {ratio(f[key], v)} |")
     p("\n## Serving (`ferrum bench serve`: 100-token prompts, ignore_eos, streaming)\n")
     serves = {x.stem[len("serve-"):]: load(x) for x in sorted(d.glob("serve-*.json"))}
     rss = {x.stem[len("rss-"):]: load(x) for x in sorted(d.glob("rss-*.json"))}

@@ -74,6 +74,31 @@ print(json.dumps({"engine": "llama-batched-bench", "input_len": r["pp"], "output
 lat single 512 "$lat_out" 1
 lat batch16 128 "$lat_out" 16
 
+# The same raw speed on a busy machine: one CPU-bound process (a Python busy loop) shares the
+# cores with each engine's $threads threads. Both engines get the same competition.
+echo "== raw model speed beside one CPU-bound process"
+busy_lat() { # name, input, output, batch
+  python3 -c 'while True: pass' &
+  local hog=$!
+  sleep 0.5
+  "$ferrum" bench latency --model "$model" --input-len "$2" --output-len "$3" --batch-size "$4" \
+    --num-iters 1 --threads "$threads" --json > "$out/busy-ferrum-$1.json" || rm -f "$out/busy-ferrum-$1.json"
+  if [ -x "$llama_bin/llama-batched-bench" ]; then
+    "$llama_bin/llama-batched-bench" -m "$model" -c $(($4 * ($2 + $3) + 16)) -b 2048 -ub 512 \
+      -npp "$2" -ntg "$3" -npl "$4" -t "$threads" -tb "$threads" --output-format jsonl \
+      2> "$out/llamacpp-busy-$1.log" | python3 -c '
+import json, sys
+r = [json.loads(l) for l in sys.stdin if l.startswith("{")][0]
+print(json.dumps({"engine": "llama-batched-bench", "input_len": r["pp"], "output_len": r["tg"],
+                  "batch_size": r["pl"], "prefill_tok_s": r["speed_pp"], "decode_tok_s": r["speed_tg"]}))' \
+      > "$out/busy-llamacpp-$1.json" || rm -f "$out/busy-llamacpp-$1.json"
+  fi
+  kill "$hog"; wait "$hog" 2>/dev/null || true
+  echo "  $1: ferrum $(cat "$out/busy-ferrum-$1.json" 2>/dev/null) llama.cpp $(cat "$out/busy-llamacpp-$1.json" 2>/dev/null)"
+}
+busy_lat single 128 64 1
+busy_lat batch16 128 64 16
+
 # Sum of VmHWM (peak resident memory) over PID and its descendants: vLLM serves from three
 # processes (API server, engine core, worker). Shared pages count once per process.
 tree_hwm_kb() {
