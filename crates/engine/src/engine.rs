@@ -211,6 +211,13 @@ impl EngineCore {
     /// time.
     pub(crate) fn prefault_kv_cache(&mut self) {
         self.populate_at = Some(0);
+        self.set_populating(true);
+    }
+
+    fn set_populating(&self, on: bool) {
+        if let Ok(mut m) = self.metrics.lock() {
+            m.kv_cache_populating = on;
+        }
     }
 
     /// The next command, waiting for it. While part of the KV cache is still to be made
@@ -224,7 +231,12 @@ impl EngineCore {
             match rx.try_recv() {
                 Ok(cmd) => return Some(cmd),
                 Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) => self.populate_at = self.kv.populate(at, SLICE),
+                Err(TryRecvError::Empty) => {
+                    self.populate_at = self.kv.populate(at, SLICE);
+                    if self.populate_at.is_none() {
+                        self.set_populating(false);
+                    }
+                }
             }
         }
         rx.recv().ok()

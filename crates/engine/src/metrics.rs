@@ -52,6 +52,9 @@ pub struct Metrics {
     pub kv_blocks_total: usize,
     pub kv_blocks_free: usize,
     pub kv_blocks_cached: usize,
+    /// Part of the KV cache is still to be made resident (a server's engine does it while
+    /// idle): resident memory is still growing towards its full size.
+    pub kv_cache_populating: bool,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     pub preemptions: u64,
@@ -73,6 +76,7 @@ impl Default for Metrics {
             kv_blocks_total: 0,
             kv_blocks_free: 0,
             kv_blocks_cached: 0,
+            kv_cache_populating: false,
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
             preemptions: 0,

@@ -228,6 +228,7 @@ fn kv_prefault_while_idle_keeps_cached_prefixes_and_outputs() {
         }
     };
     let plain = engine("tiny-qwen2", cfg(false));
+    assert!(!plain.metrics().kv_cache_populating);
     let (want, _) = run(&plain);
     plain.shutdown();
     assert!(
@@ -236,8 +237,12 @@ fn kv_prefault_while_idle_keeps_cached_prefixes_and_outputs() {
     );
     let e = engine("tiny-qwen2", cfg(true));
     let (first, _) = run(&e);
-    // Idle long enough for the 64 MiB to become resident, over the cached blocks too.
-    std::thread::sleep(Duration::from_millis(300));
+    // Idle until the 64 MiB are resident, over the cached blocks too (the gauge says when).
+    let t = Instant::now();
+    while e.metrics().kv_cache_populating {
+        assert!(t.elapsed() < Duration::from_secs(30), "never resident");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (second, cached) = run(&e);
     assert_eq!(first, want);
     assert_eq!(second, want);

@@ -89,6 +89,12 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         m.kv_blocks_cached as f64,
     );
     o.metric(
+        "ferrum_kv_cache_populating",
+        "gauge",
+        "1 while part of the KV cache is still being made resident (done while idle).",
+        if m.kv_cache_populating { 1.0 } else { 0.0 },
+    );
+    o.metric(
         "ferrum_kv_cache_usage_perc",
         "gauge",
         "Fraction of KV cache blocks held by sequences (1 means full).",

@@ -1,8 +1,10 @@
 //! The server gauges the soak watches, read from its Prometheus `/metrics`: requests running
 //! and waiting, KV blocks free and in all (required: the soak's pass criteria need them);
 //! resident memory (`process_resident_memory_bytes`, optional: servers other than Ferrum, or
-//! Ferrum off Linux, may not export it, and then the memory check is skipped); and, for the
-//! report only, the prefix-cache hit (in tokens) and preemption counters.
+//! Ferrum off Linux, may not export it, and then the memory check is skipped); whether the KV
+//! cache is still being made resident (`ferrum_kv_cache_populating`, optional: a server is not
+//! idle, for the memory check, while its resident size still grows to its full size); and, for
+//! the report only, the prefix-cache hit (in tokens) and preemption counters.
 
 use anyhow::{anyhow, Result};
 use std::time::{Duration, Instant};
@@ -15,14 +17,18 @@ pub struct Gauges {
     pub blocks_total: f64,
     pub blocks_free: f64,
     pub rss_bytes: Option<f64>,
+    pub populating: Option<f64>,
     pub prefix_cache_hits: Option<f64>,
     pub preemptions: Option<f64>,
 }
 
 impl Gauges {
-    /// Nothing running or waiting, and every KV block free.
+    /// Nothing running or waiting, every KV block free, and the KV cache resident.
     pub fn is_idle(&self) -> bool {
-        self.running == 0.0 && self.waiting == 0.0 && self.blocks_free == self.blocks_total
+        self.running == 0.0
+            && self.waiting == 0.0
+            && self.blocks_free == self.blocks_total
+            && self.populating.unwrap_or(0.0) == 0.0
     }
 }
 
@@ -47,6 +53,7 @@ pub fn parse(text: &str, what: &str) -> Result<Gauges> {
         blocks_total: need("ferrum_kv_blocks_total")?,
         blocks_free: need("ferrum_kv_blocks_free")?,
         rss_bytes: sample(text, "process_resident_memory_bytes"),
+        populating: sample(text, "ferrum_kv_cache_populating"),
         prefix_cache_hits: sample(text, "ferrum_prefix_cache_hits_total"),
         preemptions: sample(text, "ferrum_num_preemptions_total"),
     })
@@ -106,11 +113,32 @@ mod tests {
                 blocks_total: 512.0,
                 blocks_free: 500.0,
                 rss_bytes: Some(1048576.0),
+                populating: None,
                 prefix_cache_hits: Some(7.0),
                 preemptions: None,
             }
         );
         assert!(!g.is_idle());
+        // Idle counts, and a cache still being made resident keeps a server busy.
+        let idle = page
+            .replace(
+                "waiting{model_name=\"a b\"} 2",
+                "waiting{model_name=\"a b\"} 0",
+            )
+            .replace(
+                "free{model_name=\"a b\"} 500",
+                "free{model_name=\"a b\"} 512",
+            );
+        assert!(parse(&idle, "page").expect("gauges").is_idle());
+        let filling = format!("{idle}ferrum_kv_cache_populating{{model_name=\"a b\"}} 1\n");
+        let g = parse(&filling, "page").expect("gauges");
+        assert_eq!(g.populating, Some(1.0));
+        assert!(!g.is_idle());
+        let filled = filling.replace(
+            "populating{model_name=\"a b\"} 1",
+            "populating{model_name=\"a b\"} 0",
+        );
+        assert!(parse(&filled, "page").expect("gauges").is_idle());
         let no_rss = page.replace("process_resident_memory_bytes 1048576\n", "");
         assert_eq!(parse(&no_rss, "page").expect("gauges").rss_bytes, None);
         let no_kv = page.replace("ferrum_kv_blocks_free{", "other{");
