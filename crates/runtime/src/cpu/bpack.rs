@@ -264,7 +264,7 @@ pub fn dot_scalar(w: &Bf16Packed, row: usize, x: &[u32]) -> f32 {
 /// `tiles` and one to eight activation rows (rows of one [`Bf16Acts`] of `w.cols()` columns).
 /// The hardware kernel runs where [`supported`] (also prefetching `ahead`, a unit per column
 /// pair: a hint only), the reference elsewhere. The test and bench entry; products go through
-/// [`dot_rows`].
+/// `dot_rows`.
 pub fn dot_tiles(
     w: &Bf16Packed,
     tiles: std::ops::Range<usize>,
