@@ -44,6 +44,9 @@ struct Job {
 
 /// How long a thread spins for the next job (or for the workers to finish) before parking.
 const SPIN: Duration = Duration::from_micros(200);
+/// After this long, a spinning thread yields its core between checks, so a thread waiting for
+/// one on a busy machine (the one it waits for, often) can run.
+const SPIN_ALONE: Duration = Duration::from_micros(20);
 
 /// Spins until `done()` or [`SPIN`] has passed; returns whether `done()` became true.
 fn spin_until(done: impl Fn() -> bool) -> bool {
@@ -55,8 +58,12 @@ fn spin_until(done: impl Fn() -> bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() > SPIN {
+        let spent = start.elapsed();
+        if spent > SPIN {
             return done();
+        }
+        if spent > SPIN_ALONE {
+            std::thread::yield_now();
         }
     }
 }
