@@ -348,77 +348,57 @@ mod x86 {
         }};
     }
 
-    /// # Safety
-    /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; the call was checked by `dot_tiles` or
-    /// `dot_rows`, and `out` addresses the caller's own memory for every tile and row.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn tiles_vnni(
-        w: &PackedWeight,
-        tiles: Range<usize>,
-        acts: &[ActRow<'_>],
-        ahead: Ahead,
-        out: Dst,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(vnni, true, w, tiles, acts, ahead, out) }
+    /// One instruction set's two entries, compiled with its `$features` around kernel `$k`
+    /// (`$fetch`: whether it runs the prefetches of [`Ahead`]): `$tiles`, one kernel call (for
+    /// `dot_tiles`), and `$rows`, [`super::dot_rows`] with its row passes expanded in this build.
+    macro_rules! build {
+        ($tiles:ident, $rows:ident, $features:literal, $k:ident, $fetch:literal) => {
+            /// # Safety
+            /// The CPU has the build's features; the call was checked by `dot_tiles` or
+            /// `dot_rows`, and `out` addresses the caller's own memory for every tile and row.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $tiles(
+                w: &PackedWeight,
+                tiles: Range<usize>,
+                acts: &[ActRow<'_>],
+                ahead: Ahead,
+                out: Dst,
+            ) {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { dispatch!($k, $fetch, w, tiles, acts, ahead, out) }
+            }
+
+            /// [`super::dot_rows`] in this build.
+            ///
+            /// # Safety
+            /// As for `dot_rows`, which checked the call; the CPU has the build's features.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $rows(
+                w: &PackedWeight,
+                tiles: Range<usize>,
+                acts: &Q8Acts,
+                rows: Range<usize>,
+                group: usize,
+                out: &DisjointMut<f32>,
+            ) {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe {
+                    row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| dispatch!(
+                        $k, $fetch, w, t, a, ah, d
+                    ))
+                }
+            }
+        };
     }
 
-    /// [`super::dot_rows`] in the AVX-512 VNNI build.
-    ///
-    /// # Safety
-    /// As for `dot_rows`, which checked the call; the CPU has AVX-512 F/BW/VNNI, AVX2, FMA and
-    /// F16C.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn rows_vnni(
-        w: &PackedWeight,
-        tiles: Range<usize>,
-        acts: &Q8Acts,
-        rows: Range<usize>,
-        group: usize,
-        out: &DisjointMut<f32>,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe {
-            row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| dispatch!(
-                vnni, true, w, t, a, ah, d
-            ))
-        }
-    }
-
-    /// [`super::dot_rows`] in the AVX2 build.
-    ///
-    /// # Safety
-    /// As for `dot_rows`, which checked the call; the CPU has AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows_avx2(
-        w: &PackedWeight,
-        tiles: Range<usize>,
-        acts: &Q8Acts,
-        rows: Range<usize>,
-        group: usize,
-        out: &DisjointMut<f32>,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe {
-            row_passes!(w, tiles, acts, rows, group, out, |t, a, ah, d| dispatch!(
-                avx2, false, w, t, a, ah, d
-            ))
-        }
-    }
-
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; the call was checked as for `tiles_vnni`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn tiles_avx2(
-        w: &PackedWeight,
-        tiles: Range<usize>,
-        acts: &[ActRow<'_>],
-        ahead: Ahead,
-        out: Dst,
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { dispatch!(avx2, false, w, tiles, acts, ahead, out) }
-    }
+    build!(
+        tiles_vnni,
+        rows_vnni,
+        "avx512f,avx512bw,avx512vnni,avx2,fma,f16c",
+        vnni,
+        true
+    );
+    build!(tiles_avx2, rows_avx2, "avx2,fma,f16c", avx2, false);
 
     /// The integer bias correction `-bias * Σq` of elements `16 s0 .. 16 (s0 + n)` of block `b`.
     #[inline(always)]
