@@ -787,18 +787,10 @@ struct Run<'a, E> {
     far: Option<(&'a [E], &'a [E])>,
 }
 
-/// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible): lane
-/// maxima (exact in any order), rescaling when the maximum grows, then `probs` (zero outside
-/// the visible keys) added to the denominator lanes.
+/// The maximum of a block's visible scores (keys `lo..hi`): lane maxima, then their fold
+/// (exact in any order; minus infinity when none is visible).
 #[inline(always)]
-fn softmax_step(
-    scores: &[f32],
-    range: (usize, usize),
-    s: &mut SoftmaxState,
-    acc: &mut [f32],
-    probs: &mut [f32],
-) {
-    let (lo, hi) = range;
+fn visible_max(scores: &[f32], (lo, hi): (usize, usize)) -> f32 {
     let mut lane_max = [f32::NEG_INFINITY; LANES];
     for (j, &sc) in scores.iter().enumerate() {
         let v = if j >= lo && j < hi {
@@ -808,13 +800,14 @@ fn softmax_step(
         };
         lane_max[j % LANES] = lane_max[j % LANES].max(v);
     }
-    let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    softmax_rest(block_max, scores, range, s, acc, probs);
+    lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
-/// [`softmax_step`] after the block's maximum `block_max` (that of the visible scores).
+/// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible) whose
+/// visible maximum is `block_max`: rescaling when the running maximum grows, then `probs`
+/// (zero outside the visible keys) added to the denominator lanes.
 #[inline(always)]
-fn softmax_rest(
+fn softmax_step(
     block_max: f32,
     scores: &[f32],
     range: (usize, usize),
@@ -857,7 +850,8 @@ fn block_any<E: KvElem>(
     let mut probs = [0f32; MAX_BLOCK_SIZE];
     block_scores_any(qv, keys, bs, &mut scores[..bs]);
     scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
-    softmax_step(&scores[..bs], range, s, acc, &mut probs[..bs]);
+    let block_max = visible_max(&scores[..bs], range);
+    softmax_step(block_max, &scores[..bs], range, s, acc, &mut probs[..bs]);
     let (lo, hi) = range;
     weighted_values_any(acc, &probs[lo..hi], &vals[lo * hd..hi * hd]);
 }
@@ -908,9 +902,9 @@ fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
             scores[j] = ((part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j])) * scale;
         }
         let p = run.first + k;
-        // The block's maximum as the build does it best (the same value as `softmax_step`'s).
+        // The block's maximum as the build does it best (the same value as `visible_max`'s).
         let block_max = W::visible_max16(&scores, run.range.0, run.range.1);
-        softmax_rest(
+        softmax_step(
             block_max,
             &scores,
             run.range,
