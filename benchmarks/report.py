@@ -67,6 +67,63 @@ def side_by_side(serves: dict, rss: dict, start: dict) -> None:
           + " | ".join(cells(mem(f), mem(q), False, "{}") for f, q in pairs) + " |\n")
 
 
+REAL = [("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct"), ("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct")]
+
+
+def real_files(d: pathlib.Path) -> None:
+    """Raw speed and memory on the Q4_K_M files people download, with decode as a share of the
+    streaming read bandwidth measured in the same run."""
+    if not any(load(d / f"latency-ferrum-{n}-single.json") for n, _ in REAL):
+        return
+    p = print
+    p("\n## Real GGUF files: Qwen2.5-Coder Q4_K_M (2 threads)\n")
+    p("Files far larger than the caches, mixing Q4_K, Q6_K, Q5_0 and Q8_0 tensors. Each model's")
+    p("section first measures the machine's streaming read bandwidth (`ferrum bench bandwidth`: every")
+    p("thread reads its share of a 1 GiB buffer). A decode token must read the weights once per step")
+    p("(shared by the batch) plus its own KV cache at the mean context; the share is tok/s times those")
+    p("bytes over the bandwidth (the same bytes for both engines: both read the file's blocks).\n")
+    for name, label in REAL:
+        bw = load(d / f"bandwidth-{name}.json")
+        rows = []
+        for run, what in [("single", "one sequence"), ("batch16", "16 sequences")]:
+            f = load(d / f"latency-ferrum-{name}-{run}.json")
+            q = load(d / f"latency-llamacpp-bb-{name}-{run}.json")
+            if not f:
+                continue
+            for key, kind in [("prefill_tok_s", f"prefill, {what}, {f['input_len']}-token prompts"),
+                              ("decode_tok_s", f"decode, {what}, {f['output_len']} steps")]:
+                v = q.get(key) if q else None
+                share = lambda t: (f"{100 * t * f['bytes_per_decode_token'] / 1e9 / bw['read_gb_s']:.0f}%"
+                                   if key == "decode_tok_s" and t and bw else "")
+                rows.append(f"| {kind} (tok/s) | {f[key]:.1f} | {share(f[key])} | "
+                            f"{f'{v:.1f}' if v else 'n/a'} | {share(v)} | {ratio(f[key], v)} |")
+        if not rows:
+            continue
+        f1 = load(d / f"latency-ferrum-{name}-single.json")
+        p(f"### {label}\n")
+        if bw:
+            p(f"Read bandwidth: {bw['read_gb_s']:.1f} GB/s ({bw['threads']} threads, median; best "
+              f"{bw['read_gb_s_best']:.1f}). Weights read per decode step: "
+              f"{f1['weight_bytes_per_step'] / 1e6:.0f} MB.\n")
+        p("| | Ferrum | share of bandwidth | llama.cpp (llama-batched-bench) | share | ratio |")
+        p("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            p(r)
+        m = load(d / f"rss-run-{name}.json")
+        if m:
+            p(f"\nPeak RSS of one generation (128 prompt tokens, 64 generated): Ferrum (`ferrum run`) "
+              f"{m['ferrum_run_mib']} MiB, llama.cpp (`llama-batched-bench -c 256`) {m['llamacpp_mib']} "
+              f"MiB; the file is {m['file_mib']} MiB.")
+        p("")
+    serve = {x.stem[len("rss-serve-"):]: load(x) for x in sorted(d.glob("rss-serve-*.json"))}
+    serve = {k: v for k, v in serve.items() if v}
+    if serve:
+        p("Peak RSS of each server on Qwen2.5-Coder-1.5B with the same KV capacity (16384 tokens of")
+        p("f16 KV: `llama-server -np 16 -c 16384`, `ferrum serve --num-kv-blocks 1024`), after start,")
+        p("one streamed token and Ferrum's KV cache made resident: "
+          + ", ".join(f"{k} {v['peak_rss_mib']} MiB" for k, v in serve.items()) + ".\n")
+
+
 def main() -> None:
     d = pathlib.Path(sys.argv[1])
     p = print
@@ -98,6 +155,7 @@ def main() -> None:
                 v = peer.get(key) if peer else None
                 cells += [f"{v:.1f}" if v else "n/a", ratio(f[key], v)]
             p(f"| {what} | {f[key]:.1f} | " + " | ".join(cells) + " |")
+    real_files(d)
     busy = [(n, l, load(d / f"busy-ferrum-{n}.json"), load(d / f"busy-llamacpp-{n}.json"))
             for n, l in [("single", "one sequence"), ("batch16", "16 sequences together")]]
     if any(f for _, _, f, _ in busy):
@@ -151,6 +209,7 @@ def main() -> None:
     p("## How to reproduce\n")
     p("```sh")
     p("bash scripts/fetch-smollm2.sh           # the Q4_1 GGUF into models/")
+    p("bash scripts/fetch-model.sh qwen2.5-coder-1.5b  # and qwen2.5-coder-0.5b (run.sh fetches both)")
     p("cargo build --release -p ferrum-cli")
     p("bash benchmarks/setup-llamacpp.sh       # llama-cpp-python, llama-server, llama-batched-bench")
     p("bash benchmarks/setup-vllm.sh           # vLLM's CPU build and the bf16 folder (several GB)")

@@ -44,13 +44,15 @@ keys = ["FERRUM_VERSION", "LLAMA_CPP_PYTHON", "LLAMA_SERVER", "VLLM", "TORCH", "
 print(json.dumps({k.lower(): os.environ[k] for k in keys}))' > "$out/meta.json"
 
 echo "== raw model speed (same GGUF, same token ids, $threads threads)"
-lat() { # name, input, output, batch
+lat() { # name, input, output, batch[, nopy: without the Python bindings' run]
   "$ferrum" bench latency --model "$model" --input-len "$2" --output-len "$3" --batch-size "$4" \
     --num-iters "$iters" --threads "$threads" --json > "$out/latency-ferrum-$1.json"
-  "$llama_py" benchmarks/llamacpp_latency.py --model "$model" --input-len "$2" --output-len "$3" \
-    --batch-size "$4" --num-iters "$iters" --threads "$threads" 2>/dev/null > "$out/latency-llamacpp-$1.json"
   echo "  $1: ferrum $(cat "$out/latency-ferrum-$1.json")"
-  echo "  $1: llama.cpp (Python bindings) $(cat "$out/latency-llamacpp-$1.json")"
+  if [ "${5:-}" != nopy ]; then
+    "$llama_py" benchmarks/llamacpp_latency.py --model "$model" --input-len "$2" --output-len "$3" \
+      --batch-size "$4" --num-iters "$iters" --threads "$threads" 2>/dev/null > "$out/latency-llamacpp-$1.json"
+    echo "  $1: llama.cpp (Python bindings) $(cat "$out/latency-llamacpp-$1.json")"
+  fi
   # llama.cpp's own C++ tool, no Python in the loop: random prompt tokens, all sequences
   # prefilled in one batch (in 512-token micro-batches), then decoded together; the prompt
   # length is listed $iters times to get $iters runs (after its warm-up), of which the median.
@@ -73,6 +75,39 @@ print(json.dumps({"engine": "llama-batched-bench", "input_len": r["pp"], "output
 }
 lat single 512 "$lat_out" 1
 lat batch16 128 "$lat_out" 16
+
+# Peak resident memory (ru_maxrss) of a command.
+peak_rss_mib() {
+  python3 -c '
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024 if r.returncode == 0 else "null")' "$@"
+}
+
+# The GGUF files people download: Qwen2.5-Coder 0.5B and 1.5B in Q4_K_M (mixed Q4_K, Q6_K, Q5_0,
+# Q8_0), far larger than the caches. Each section measures this machine's streaming read
+# bandwidth first, so decode figures can be stated as a share of it, then the same raw-speed
+# pairs as above, then the peak memory of one generation (128 prompt tokens, 64 generated).
+smol="$model"
+for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+  echo "== $name Q4_K_M"
+  model="$(bash scripts/fetch-model.sh "$name" | tail -n 1)"
+  "$ferrum" bench bandwidth --threads "$threads" --json > "$out/bandwidth-$name.json"
+  echo "  read bandwidth: $(cat "$out/bandwidth-$name.json")"
+  lat "$name-single" 512 "$lat_out" 1 nopy
+  lat "$name-batch16" 128 "$lat_out" 16 nopy
+  fr=$(peak_rss_mib "$ferrum" run --model "$model" --prompt-ids "$(seq -s, 100 227)" --max-tokens 64 \
+    --ignore-eos --temperature 0 --threads "$threads")
+  lr=null
+  if [ -x "$llama_bin/llama-batched-bench" ]; then
+    lr=$(peak_rss_mib "$llama_bin/llama-batched-bench" -m "$model" -c 256 -b 2048 -ub 512 -npp 128 \
+      -ntg 64 -npl 1 -t "$threads" -tb "$threads")
+  fi
+  echo "{\"file_mib\": $(( $(stat -c %s "$model") >> 20 )), \"ferrum_run_mib\": $fr, \"llamacpp_mib\": $lr}" \
+    > "$out/rss-run-$name.json"
+  echo "  peak RSS: $(cat "$out/rss-run-$name.json")"
+done
+model="$smol"
 
 # The same raw speed on a busy machine: one CPU-bound process (a Python busy loop) shares the
 # cores with each engine's $threads threads. Both engines get the same competition.
@@ -168,6 +203,38 @@ if [ -x target/bench/venv-vllm/bin/python ] && [ -d target/bench/smollm2-bf16 ];
     --threads "$threads" --served-model-name smollm2
 else
   echo "== vLLM's CPU build is not installed (bash benchmarks/setup-vllm.sh): skipped"
+fi
+
+# Peak memory of each server on Qwen2.5-Coder-1.5B with the same KV capacity (16384 tokens: llama-server's
+# -c 16384, Ferrum's 1024 blocks of 16), after start, one streamed token and (Ferrum) its KV cache
+# made resident.
+serve_rss() { # name -- command...
+  local name="$1"; shift 2
+  local port; port="$(free_port)"
+  local cmd=("${@//PORT/$port}")
+  "${cmd[@]}" > "$out/$name.log" 2>&1 &
+  local pid=$!
+  python3 benchmarks/first_token.py --name "$name" --port "$port" --since "$(date +%s.%N)" > /dev/null \
+    || echo "  $name: no first token; see $out/$name.log" >&2
+  for _ in $(seq 1 600); do
+    m=$(curl -sf "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '/^ferrum_kv_cache_populating/ {print $2}')
+    [ "$m" = "1" ] || break
+    sleep 0.2
+  done
+  sleep 1
+  local rss_kb; rss_kb=$(tree_hwm_kb "$pid")
+  echo "{\"name\": \"$name\", \"peak_rss_mib\": $((rss_kb / 1024))}" > "$out/rss-serve-$name.json"
+  echo "  $name: $(cat "$out/rss-serve-$name.json")"
+  kill -INT "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+qwen15="$(bash scripts/fetch-model.sh qwen2.5-coder-1.5b | tail -n 1)"
+echo "== serving memory, Qwen2.5-Coder-1.5B Q4_K_M"
+serve_rss ferrum-qwen1.5b -- "$ferrum" serve --model "$qwen15" --port PORT --threads "$threads" \
+  --num-kv-blocks 1024
+if [ -x "$llama_bin/llama-server" ]; then
+  serve_rss llamacpp-qwen1.5b -- "$llama_bin/llama-server" -m "$qwen15" --host 127.0.0.1 --port PORT \
+    -np 16 -c 16384 -t "$threads" -tb "$threads" --cont-batching
 fi
 
 jsons=$(ls "$out"/serve-*.json | paste -sd, -)

@@ -13,6 +13,11 @@
 //!
 //! Serve: an HTTP client measuring a running server; see [`crate::bench_serve`]. Soak: a
 //! fault-injecting load that checks a server's responses and recovery; see [`crate::bench_soak`].
+//!
+//! Bandwidth: this machine's streaming read bandwidth with `--threads` threads, over a buffer
+//! far larger than the caches: the bound on decode speed for a model larger than the cache.
+//! Latency reports the bytes a decode token reads (weights as the kernels hold them, plus the
+//! KV cache at the decode's mean context), so a decode figure can be stated as a share of it.
 
 use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
@@ -20,6 +25,8 @@ use clap::{Args, Subcommand};
 use ferrum_engine::sampler::argmax;
 use ferrum_engine::{EngineHandle, Event, GenerateRequest};
 use ferrum_models::{KvCache, Model};
+use ferrum_runtime::cpu::stream;
+use ferrum_runtime::ThreadPool;
 use ferrum_types::{ForwardBatch, SamplingParams, TokenId};
 use serde_json::json;
 use std::time::Instant;
@@ -42,6 +49,24 @@ enum BenchCommand {
     /// Fault-injecting load on a server: a random request mix, clients that disconnect, and
     /// checks that every response is well-formed and memory and KV blocks come back.
     Soak(crate::bench_soak::SoakArgs),
+    /// This machine's streaming read bandwidth (the bound on decode speed for large models).
+    Bandwidth(BandwidthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BandwidthArgs {
+    /// Reading threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Size of the buffer read, in MiB (far larger than the caches).
+    #[arg(long, default_value_t = 1024)]
+    size_mib: usize,
+    /// Measured passes over the buffer (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    num_iters: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +119,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
         BenchCommand::Soak(a) => crate::bench_soak::soak(a),
+        BenchCommand::Bandwidth(a) => bandwidth(a),
     }
 }
 
@@ -164,6 +190,13 @@ fn latency(args: &LatencyArgs) -> Result<()> {
         }
     }
     let (prefill, decode) = (median(prefills), median(decodes));
+    // What a decode token reads: the weights once per step for the whole batch, and its own
+    // sequence's K/V at the decode's mean context.
+    let weight_bytes = model.weight_bytes_per_token();
+    let kv_per_pos = KvCache::bytes_per_block(&c, BLOCK_SIZE) / BLOCK_SIZE;
+    let kv_bytes = kv_per_pos as f64 * (args.input_len as f64 + args.output_len as f64 / 2.0);
+    let bytes_per_token = weight_bytes as f64 / args.batch_size as f64 + kv_bytes;
+    let decode_read_gb_s = decode * bytes_per_token / 1e9;
     if args.json {
         println!(
             "{}",
@@ -178,22 +211,88 @@ fn latency(args: &LatencyArgs) -> Result<()> {
                 "load_s": load_time.as_secs_f64(),
                 "prefill_tok_s": prefill,
                 "decode_tok_s": decode,
+                "weight_bytes_per_step": weight_bytes,
+                "bytes_per_decode_token": bytes_per_token,
+                "decode_read_gb_s": decode_read_gb_s,
             })
         );
     } else {
         println!(
-            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14} {:>14}",
-            "precision", "kv cache", "input", "output", "batch", "prefill tok/s", "decode tok/s"
+            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14} {:>14} {:>14}",
+            "precision",
+            "kv cache",
+            "input",
+            "output",
+            "batch",
+            "prefill tok/s",
+            "decode tok/s",
+            "decode GB/s"
         );
         println!(
-            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14.1} {:>14.1}",
+            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14.1} {:>14.1} {:>14.2}",
             format!("{:?}", args.model.matmul_precision).to_lowercase(),
             c.kv_cache_dtype.name(),
             args.input_len,
             args.output_len,
             args.batch_size,
             prefill,
-            decode
+            decode,
+            decode_read_gb_s
+        );
+    }
+    Ok(())
+}
+
+fn bandwidth(args: &BandwidthArgs) -> Result<()> {
+    if args.size_mib == 0 || args.num_iters == 0 {
+        bail!("--size-mib and --num-iters must be at least 1");
+    }
+    let pool = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) => ThreadPool::new(n),
+        None => ThreadPool::with_available_parallelism(),
+    }
+    .context("starting the compute threads")?;
+    // At most 64 GiB: a figure about memory, not a way to exhaust it.
+    if args.size_mib > 64 << 10 {
+        bail!("--size-mib is at most 65536");
+    }
+    let data = stream::StreamBuffer::new(args.size_mib << 20);
+    let bytes = data.num_bytes() as f64;
+    let mut rates = Vec::with_capacity(args.num_iters);
+    let mut check = 0u64;
+    for i in 0..args.num_iters + 1 {
+        let t = Instant::now();
+        check = check.wrapping_add(data.read(&pool));
+        let secs = t.elapsed().as_secs_f64();
+        if i > 0 {
+            rates.push(bytes / secs / 1e9);
+        }
+    }
+    let best = rates.iter().copied().fold(0f64, f64::max);
+    let med = median(rates);
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "threads": pool.num_threads(),
+                "size_mib": args.size_mib,
+                "read_gb_s": med,
+                "read_gb_s_best": best,
+                "checksum": check,
+            })
+        );
+    } else {
+        println!(
+            "{:>8} {:>10} {:>14} {:>14}",
+            "threads", "MiB", "read GB/s", "best GB/s"
+        );
+        println!(
+            "{:>8} {:>10} {:>14.2} {:>14.2}",
+            pool.num_threads(),
+            args.size_mib,
+            med,
+            best
         );
     }
     Ok(())

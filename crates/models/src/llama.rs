@@ -279,6 +279,28 @@ impl LlamaModel {
         &self.config
     }
 
+    /// Bytes of weights one decode step of one sequence reads: every linear layer as its kernel
+    /// holds it, the norms and biases, and one row of the embedding table. The KV cache's
+    /// reads come on top (they grow with the context).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let f32s = |v: &[f32]| 4 * v.len();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let linear = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|w| w.num_bytes())
+                    .sum::<usize>();
+                let bias = l.qkv_bias.iter().flatten().map(|b| f32s(b)).sum::<usize>();
+                let qk = l.qk_norm.iter().flatten().map(|n| f32s(n)).sum::<usize>();
+                linear + bias + qk + f32s(&l.attn_norm) + f32s(&l.mlp_norm)
+            })
+            .sum();
+        let embed_row = self.embed.num_bytes() / self.embed.rows().max(1);
+        layers + f32s(&self.final_norm) + self.lm_head.num_bytes() + embed_row
+    }
+
     /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {

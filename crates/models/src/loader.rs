@@ -54,6 +54,13 @@ impl Model {
         }
     }
 
+    /// See [`LlamaModel::weight_bytes_per_token`].
+    pub fn weight_bytes_per_token(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.weight_bytes_per_token(),
+        }
+    }
+
     /// See [`LlamaModel::forward`].
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         match self {

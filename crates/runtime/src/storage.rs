@@ -2,6 +2,9 @@
 //!
 //! Weights loaded from safetensors or GGUF stay in the map (the page cache backs them, nothing
 //! is copied); owned storage is for tensors Ferrum builds itself, such as rows reordered at load.
+//! A mapped tensor whose bytes were rewritten into another form (the kernels' repacked tiles)
+//! gives its pages back ([`Storage::release_pages`]), so the file is not resident beside its
+//! copy; a later read faults the bytes back in from the file, unchanged.
 
 use memmap2::Mmap;
 use std::fmt;
@@ -51,6 +54,33 @@ impl Storage {
     /// Whether there are no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Drops the resident pages that lie wholly inside a mapped range from this process's
+    /// memory (`madvise(MADV_DONTNEED)`); nothing for owned bytes, or where the system does not
+    /// offer it. The bytes stay readable: a later read faults them back in from the file.
+    /// Pages shared with a neighbouring range are kept.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Storage::Mapped { map, offset, len } = self {
+            const PAGE: usize = 4096;
+            let base = map.as_ptr() as usize;
+            let start = (base + offset).next_multiple_of(PAGE) - base;
+            let end = (base + offset + len) / PAGE * PAGE - base;
+            if end > start {
+                // SAFETY: `Mmap::map` maps the file shared and read-only, and nothing writes
+                // through it, so dropping pages discards no data: a read after this one faults
+                // the same file bytes back in, and borrows of the map stay valid. The range lies
+                // inside the map (the `Mapped` invariant). A failure only leaves pages resident.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
     }
 
     /// Whether the bytes live in a memory map.

@@ -72,6 +72,12 @@ impl Tensor {
         &self.storage
     }
 
+    /// Gives the resident pages of mapped bytes back ([`Storage::release_pages`]): for a tensor
+    /// the kernels read in another form. Its bytes stay readable (from the file, on demand).
+    pub fn release_pages(&self) {
+        self.storage.release_pages();
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

@@ -73,6 +73,11 @@ impl Weight {
         } else {
             None
         };
+        if packed.is_some() || fpacked.is_some() || bpacked.is_some() {
+            // The kernels read only the repacked form: the file's pages need not stay resident
+            // beside it (they fault back in if the stored bytes are read again).
+            tensor.release_pages();
+        }
         Ok(Weight {
             tensor,
             packed,

@@ -19,6 +19,7 @@ pub mod qdot;
 pub mod qpack;
 mod rope;
 pub mod simd;
+pub mod stream;
 
 pub use activation::silu_mul;
 pub use attention::{

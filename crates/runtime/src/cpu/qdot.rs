@@ -17,7 +17,7 @@
 pub use super::ahead::Ahead;
 use super::dst::Dst;
 pub use super::qacts::{ActRow, Q8Acts};
-use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, TILE};
+use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, Scales, TILE};
 pub use super::qpack::{QK, TILE as TILE_ROWS};
 use super::DisjointMut;
 use crate::DType;
@@ -259,8 +259,9 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
     let (mut acc, mut macc) = (0f32, 0f32);
     let subs = f.num_scales();
     let len = QK / subs;
-    for (b, blk) in w.tile(row / TILE).chunks_exact(f.block_bytes()).enumerate() {
-        let (codes, sc, min) = block_parts(f, blk, r);
+    let tile = w.tile(row / TILE);
+    for b in 0..w.blocks() {
+        let (codes, sc, min) = block_parts(f, tile, b, r);
         for (s, &ws) in sc.iter().enumerate().take(subs) {
             let span = s * len..(s + 1) * len;
             let mut dot: i32 = codes[span.clone()]
@@ -287,19 +288,32 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
     use super::{
-        pass_rows, ActRow, Ahead, Codes, DisjointMut, Dst, PackedWeight, Q8Acts, MAX_ACT_ROWS, QK,
-        TILE,
+        pass_rows, ActRow, Ahead, Codes, DisjointMut, Dst, PackedWeight, Q8Acts, Scales,
+        MAX_ACT_ROWS, QK, TILE,
     };
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    // Formats as const parameters (codes kind, scales per 16, bias shift, minimums), so each
+    // Formats as const parameters (codes kind, scales kind, bias shift, minimums), so each
     // loop is compiled for one format.
     const NIB4: u8 = 0;
     const NIB5: u8 = 1;
-    const BYTE: u8 = 2;
+    const NIB6: u8 = 2;
+    const BYTE: u8 = 3;
+    const BLOCK: u8 = 0;
+    const K6: u8 = 1;
+    const K8: u8 = 2;
 
-    /// Runs `$f::<codes, sub16, bias_shift, has_min, NA>` on every tile, for the call's format
+    /// Blocks per group of scales kind `K`.
+    const fn group_blocks(k: u8) -> usize {
+        if k == BLOCK {
+            1
+        } else {
+            8
+        }
+    }
+
+    /// Runs `$f::<codes, scales, bias_shift, has_min, NA>` on every tile, for the call's format
     /// and row count; tile `j` of the call fetches from unit `j * blocks` of `ahead` (where
     /// `$fetch` and there is something to fetch).
     macro_rules! dispatch {
@@ -309,40 +323,48 @@ mod x86 {
             let c = match fm.codes {
                 Codes::Nib4 => NIB4,
                 Codes::Nib5 => NIB5,
+                Codes::Nib6 => NIB6,
                 Codes::Byte => BYTE,
             };
+            let k = match fm.scales {
+                Scales::Block => BLOCK,
+                Scales::K6 => K6,
+                Scales::K8 => K8,
+            };
             macro_rules! tiles {
-                ($C:expr, $S16:expr, $SH:expr, $M:expr, $NA:expr) => {
+                ($C:expr, $K:expr, $SH:expr, $M:expr, $NA:expr) => {
                     for (j, tile) in $tiles.clone().enumerate() {
                         let o = ($out, j);
                         let at = ($ahead, j * nb);
                         // A separate build without the fetches: even skipped, they cost the
                         // many-pass products 4%.
                         if $fetch && $ahead.step > 0 {
-                            $f::<$C, $S16, $SH, $M, $NA, $fetch>($w, tile, $acts, at, o);
+                            $f::<$C, $K, $SH, $M, $NA, $fetch>($w, tile, $acts, at, o);
                         } else {
-                            $f::<$C, $S16, $SH, $M, $NA, false>($w, tile, $acts, at, o);
+                            $f::<$C, $K, $SH, $M, $NA, false>($w, tile, $acts, at, o);
                         }
                     }
                 };
             }
             macro_rules! shape {
-                ($C:expr, $S16:expr, $SH:expr, $M:expr) => {
+                ($C:expr, $K:expr, $SH:expr, $M:expr) => {
                     match $acts.len() {
-                        4 => tiles!($C, $S16, $SH, $M, 4),
-                        3 => tiles!($C, $S16, $SH, $M, 3),
-                        2 => tiles!($C, $S16, $SH, $M, 2),
-                        _ => tiles!($C, $S16, $SH, $M, 1),
+                        4 => tiles!($C, $K, $SH, $M, 4),
+                        3 => tiles!($C, $K, $SH, $M, 3),
+                        2 => tiles!($C, $K, $SH, $M, 2),
+                        _ => tiles!($C, $K, $SH, $M, 1),
                     }
                 };
             }
-            match (c, fm.sub16, fm.bias_shift, fm.has_min) {
-                (NIB4, false, 3, false) => shape!(NIB4, false, 3, false),
-                (NIB4, false, 0, true) => shape!(NIB4, false, 0, true),
-                (NIB5, false, 4, false) => shape!(NIB5, false, 4, false),
-                (NIB5, false, 0, true) => shape!(NIB5, false, 0, true),
-                (BYTE, false, 7, false) => shape!(BYTE, false, 7, false),
-                (BYTE, true, 5, false) => shape!(BYTE, true, 5, false),
+            match (c, k, fm.bias_shift, fm.has_min) {
+                (NIB4, BLOCK, 3, false) => shape!(NIB4, BLOCK, 3, false),
+                (NIB4, BLOCK, 0, true) => shape!(NIB4, BLOCK, 0, true),
+                (NIB4, K6, 0, true) => shape!(NIB4, K6, 0, true),
+                (NIB5, BLOCK, 4, false) => shape!(NIB5, BLOCK, 4, false),
+                (NIB5, BLOCK, 0, true) => shape!(NIB5, BLOCK, 0, true),
+                (NIB5, K6, 0, true) => shape!(NIB5, K6, 0, true),
+                (BYTE, BLOCK, 7, false) => shape!(BYTE, BLOCK, 7, false),
+                (NIB6, K8, 5, false) => shape!(NIB6, K8, 5, false),
                 other => unreachable!("no kernel for packed format {other:?}"),
             }
         }};
@@ -413,11 +435,62 @@ mod x86 {
         -(s << SH)
     }
 
+    /// A group's f16 values at `p`, one per row, widened.
+    #[inline(always)]
+    unsafe fn f16x16(p: *const u8) -> __m512 {
+        // SAFETY: the caller's group holds sixteen f16 values at `p`.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+
+    /// Block `k` of a group's scales at `sp` (kind `K`, `d` and `dm` its widened `d` and
+    /// minimum or `dmin`): the scales of its first and second halves and, for `K6`, the
+    /// minimum `dmin * m` to subtract (else `dm`, the minimum to add).
+    #[inline(always)]
+    unsafe fn scales512<const K: u8>(
+        sp: *const u8,
+        k: usize,
+        d: __m512,
+        dm: __m512,
+    ) -> (__m512, __m512, __m512) {
+        // SAFETY: the caller's group holds its scales at `sp` (the layout of `qpack`).
+        unsafe {
+            let bytes = |o: usize| _mm_loadu_si128(sp.add(o) as *const __m128i);
+            if K == K6 {
+                let lo = _mm512_cvtepu8_epi32(bytes(4 * TILE + TILE * k));
+                let hi = _mm512_cvtepu8_epi32(bytes(12 * TILE + TILE * (k / 2)));
+                let hi = _mm512_srlv_epi32(hi, _mm512_set1_epi32(4 * (k % 2) as i32));
+                let (f15, f3, f12) = (
+                    _mm512_set1_epi32(15),
+                    _mm512_set1_epi32(3),
+                    _mm512_set1_epi32(12),
+                );
+                let sc = _mm512_or_si512(
+                    _mm512_and_si512(lo, f15),
+                    _mm512_slli_epi32::<4>(_mm512_and_si512(hi, f3)),
+                );
+                let m = _mm512_or_si512(
+                    _mm512_srli_epi32::<4>(lo),
+                    _mm512_slli_epi32::<2>(_mm512_and_si512(hi, f12)),
+                );
+                let ws = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), d);
+                (ws, ws, _mm512_mul_ps(_mm512_cvtepi32_ps(m), dm))
+            } else if K == K8 {
+                let s = |h: usize| {
+                    let v = _mm512_cvtepi8_epi32(bytes(2 * TILE + TILE * (2 * k + h)));
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(v), d)
+                };
+                (s(0), s(1), dm)
+            } else {
+                (d, d, dm)
+            }
+        }
+    }
+
     /// AVX-512 VNNI: lane `l` of every register is row `l` of the tile.
     #[inline(always)]
     unsafe fn vnni<
         const C: u8,
-        const S16: bool,
+        const K: u8,
         const SH: u32,
         const M: bool,
         const NA: usize,
@@ -432,9 +505,14 @@ mod x86 {
         /// How far ahead of itself the kernel prefetches the weight stream, in bytes.
         const PREFETCH: usize = 2048;
         let fm = w.format();
-        let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
-        // SAFETY: `dot_tiles`/`dot_rows` checked that the tile exists (so holds `nb` blocks of `bb` bytes)
-        // and that every activation row has `nb` blocks, so all offsets below are in bounds.
+        let nbg = group_blocks(K);
+        let (gb, cb, ng) = (fm.group_bytes(), fm.code_bytes(), w.groups());
+        // Bytes of the stream per block, for the prefetches.
+        let ub = gb / nbg;
+        let s16 = K == K8;
+        // SAFETY: `dot_tiles`/`dot_rows` checked that the tile exists (so holds `ng` groups of
+        // `gb` bytes) and that every activation row has `ng * nbg` blocks, so all offsets below
+        // are in bounds.
         unsafe {
             let base = w.tile(tile).as_ptr();
             let data = w.data().as_ptr();
@@ -442,73 +520,102 @@ mod x86 {
             let mut acc = [_mm512_setzero_ps(); NA];
             let mut macc = [_mm512_setzero_ps(); NA];
             let low4 = _mm512_set1_epi8(0x0F);
+            let high2 = _mm512_set1_epi8(0x30);
             let sixteen = _mm512_set1_epi8(16);
-            for b in 0..nb {
-                let p = base.add(b * bb);
-                // The weight stream runs on into the next tile; without a lead the first pass
-                // over a tile waits on memory.
-                for l in (0..bb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + l) as *const i8);
-                }
-                if F {
-                    ahead.fetch(data, unit + b);
-                }
-                let mut c = [_mm512_setzero_si512(); 8];
-                if C == BYTE {
-                    for t in 0..8 {
-                        c[t] = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
-                    }
+            for g in 0..ng {
+                let gp = base.add(g * gb);
+                let sp = gp.add(nbg * cb);
+                let d = f16x16(sp);
+                let dm = if M {
+                    f16x16(sp.add(2 * TILE))
                 } else {
-                    for j in 0..4 {
-                        let v = _mm512_loadu_si512(p.add(64 * j) as *const __m512i);
-                        c[2 * j] = _mm512_and_si512(v, low4);
-                        // 4-bit codes: the high nibbles stay in place (16 times the code) and
-                        // their sum is divided by 16 below, exactly; 5-bit codes shift down.
-                        c[2 * j + 1] = if C == NIB4 {
-                            _mm512_andnot_si512(low4, v)
-                        } else {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4)
-                        };
-                        if C == NIB5 {
-                            let m = p.add(256 + 16 * j) as *const u64;
-                            let (m0, m1) = (m.read_unaligned(), m.add(1).read_unaligned());
-                            c[2 * j] = _mm512_mask_add_epi8(c[2 * j], m0, c[2 * j], sixteen);
-                            c[2 * j + 1] =
-                                _mm512_mask_add_epi8(c[2 * j + 1], m1, c[2 * j + 1], sixteen);
-                        }
-                    }
-                }
-                let ws0 = _mm512_loadu_ps(p.add(sc_at) as *const f32);
-                let ws1 = if S16 {
-                    _mm512_loadu_ps(p.add(sc_at + 64) as *const f32)
-                } else {
-                    ws0
+                    _mm512_setzero_ps()
                 };
-                for i in 0..NA {
-                    let a = ap[i];
-                    let q = a.qs.as_ptr().add(b * QK) as *const i32;
-                    let da = _mm512_set1_ps(*a.d.get_unchecked(b));
-                    let subs = if S16 { 2 } else { 1 };
-                    for s in 0..subs {
-                        let (t0, n) = (s * 8 / subs, 8 / subs);
-                        let mut d0 = _mm512_set1_epi32(bias_init::<SH>(a, b, s0(S16, s), 2 / subs));
-                        let mut d1 = _mm512_setzero_si512();
-                        for t in (t0..t0 + n).step_by(2) {
-                            d0 = _mm512_dpbusd_epi32(d0, c[t], bc512(q, t));
-                            d1 = _mm512_dpbusd_epi32(d1, c[t + 1], bc512(q, t + 1));
-                        }
-                        if C == NIB4 {
-                            // Odd registers (high nibbles) only went into `d1`.
-                            d1 = _mm512_srai_epi32::<4>(d1);
-                        }
-                        let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
-                        let ws = if s == 0 { ws0 } else { ws1 };
-                        acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, da), acc[i]);
+                for k in 0..nbg {
+                    let b = g * nbg + k;
+                    let p = gp.add(k * cb);
+                    // The weight stream runs on into the next tile; without a lead the first
+                    // pass over a tile waits on memory.
+                    for l in (0..ub).step_by(64) {
+                        let at = PREFETCH + b * ub + l;
+                        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at) as *const i8);
                     }
-                    if M {
-                        let mins = _mm512_loadu_ps(p.add(min_at) as *const f32);
-                        let bs = _mm512_set1_ps(*a.bsum.get_unchecked(b));
-                        macc[i] = _mm512_fmadd_ps(mins, bs, macc[i]);
+                    if F {
+                        ahead.fetch(data, unit + b);
+                    }
+                    let mut c = [_mm512_setzero_si512(); 8];
+                    if C == BYTE {
+                        for t in 0..8 {
+                            c[t] = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
+                        }
+                    } else {
+                        for j in 0..4 {
+                            let v = _mm512_loadu_si512(p.add(64 * j) as *const __m512i);
+                            c[2 * j] = _mm512_and_si512(v, low4);
+                            // 4-bit codes: the high nibbles stay in place (16 times the code)
+                            // and their sum is divided by 16 below, exactly; 5- and 6-bit
+                            // codes shift down.
+                            c[2 * j + 1] = if C == NIB4 {
+                                _mm512_andnot_si512(low4, v)
+                            } else {
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4)
+                            };
+                            if C == NIB5 {
+                                let m = p.add(256 + 16 * j) as *const u64;
+                                let (m0, m1) = (m.read_unaligned(), m.add(1).read_unaligned());
+                                c[2 * j] = _mm512_mask_add_epi8(c[2 * j], m0, c[2 * j], sixteen);
+                                c[2 * j + 1] =
+                                    _mm512_mask_add_epi8(c[2 * j + 1], m1, c[2 * j + 1], sixteen);
+                            }
+                            if C == NIB6 {
+                                // Bits 4-5 of each code from its plane (16-bit shifts: what
+                                // crosses a byte lands outside the mask).
+                                let h =
+                                    _mm512_loadu_si512(p.add(256 + 64 * (j / 2)) as *const __m512i);
+                                let (h0, h1) = if j % 2 == 0 {
+                                    (_mm512_slli_epi16::<4>(h), _mm512_slli_epi16::<2>(h))
+                                } else {
+                                    (h, _mm512_srli_epi16::<2>(h))
+                                };
+                                c[2 * j] = _mm512_or_si512(c[2 * j], _mm512_and_si512(h0, high2));
+                                c[2 * j + 1] =
+                                    _mm512_or_si512(c[2 * j + 1], _mm512_and_si512(h1, high2));
+                            }
+                        }
+                    }
+                    let (ws0, ws1, mins) = scales512::<K>(sp, k, d, dm);
+                    for i in 0..NA {
+                        let a = ap[i];
+                        let q = a.qs.as_ptr().add(b * QK) as *const i32;
+                        let da = _mm512_set1_ps(*a.d.get_unchecked(b));
+                        let subs = if s16 { 2 } else { 1 };
+                        for s in 0..subs {
+                            let (t0, n) = (s * 8 / subs, 8 / subs);
+                            let mut d0 =
+                                _mm512_set1_epi32(bias_init::<SH>(a, b, s0(s16, s), 2 / subs));
+                            let mut d1 = _mm512_setzero_si512();
+                            for t in (t0..t0 + n).step_by(2) {
+                                d0 = _mm512_dpbusd_epi32(d0, c[t], bc512(q, t));
+                                d1 = _mm512_dpbusd_epi32(d1, c[t + 1], bc512(q, t + 1));
+                            }
+                            if C == NIB4 {
+                                // Odd registers (high nibbles) only went into `d1`.
+                                d1 = _mm512_srai_epi32::<4>(d1);
+                            }
+                            let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+                            let ws = if s == 0 { ws0 } else { ws1 };
+                            acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, da), acc[i]);
+                        }
+                        if M {
+                            let bs = _mm512_set1_ps(*a.bsum.get_unchecked(b));
+                            // K-quants subtract `dmin * m`: `macc - mins * bs`, rounded once,
+                            // is the reference's `(-(dmin * m)) * bs + macc`.
+                            macc[i] = if K == K6 {
+                                _mm512_fnmadd_ps(mins, bs, macc[i])
+                            } else {
+                                _mm512_fmadd_ps(mins, bs, macc[i])
+                            };
+                        }
                     }
                 }
             }
@@ -566,11 +673,61 @@ mod x86 {
         }
     }
 
+    /// Rows `8h .. 8h + 8` of a group's f16 values at `p`, widened.
+    #[inline(always)]
+    unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
+        // SAFETY: the caller's group holds sixteen f16 values at `p`.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i)) }
+    }
+
+    /// [`scales512`] for rows `8h .. 8h + 8`.
+    #[inline(always)]
+    unsafe fn scales256<const K: u8>(
+        sp: *const u8,
+        k: usize,
+        h: usize,
+        d: __m256,
+        dm: __m256,
+    ) -> (__m256, __m256, __m256) {
+        // SAFETY: as in `scales512`.
+        unsafe {
+            let bytes = |o: usize| _mm_loadl_epi64(sp.add(o + 8 * h) as *const __m128i);
+            if K == K6 {
+                let lo = _mm256_cvtepu8_epi32(bytes(4 * TILE + TILE * k));
+                let hi = _mm256_cvtepu8_epi32(bytes(12 * TILE + TILE * (k / 2)));
+                let hi = _mm256_srlv_epi32(hi, _mm256_set1_epi32(4 * (k % 2) as i32));
+                let (f15, f3, f12) = (
+                    _mm256_set1_epi32(15),
+                    _mm256_set1_epi32(3),
+                    _mm256_set1_epi32(12),
+                );
+                let sc = _mm256_or_si256(
+                    _mm256_and_si256(lo, f15),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(hi, f3)),
+                );
+                let m = _mm256_or_si256(
+                    _mm256_srli_epi32::<4>(lo),
+                    _mm256_slli_epi32::<2>(_mm256_and_si256(hi, f12)),
+                );
+                let ws = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), d);
+                (ws, ws, _mm256_mul_ps(_mm256_cvtepi32_ps(m), dm))
+            } else if K == K8 {
+                let s = |x: usize| {
+                    let v = _mm256_cvtepi8_epi32(bytes(2 * TILE + TILE * (2 * k + x)));
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(v), d)
+                };
+                (s(0), s(1), dm)
+            } else {
+                (d, d, dm)
+            }
+        }
+    }
+
     /// AVX2: each register of sixteen rows as two halves (rows 0..8 and 8..16).
     #[inline(always)]
     unsafe fn avx2<
         const C: u8,
-        const S16: bool,
+        const K: u8,
         const SH: u32,
         const M: bool,
         const NA: usize,
@@ -583,7 +740,9 @@ mod x86 {
         (out, j): (Dst, usize),
     ) {
         let fm = w.format();
-        let (bb, sc_at, min_at, nb) = (fm.block_bytes(), fm.scales_at(), fm.mins_at(), w.blocks());
+        let nbg = group_blocks(K);
+        let (gb, cb, ng) = (fm.group_bytes(), fm.code_bytes(), w.groups());
+        let s16 = K == K8;
         // SAFETY: as in `vnni`: every offset below was bounds-checked by the caller.
         unsafe {
             let base = w.tile(tile).as_ptr();
@@ -592,74 +751,98 @@ mod x86 {
             let mut acc = [[_mm256_setzero_ps(); 2]; NA];
             let mut macc = [[_mm256_setzero_ps(); 2]; NA];
             let low4 = _mm256_set1_epi8(0x0F);
+            let high2 = _mm256_set1_epi8(0x30);
             let ones = _mm256_set1_epi16(1);
-            for b in 0..nb {
-                let p = base.add(b * bb);
-                if F {
-                    ahead.fetch(data, unit + b);
-                }
-                for h in 0..2 {
-                    let mut c = [_mm256_setzero_si256(); 8];
-                    if C == BYTE {
-                        for t in 0..8 {
-                            c[t] = _mm256_loadu_si256(p.add(64 * t + 32 * h) as *const __m256i);
-                        }
-                    } else {
-                        for j in 0..4 {
-                            let v = _mm256_loadu_si256(p.add(64 * j + 32 * h) as *const __m256i);
-                            c[2 * j] = _mm256_and_si256(v, low4);
-                            c[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
-                            if C == NIB5 {
-                                let m = p.add(256 + 16 * j + 4 * h) as *const u32;
-                                let (m0, m1) = (m.read_unaligned(), m.add(2).read_unaligned());
-                                c[2 * j] = _mm256_or_si256(c[2 * j], fifth_bits(m0));
-                                c[2 * j + 1] = _mm256_or_si256(c[2 * j + 1], fifth_bits(m1));
-                            }
-                        }
+            for g in 0..ng {
+                let gp = base.add(g * gb);
+                let sp = gp.add(nbg * cb);
+                for k in 0..nbg {
+                    let b = g * nbg + k;
+                    let p = gp.add(k * cb);
+                    if F {
+                        ahead.fetch(data, unit + b);
                     }
-                    let ws0 = _mm256_loadu_ps(p.add(sc_at + 32 * h) as *const f32);
-                    let ws1 = if S16 {
-                        _mm256_loadu_ps(p.add(sc_at + 64 + 32 * h) as *const f32)
-                    } else {
-                        ws0
-                    };
-                    for i in 0..NA {
-                        let a = ap[i];
-                        let q = a.qs.as_ptr().add(b * QK) as *const i32;
-                        let da = _mm256_set1_ps(*a.d.get_unchecked(b));
-                        let subs = if S16 { 2 } else { 1 };
-                        for s in 0..subs {
-                            let (t0, n) = (s * 8 / subs, 8 / subs);
-                            // Q8_0's signed products below already subtract its bias.
-                            let init = if C == BYTE && SH == 7 {
-                                0
-                            } else {
-                                bias_init::<SH>(a, b, s0(S16, s), 2 / subs)
-                            };
-                            let mut d = [_mm256_set1_epi32(init), _mm256_setzero_si256()];
-                            for t in t0..t0 + n {
-                                let prod = if C == BYTE && SH == 7 {
-                                    // Q8_0: back to signed codes, the sign moved onto the
-                                    // activations (maddubs would saturate on codes over 127).
-                                    let sw = _mm256_xor_si256(c[t], _mm256_set1_epi8(-128));
-                                    _mm256_maddubs_epi16(
-                                        _mm256_sign_epi8(sw, sw),
-                                        _mm256_sign_epi8(bc256(q, t), sw),
-                                    )
-                                } else {
-                                    _mm256_maddubs_epi16(c[t], bc256(q, t))
-                                };
-                                d[t % 2] =
-                                    _mm256_add_epi32(d[t % 2], _mm256_madd_epi16(prod, ones));
+                    for h in 0..2 {
+                        let mut c = [_mm256_setzero_si256(); 8];
+                        if C == BYTE {
+                            for t in 0..8 {
+                                c[t] = _mm256_loadu_si256(p.add(64 * t + 32 * h) as *const __m256i);
                             }
-                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d[0], d[1]));
-                            let ws = if s == 0 { ws0 } else { ws1 };
-                            acc[i][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(ws, da), acc[i][h]);
+                        } else {
+                            for j in 0..4 {
+                                let v =
+                                    _mm256_loadu_si256(p.add(64 * j + 32 * h) as *const __m256i);
+                                c[2 * j] = _mm256_and_si256(v, low4);
+                                c[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+                                if C == NIB5 {
+                                    let m = p.add(256 + 16 * j + 4 * h) as *const u32;
+                                    let (m0, m1) = (m.read_unaligned(), m.add(2).read_unaligned());
+                                    c[2 * j] = _mm256_or_si256(c[2 * j], fifth_bits(m0));
+                                    c[2 * j + 1] = _mm256_or_si256(c[2 * j + 1], fifth_bits(m1));
+                                }
+                                if C == NIB6 {
+                                    let hp = p.add(256 + 64 * (j / 2) + 32 * h);
+                                    let hv = _mm256_loadu_si256(hp as *const __m256i);
+                                    let (h0, h1) = if j % 2 == 0 {
+                                        (_mm256_slli_epi16::<4>(hv), _mm256_slli_epi16::<2>(hv))
+                                    } else {
+                                        (hv, _mm256_srli_epi16::<2>(hv))
+                                    };
+                                    c[2 * j] =
+                                        _mm256_or_si256(c[2 * j], _mm256_and_si256(h0, high2));
+                                    c[2 * j + 1] =
+                                        _mm256_or_si256(c[2 * j + 1], _mm256_and_si256(h1, high2));
+                                }
+                            }
                         }
-                        if M {
-                            let mins = _mm256_loadu_ps(p.add(min_at + 32 * h) as *const f32);
-                            let bs = _mm256_set1_ps(*a.bsum.get_unchecked(b));
-                            macc[i][h] = _mm256_fmadd_ps(mins, bs, macc[i][h]);
+                        let d = f16x8(sp, h);
+                        let dm = if M {
+                            f16x8(sp.add(2 * TILE), h)
+                        } else {
+                            _mm256_setzero_ps()
+                        };
+                        let (ws0, ws1, mins) = scales256::<K>(sp, k, h, d, dm);
+                        for i in 0..NA {
+                            let a = ap[i];
+                            let q = a.qs.as_ptr().add(b * QK) as *const i32;
+                            let da = _mm256_set1_ps(*a.d.get_unchecked(b));
+                            let subs = if s16 { 2 } else { 1 };
+                            for s in 0..subs {
+                                let (t0, n) = (s * 8 / subs, 8 / subs);
+                                // Q8_0's signed products below already subtract its bias.
+                                let init = if C == BYTE && SH == 7 {
+                                    0
+                                } else {
+                                    bias_init::<SH>(a, b, s0(s16, s), 2 / subs)
+                                };
+                                let mut dd = [_mm256_set1_epi32(init), _mm256_setzero_si256()];
+                                for t in t0..t0 + n {
+                                    let prod = if C == BYTE && SH == 7 {
+                                        // Q8_0: back to signed codes, the sign moved onto the
+                                        // activations (maddubs would saturate on codes over 127).
+                                        let sw = _mm256_xor_si256(c[t], _mm256_set1_epi8(-128));
+                                        _mm256_maddubs_epi16(
+                                            _mm256_sign_epi8(sw, sw),
+                                            _mm256_sign_epi8(bc256(q, t), sw),
+                                        )
+                                    } else {
+                                        _mm256_maddubs_epi16(c[t], bc256(q, t))
+                                    };
+                                    dd[t % 2] =
+                                        _mm256_add_epi32(dd[t % 2], _mm256_madd_epi16(prod, ones));
+                                }
+                                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(dd[0], dd[1]));
+                                let ws = if s == 0 { ws0 } else { ws1 };
+                                acc[i][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(ws, da), acc[i][h]);
+                            }
+                            if M {
+                                let bs = _mm256_set1_ps(*a.bsum.get_unchecked(b));
+                                macc[i][h] = if K == K6 {
+                                    _mm256_fnmadd_ps(mins, bs, macc[i][h])
+                                } else {
+                                    _mm256_fmadd_ps(mins, bs, macc[i][h])
+                                };
+                            }
                         }
                     }
                 }

@@ -1,29 +1,42 @@
-//! Block-quantized weights repacked once at load for the integer kernels ([`super::qdot`]).
+//! Block-quantized weights repacked once at load for the integer kernels ([`super::qdot`]),
+//! in exactly as many bytes as the file's own blocks.
 //!
-//! Every supported format is rewritten as the same thing: unsigned integer codes `u`, an f32
-//! scale per 32 (Q6_K: per 16) elements and, for formats with one, an f32 minimum per 32
-//! elements, so that `w = scale * (u - bias) + min` exactly reproduces the format's own decoding
-//! (`bias`: Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32, else 0). K-quant super-block scales are folded
-//! into f32 sub-block scales (`d * sc`, exact in f32), and f16 scales are widened once here
-//! instead of once per block per activation row.
+//! Decode of a model larger than the cache is bound by the bytes read per token, so the repacked
+//! form keeps each format's own scale encoding (f16 block scales; K-quants' f16 super-block
+//! factors with 6-bit or 8-bit sub-block scales) and its code bits (Q6_K as a 4-bit and a 2-bit
+//! plane); only the order changes. The kernels widen scales in registers: a K-quant sub-block
+//! scale is `d * sc` (and its minimum `-(dmin * m)`), computed in f32, where it is exact (an
+//! f16 significand times a 6- or 8-bit integer), so the decoded weights are bit for bit the
+//! format's own (`w = scale * (u - bias) + min`; `bias`: Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32,
+//! else 0) and the products are those of the kernels' one arithmetic ([`super::qdot`]).
 //!
 //! Rows are interleaved in tiles of [`TILE`] = 16, one row per 32-bit lane of a 512-bit
 //! register (two 256-bit halves on AVX2): lane `r` of a code register holds four consecutive
 //! codes of tile row `r`, so one integer dot-product instruction against four activation bytes
 //! broadcast to every lane advances sixteen rows at once, and a block's result per row is
-//! already whole in its lane (no horizontal sums). A tile is stored as its 32-element blocks in
-//! order, each block as:
+//! already whole in its lane (no horizontal sums). A tile is its groups in order (a group: one
+//! 32-element block for Q4_0 .. Q8_0, one 256-element super-block of eight blocks for K-quants),
+//! each group its blocks' codes in order, then the group's scales. A block's codes:
 //!
-//! | part | bytes | content |
+//! | codes | bytes | content |
 //! | --- | --- | --- |
-//! | codes, 4-bit (Q4_0, Q4_1, Q4_K) | 256 | register `j` (0..4): byte `4r + i` holds element `8j + i` of row `r` in its low nibble and element `8j + 4 + i` in its high nibble |
-//! | codes, 5-bit (Q5_0, Q5_1, Q5_K) | 256 + 64 | as 4-bit, then per register `j` two `u64` masks (low nibbles, high nibbles) whose bit `p` is bit 4 of the code in byte `p` |
-//! | codes, 8-bit (Q8_0, Q6_K) | 512 | register `t` (0..8): byte `4r + i` holds element `4t + i` of row `r` |
-//! | scales | 64 (Q6_K: 128) | one f32 per row (Q6_K: per row for elements 0..16, then per row for 16..32) |
-//! | minimums | 64, with minimums only | one f32 per row |
+//! | 4-bit (Q4_0, Q4_1, Q4_K) | 256 | register `j` (0..4): byte `p = 4r + i` holds element `8j + i` of row `r` in its low nibble and element `8j + 4 + i` in its high nibble |
+//! | 5-bit (Q5_0, Q5_1, Q5_K) | 256 + 64 | as 4-bit, then per register `j` two `u64` masks (low nibbles, high nibbles) whose bit `p` is bit 4 of the code in byte `p` |
+//! | 6-bit (Q6_K) | 256 + 128 | as 4-bit (the codes' low four bits), then two 64-byte planes of the high two bits: plane `k`, byte `p`, bits `4h .. 4h + 4` are register `j = 2k + h`'s: bits 0-1 of the low-nibble element, bits 2-3 of the high-nibble one |
+//! | 8-bit (Q8_0) | 512 | register `t` (0..8): byte `4r + i` holds element `4t + i` of row `r` |
 //!
-//! Rows past the end of the matrix (the last tile's padding) have zero codes, scales and
-//! minimums, so they compute exact zeros that no one reads.
+//! A group's scales, per row `r` (f16 values little-endian, `[a][r]` arrays row-minor):
+//!
+//! | scales | bytes | content |
+//! | --- | --- | --- |
+//! | block (Q4_0, Q5_0, Q8_0) | 32 | `d[r]` f16 |
+//! | block with minimum (Q4_1, Q5_1) | 64 | `d[r]` f16, then `m[r]` f16 |
+//! | 6-bit (Q4_K, Q5_K) | 256 | `d[r]` f16, `dmin[r]` f16, `lo[8][r]`: `sc & 15 \| (m & 15) << 4` of sub-block `s`, `hi[4][r]`: the two high bits of `sc`, `m` of sub-blocks `2k` (bits 0-3) and `2k + 1` (bits 4-7) |
+//! | 8-bit (Q6_K) | 288 | `d[r]` f16, `sc[16][r]` i8 per 16 elements |
+//!
+//! So a tile of sixteen rows is exactly sixteen rows of the file's blocks. Rows past the end of
+//! the matrix (the last tile's padding) have zero codes and scales, so they compute exact zeros
+//! that no one reads.
 
 use super::aligned::Aligned;
 use crate::dtype::QK_K;
@@ -33,7 +46,7 @@ use half::f16;
 
 /// Weight rows per tile: the 32-bit lanes of a 512-bit register.
 pub const TILE: usize = 16;
-/// Elements per block: what one scale (two for Q6_K) and one minimum cover.
+/// Elements per block: what one activation scale covers and one kernel step takes.
 pub const QK: usize = 32;
 
 /// How a format's codes are stored in a block.
@@ -41,15 +54,28 @@ pub const QK: usize = 32;
 pub enum Codes {
     Nib4,
     Nib5,
+    /// Q6_K: a 4-bit plane and a 2-bit plane.
+    Nib6,
     Byte,
+}
+
+/// How a format's scales are stored in a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scales {
+    /// An f16 scale (and an f16 minimum) per row per 32-element block.
+    Block,
+    /// Q4_K, Q5_K: per row an f16 `d` and `dmin` per super-block and a 6-bit scale and minimum
+    /// per 32-element sub-block (the minimum is `-(dmin * m)`).
+    K6,
+    /// Q6_K: per row an f16 `d` per super-block and an i8 scale per 16 elements.
+    K8,
 }
 
 /// The repacked form of one weight format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackFormat {
     pub codes: Codes,
-    /// A scale per 16 elements (two per block) instead of per 32.
-    pub sub16: bool,
+    pub scales: Scales,
     /// `log2(bias)`, 0 for formats without a bias.
     pub bias_shift: u32,
     pub has_min: bool,
@@ -58,56 +84,76 @@ pub struct PackFormat {
 impl PackFormat {
     /// The repacked form of `dtype`, when it has an integer kernel.
     pub fn of(dtype: DType) -> Option<PackFormat> {
-        let f = |codes, sub16, bias_shift, has_min| {
+        let f = |codes, scales, bias_shift, has_min| {
             Some(PackFormat {
                 codes,
-                sub16,
+                scales,
                 bias_shift,
                 has_min,
             })
         };
         match dtype {
-            DType::Q4_0 => f(Codes::Nib4, false, 3, false),
-            DType::Q4_1 | DType::Q4_K => f(Codes::Nib4, false, 0, true),
-            DType::Q5_0 => f(Codes::Nib5, false, 4, false),
-            DType::Q5_1 | DType::Q5_K => f(Codes::Nib5, false, 0, true),
-            DType::Q8_0 => f(Codes::Byte, false, 7, false),
-            DType::Q6_K => f(Codes::Byte, true, 5, false),
+            DType::Q4_0 => f(Codes::Nib4, Scales::Block, 3, false),
+            DType::Q4_1 => f(Codes::Nib4, Scales::Block, 0, true),
+            DType::Q4_K => f(Codes::Nib4, Scales::K6, 0, true),
+            DType::Q5_0 => f(Codes::Nib5, Scales::Block, 4, false),
+            DType::Q5_1 => f(Codes::Nib5, Scales::Block, 0, true),
+            DType::Q5_K => f(Codes::Nib5, Scales::K6, 0, true),
+            DType::Q8_0 => f(Codes::Byte, Scales::Block, 7, false),
+            DType::Q6_K => f(Codes::Nib6, Scales::K8, 5, false),
             DType::F32 | DType::F16 | DType::BF16 => None,
         }
     }
 
-    /// Bytes of a block's codes (and 5-bit masks) for a whole tile.
+    /// Bytes of a block's codes (and 5-bit masks, 6-bit planes) for a whole tile.
     pub const fn code_bytes(self) -> usize {
         match self.codes {
             Codes::Nib4 => 256,
             Codes::Nib5 => 256 + 64,
+            Codes::Nib6 => 256 + 128,
             Codes::Byte => 512,
         }
     }
 
+    /// A scale per 16 elements (two per block) instead of per 32.
+    pub const fn sub16(self) -> bool {
+        matches!(self.scales, Scales::K8)
+    }
+
     /// Scales per row per block.
     pub const fn num_scales(self) -> usize {
-        if self.sub16 {
+        if self.sub16() {
             2
         } else {
             1
         }
     }
 
-    /// Offset of a block's scales from its start.
+    /// 32-element blocks per group.
+    pub const fn group_blocks(self) -> usize {
+        match self.scales {
+            Scales::Block => 1,
+            Scales::K6 | Scales::K8 => QK_K / QK,
+        }
+    }
+
+    /// Offset of a group's scales from its start.
     pub const fn scales_at(self) -> usize {
-        self.code_bytes()
+        self.group_blocks() * self.code_bytes()
     }
 
-    /// Offset of a block's minimums from its start.
-    pub const fn mins_at(self) -> usize {
-        self.code_bytes() + 4 * TILE * self.num_scales()
+    /// Bytes of a group's scales for a whole tile.
+    pub const fn scale_bytes(self) -> usize {
+        match self.scales {
+            Scales::Block => 2 * TILE * if self.has_min { 2 } else { 1 },
+            Scales::K6 => 4 * TILE + 8 * TILE + 4 * TILE,
+            Scales::K8 => 2 * TILE + 16 * TILE,
+        }
     }
 
-    /// Bytes of one block of a tile.
-    pub const fn block_bytes(self) -> usize {
-        self.mins_at() + if self.has_min { 4 * TILE } else { 0 }
+    /// Bytes of one group of a tile.
+    pub const fn group_bytes(self) -> usize {
+        self.scales_at() + self.scale_bytes()
     }
 
     /// The bias subtracted from the codes.
@@ -127,7 +173,7 @@ pub struct PackedWeight {
     format: PackFormat,
     rows: usize,
     cols: usize,
-    /// `[tiles, cols / 32, block_bytes]`.
+    /// `[tiles, cols / (32 * group_blocks), group_bytes]`.
     data: Aligned<u8>,
 }
 
@@ -140,13 +186,14 @@ impl PackedWeight {
             RuntimeError::Shape(format!("{dtype} weights have no integer kernel"))
         })?;
         let (rows, cols) = (t.rows(), t.cols());
-        if !cols.is_multiple_of(QK) {
+        let group = QK * format.group_blocks();
+        if !cols.is_multiple_of(group) {
             return Err(RuntimeError::Shape(format!(
-                "{dtype} weights of {cols} columns are not whole blocks of {QK}"
+                "{dtype} weights of {cols} columns are not whole blocks of {group}"
             )));
         }
         let tiles = rows.div_ceil(TILE);
-        let tb = cols / QK * format.block_bytes();
+        let tb = cols / group * format.group_bytes();
         let mut data = Aligned::<u8>::zeroed(tiles * tb);
         let tiles_mut = super::DisjointMut::new(&mut data[..]);
         pool.parallel_ranges(tiles, 1, |range| {
@@ -195,12 +242,17 @@ impl PackedWeight {
         self.cols / QK
     }
 
+    /// Groups per row (of [`PackFormat::group_blocks`] blocks each).
+    pub fn groups(&self) -> usize {
+        self.blocks() / self.format.group_blocks()
+    }
+
     /// Tiles of [`TILE`] rows (the last one padded).
     pub fn tiles(&self) -> usize {
         self.rows.div_ceil(TILE)
     }
 
-    /// The bytes of tile `t`: its blocks in order.
+    /// The bytes of tile `t`: its groups in order.
     pub fn tile(&self, t: usize) -> &[u8] {
         let n = self.tile_bytes();
         &self.data[t * n..(t + 1) * n]
@@ -208,7 +260,7 @@ impl PackedWeight {
 
     /// Bytes of one tile.
     pub fn tile_bytes(&self) -> usize {
-        self.blocks() * self.format.block_bytes()
+        self.groups() * self.format.group_bytes()
     }
 
     /// All tiles' bytes, in order.
@@ -222,140 +274,200 @@ impl PackedWeight {
     }
 }
 
-/// Writes one tile's blocks from its rows' decoded parts.
+/// Writes one tile's groups from its rows' decoded parts.
 fn write_tile(f: PackFormat, parts: &[RowParts], dst: &mut [u8]) {
-    let bb = f.block_bytes();
-    for (b, blk) in dst.chunks_exact_mut(bb).enumerate() {
-        let code = |r: usize, e: usize| parts[r].codes[b * QK + e];
-        match f.codes {
-            Codes::Nib4 | Codes::Nib5 => {
-                for j in 0..4 {
-                    let mut masks = [0u64; 2];
-                    for r in 0..TILE {
-                        for i in 0..4 {
-                            let p = 4 * r + i;
-                            let (lo, hi) = (code(r, 8 * j + i), code(r, 8 * j + 4 + i));
-                            blk[64 * j + p] = (lo & 0x0F) | ((hi & 0x0F) << 4);
-                            masks[0] |= u64::from((lo >> 4) & 1) << p;
-                            masks[1] |= u64::from((hi >> 4) & 1) << p;
-                        }
-                    }
-                    if f.codes == Codes::Nib5 {
-                        for (h, m) in masks.iter().enumerate() {
-                            let o = 256 + 16 * j + 8 * h;
-                            blk[o..o + 8].copy_from_slice(&m.to_le_bytes());
-                        }
+    let (gb, nbg, cb) = (f.group_bytes(), f.group_blocks(), f.code_bytes());
+    for (g, grp) in dst.chunks_exact_mut(gb).enumerate() {
+        for (k, blk) in grp[..nbg * cb].chunks_exact_mut(cb).enumerate() {
+            write_codes(f, parts, g * nbg + k, blk);
+        }
+        let s = &mut grp[f.scales_at()..];
+        let put16 = |s: &mut [u8], at: usize, r: usize, v: u16| {
+            s[at + 2 * r..at + 2 * r + 2].copy_from_slice(&v.to_le_bytes())
+        };
+        for (r, p) in parts.iter().enumerate() {
+            put16(s, 0, r, p.d[g]);
+            match f.scales {
+                Scales::Block => {
+                    if f.has_min {
+                        put16(s, 2 * TILE, r, p.dm[g]);
                     }
                 }
-            }
-            Codes::Byte => {
-                for t in 0..8 {
-                    for r in 0..TILE {
-                        for i in 0..4 {
-                            blk[64 * t + 4 * r + i] = code(r, 4 * t + i);
-                        }
+                Scales::K6 => {
+                    put16(s, 2 * TILE, r, p.dm[g]);
+                    for sub in 0..8 {
+                        let (sc, m) = (p.sc[8 * g + sub], p.mn[8 * g + sub]);
+                        s[4 * TILE + TILE * sub + r] = (sc & 15) | ((m & 15) << 4);
+                        let hi = ((sc >> 4) & 3) | (((m >> 4) & 3) << 2);
+                        s[12 * TILE + TILE * (sub / 2) + r] |= hi << (4 * (sub % 2));
                     }
                 }
-            }
-        }
-        for s in 0..f.num_scales() {
-            for (r, p) in parts.iter().enumerate() {
-                let v = if f.sub16 {
-                    p.scales16[2 * b + s]
-                } else {
-                    p.scales16[2 * b]
-                };
-                let o = f.scales_at() + 4 * (TILE * s + r);
-                blk[o..o + 4].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        if f.has_min {
-            for (r, p) in parts.iter().enumerate() {
-                let o = f.mins_at() + 4 * r;
-                blk[o..o + 4].copy_from_slice(&p.mins[b].to_le_bytes());
+                Scales::K8 => {
+                    for sub in 0..16 {
+                        s[2 * TILE + TILE * sub + r] = p.sc[16 * g + sub];
+                    }
+                }
             }
         }
     }
 }
 
-/// One block of one row of a tile, read back: its 32 unsigned codes, its scales (the second
-/// one only for 16-element sub-blocks) and its minimum (0 without minimums).
-pub fn block_parts(f: PackFormat, blk: &[u8], r: usize) -> ([u8; QK], [f32; 2], f32) {
+/// Writes block `b`'s codes of every row of a tile.
+fn write_codes(f: PackFormat, parts: &[RowParts], b: usize, blk: &mut [u8]) {
+    let code = |r: usize, e: usize| parts[r].codes[b * QK + e];
+    match f.codes {
+        Codes::Nib4 | Codes::Nib5 | Codes::Nib6 => {
+            for j in 0..4 {
+                let mut masks = [0u64; 2];
+                for r in 0..TILE {
+                    for i in 0..4 {
+                        let p = 4 * r + i;
+                        let (lo, hi) = (code(r, 8 * j + i), code(r, 8 * j + 4 + i));
+                        blk[64 * j + p] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+                        masks[0] |= u64::from((lo >> 4) & 1) << p;
+                        masks[1] |= u64::from((hi >> 4) & 1) << p;
+                        if f.codes == Codes::Nib6 {
+                            let two = ((lo >> 4) & 3) | (((hi >> 4) & 3) << 2);
+                            blk[256 + 64 * (j / 2) + p] |= two << (4 * (j % 2));
+                        }
+                    }
+                }
+                if f.codes == Codes::Nib5 {
+                    for (h, m) in masks.iter().enumerate() {
+                        let o = 256 + 16 * j + 8 * h;
+                        blk[o..o + 8].copy_from_slice(&m.to_le_bytes());
+                    }
+                }
+            }
+        }
+        Codes::Byte => {
+            for t in 0..8 {
+                for r in 0..TILE {
+                    for i in 0..4 {
+                        blk[64 * t + 4 * r + i] = code(r, 4 * t + i);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Block `b` (counted over the whole row) of row `r` of a tile's bytes, read back: its 32
+/// unsigned codes, its scales (the second one only for 16-element sub-blocks) and its minimum
+/// (0 without minimums), as the kernels compute them.
+pub fn block_parts(f: PackFormat, tile: &[u8], b: usize, r: usize) -> ([u8; QK], [f32; 2], f32) {
+    let nbg = f.group_blocks();
+    let (g, k) = (b / nbg, b % nbg);
+    let grp = &tile[g * f.group_bytes()..(g + 1) * f.group_bytes()];
+    let blk = &grp[k * f.code_bytes()..(k + 1) * f.code_bytes()];
     let mut c = [0u8; QK];
     for (e, c) in c.iter_mut().enumerate() {
         *c = match f.codes {
             Codes::Byte => blk[64 * (e / 4) + 4 * r + e % 4],
-            Codes::Nib4 | Codes::Nib5 => {
+            Codes::Nib4 | Codes::Nib5 | Codes::Nib6 => {
                 let (j, h, i) = (e / 8, (e % 8) / 4, e % 4);
                 let p = 4 * r + i;
                 let nib = (blk[64 * j + p] >> (4 * h)) & 0x0F;
-                let high = if f.codes == Codes::Nib5 {
-                    let o = 256 + 16 * j + 8 * h;
-                    let m = u64::from_le_bytes(blk[o..o + 8].try_into().unwrap_or([0; 8]));
-                    (((m >> p) & 1) as u8) << 4
-                } else {
-                    0
+                let high = match f.codes {
+                    Codes::Nib5 => {
+                        let o = 256 + 16 * j + 8 * h;
+                        let m = u64::from_le_bytes(blk[o..o + 8].try_into().unwrap_or([0; 8]));
+                        (((m >> p) & 1) as u8) << 4
+                    }
+                    Codes::Nib6 => {
+                        let two = blk[256 + 64 * (j / 2) + p] >> (4 * (j % 2) + 2 * h);
+                        (two & 3) << 4
+                    }
+                    _ => 0,
                 };
                 nib | high
             }
         };
     }
-    let f32_at = |o: usize| f32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
+    let s = &grp[f.scales_at()..];
+    let f16_at = |o: usize| f16::from_bits(u16::from_le_bytes([s[o], s[o + 1]])).to_f32();
+    let d = f16_at(2 * r);
     let mut sc = [0f32; 2];
-    for (s, v) in sc.iter_mut().enumerate().take(f.num_scales()) {
-        *v = f32_at(f.scales_at() + 4 * (TILE * s + r));
+    let mut min = 0.0;
+    match f.scales {
+        Scales::Block => {
+            sc[0] = d;
+            if f.has_min {
+                min = f16_at(2 * TILE + 2 * r);
+            }
+        }
+        Scales::K6 => {
+            let (lo, hi) = (
+                s[4 * TILE + TILE * k + r],
+                s[12 * TILE + TILE * (k / 2) + r],
+            );
+            let hi = hi >> (4 * (k % 2));
+            let (scale, m) = ((lo & 15) | ((hi & 3) << 4), (lo >> 4) | ((hi & 12) << 2));
+            sc[0] = d * scale as f32;
+            min = -(f16_at(2 * TILE + 2 * r) * m as f32);
+        }
+        Scales::K8 => {
+            for (h, v) in sc.iter_mut().enumerate() {
+                *v = d * (s[2 * TILE + TILE * (2 * k + h) + r] as i8) as f32;
+            }
+        }
     }
-    let min = if f.has_min {
-        f32_at(f.mins_at() + 4 * r)
-    } else {
-        0.0
-    };
     (c, sc, min)
 }
 
 /// Decodes packed row `r` back to f32 (`cols` values), for tests: the repacking is exact.
 pub fn unpack_row(w: &PackedWeight, r: usize, out: &mut [f32]) {
     let f = w.format;
-    let bb = f.block_bytes();
     let tile = w.tile(r / TILE);
-    for (b, blk) in tile.chunks_exact(bb).enumerate() {
-        let (codes, sc, min) = block_parts(f, blk, r % TILE);
+    for b in 0..w.blocks() {
+        let (codes, sc, min) = block_parts(f, tile, b, r % TILE);
         for (e, &u) in codes.iter().enumerate() {
-            let s = if f.sub16 { sc[e / 16] } else { sc[0] };
+            let s = if f.sub16() { sc[e / 16] } else { sc[0] };
             out[b * QK + e] = s * (u as i32 - f.bias()) as f32 + min;
         }
     }
 }
 
-/// One row decoded into codes and per-16 scales (and per-32 minimums).
+/// One row decoded into codes and its format's scale fields, as stored.
 struct RowParts {
+    /// `[cols]` unsigned codes.
     codes: Vec<u8>,
-    scales16: Vec<f32>,
-    mins: Vec<f32>,
+    /// f16 bits of `d` per group.
+    d: Vec<u16>,
+    /// f16 bits of the minimum (Q4_1, Q5_1) or `dmin` (Q4_K, Q5_K) per group.
+    dm: Vec<u16>,
+    /// Sub-block scales: 6-bit per 32 elements (Q4_K, Q5_K), i8 per 16 (Q6_K).
+    sc: Vec<u8>,
+    /// 6-bit sub-block minimums per 32 elements (Q4_K, Q5_K).
+    mn: Vec<u8>,
 }
 
 #[inline]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
 }
 
 impl RowParts {
     fn new(cols: usize) -> RowParts {
         RowParts {
             codes: vec![0; cols],
-            scales16: vec![0.0; cols / 16],
-            mins: vec![0.0; cols / 32],
+            d: vec![0; cols / QK],
+            dm: vec![0; cols / QK],
+            sc: vec![0; cols / 16],
+            mn: vec![0; cols / QK],
         }
     }
 
     /// All zero: a padding row.
     fn clear(&mut self) {
         self.codes.fill(0);
-        self.scales16.fill(0.0);
-        self.mins.fill(0.0);
+        self.d.fill(0);
+        self.dm.fill(0);
+        self.sc.fill(0);
+        self.mn.fill(0);
     }
 
-    /// Decodes one stored row (`cols` elements) into codes, scales and minimums.
+    /// Decodes one stored row (`cols` elements) into codes and scale fields.
     fn decode(&mut self, dtype: DType, row: &[u8]) {
         let bb = dtype.block_bytes();
         for (bi, b) in row.chunks_exact(bb).enumerate() {
@@ -368,12 +480,6 @@ impl RowParts {
                 DType::F32 | DType::F16 | DType::BF16 => unreachable!("not a packed format"),
             }
         }
-    }
-
-    fn set32(&mut self, block: usize, scale: f32, min: f32) {
-        self.scales16[2 * block] = scale;
-        self.scales16[2 * block + 1] = scale;
-        self.mins[block] = min;
     }
 
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one 32-element block.
@@ -406,17 +512,15 @@ impl RowParts {
                 }
             }
         }
-        let min = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
-            f16_at(b, 2)
-        } else {
-            0.0
-        };
-        self.set32(bi, f16_at(b, 0), min);
+        self.d[bi] = u16_at(b, 0);
+        if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+            self.dm[bi] = u16_at(b, 2);
+        }
     }
 
     /// Q4_K and Q5_K: a super-block of eight 32-element sub-blocks with 6-bit scales and mins.
     fn k4_block(&mut self, dtype: DType, bi: usize, b: &[u8]) {
-        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        (self.d[bi], self.dm[bi]) = (u16_at(b, 0), u16_at(b, 2));
         let scales = &b[4..16];
         let (qh, qs) = if dtype == DType::Q5_K {
             (Some(&b[16..48]), &b[48..176])
@@ -427,8 +531,7 @@ impl RowParts {
         for chunk in 0..4 {
             for half in 0..2 {
                 let sub = 2 * chunk + half;
-                let (sc, m) = scale_min_k4(sub, scales);
-                self.set32(base / 32 + sub, d * sc as f32, -(dmin * m as f32));
+                (self.sc[8 * bi + sub], self.mn[8 * bi + sub]) = scale_min_k4(sub, scales);
                 for l in 0..32 {
                     let q = qs[32 * chunk + l];
                     let mut u = if half == 0 { q & 0x0F } else { q >> 4 };
@@ -446,7 +549,7 @@ impl RowParts {
     /// Q6_K: a super-block of sixteen 16-element sub-blocks with i8 scales.
     fn q6_k_block(&mut self, bi: usize, b: &[u8]) {
         let (ql_all, qh_all, sc_all) = (&b[0..128], &b[128..192], &b[192..208]);
-        let d = f16_at(b, 208);
+        self.d[bi] = u16_at(b, 208);
         let base = bi * QK_K;
         for n in 0..2 {
             let (ql, qh) = (&ql_all[64 * n..64 * n + 64], &qh_all[32 * n..32 * n + 32]);
@@ -457,10 +560,8 @@ impl RowParts {
                 self.codes[e + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
                 self.codes[e + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
             }
-            for s in 0..8 {
-                self.scales16[base / 16 + 8 * n + s] = d * (sc_all[8 * n + s] as i8) as f32;
-            }
         }
+        self.sc[16 * bi..16 * bi + 16].copy_from_slice(sc_all);
     }
 }
 
@@ -491,10 +592,10 @@ mod tests {
             assert_eq!(got, want, "row {r}");
         }
         let f = p.format();
-        let (codes, sc, _) = block_parts(f, &p.tile(1)[..f.block_bytes()], 5);
+        let (codes, sc, _) = block_parts(f, p.tile(1), 0, 5);
         assert_eq!((codes, sc[0]), ([0u8; QK], 0.0));
         // Element 4t + i of row r sits in byte 64t + 4r + i: element 5 of row 3 is byte 77.
-        let (codes, _, _) = block_parts(f, &p.tile(0)[..f.block_bytes()], 3);
+        let (codes, _, _) = block_parts(f, p.tile(0), 0, 3);
         assert_eq!(codes[5], p.tile(0)[77]);
     }
 
@@ -538,6 +639,8 @@ mod tests {
             .expect("tensor");
             let p = PackedWeight::pack(&t, &pool).expect("pack");
             assert_eq!(p.tiles(), rows.div_ceil(TILE));
+            // Exactly the file's bytes: a tile is sixteen stored rows.
+            assert_eq!(p.tile_bytes(), TILE * row_bytes, "{dtype}: bytes per tile");
             let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
             for r in 0..rows {
                 t.dequantize_row(r, &mut want);
