@@ -109,13 +109,13 @@ def real_files(d: pathlib.Path) -> None:
         p("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
             p(r)
-        m = load(d / f"rss-run-{name}.json")
+        m = load(d / f"mem-run-{name}.json")
         if m:
             p(f"\nPeak RSS of one generation (128 prompt tokens, 64 generated): Ferrum (`ferrum run`) "
               f"{m['ferrum_run_mib']} MiB, llama.cpp (`llama-batched-bench -c 256`) {m['llamacpp_mib']} "
               f"MiB; the file is {m['file_mib']} MiB.")
         p("")
-    serve = {x.stem[len("rss-serve-"):]: load(x) for x in sorted(d.glob("rss-serve-*.json"))}
+    serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:
         p("Peak RSS of each server on Qwen2.5-Coder-1.5B with the same KV capacity (16384 tokens of")

@@ -104,8 +104,8 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
       -ntg 64 -npl 1 -t "$threads" -tb "$threads")
   fi
   echo "{\"file_mib\": $(( $(stat -c %s "$model") >> 20 )), \"ferrum_run_mib\": $fr, \"llamacpp_mib\": $lr}" \
-    > "$out/rss-run-$name.json"
-  echo "  peak RSS: $(cat "$out/rss-run-$name.json")"
+    > "$out/mem-run-$name.json"
+  echo "  peak RSS: $(cat "$out/mem-run-$name.json")"
 done
 model="$smol"
 
@@ -217,14 +217,14 @@ serve_rss() { # name -- command...
   python3 benchmarks/first_token.py --name "$name" --port "$port" --since "$(date +%s.%N)" > /dev/null \
     || echo "  $name: no first token; see $out/$name.log" >&2
   for _ in $(seq 1 600); do
-    m=$(curl -sf "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '/^ferrum_kv_cache_populating/ {print $2}')
+    m=$(curl -sf "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '/^ferrum_kv_cache_populating/ {print $2}' || true)
     [ "$m" = "1" ] || break
     sleep 0.2
   done
   sleep 1
   local rss_kb; rss_kb=$(tree_hwm_kb "$pid")
-  echo "{\"name\": \"$name\", \"peak_rss_mib\": $((rss_kb / 1024))}" > "$out/rss-serve-$name.json"
-  echo "  $name: $(cat "$out/rss-serve-$name.json")"
+  echo "{\"name\": \"$name\", \"peak_rss_mib\": $((rss_kb / 1024))}" > "$out/mem-serve-$name.json"
+  echo "  $name: $(cat "$out/mem-serve-$name.json")"
   kill -INT "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }

@@ -99,3 +99,30 @@ impl fmt::Debug for Storage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_pages_read_back_the_same_bytes() {
+        // Three pages and a bit of a file, mapped; a range that starts and ends inside pages.
+        let path = std::env::temp_dir().join(format!("ferrum-storage-{}", std::process::id()));
+        let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write");
+        let file = std::fs::File::open(&path).expect("open");
+        // SAFETY: the test's own file, not changed while mapped.
+        let map = Arc::new(unsafe { Mmap::map(&file) }.expect("map"));
+        let s = Storage::mapped(map.clone(), 1000, 2 * 4096 + 500).expect("range");
+        assert_eq!(s.bytes(), &bytes[1000..1000 + 2 * 4096 + 500]);
+        s.release_pages();
+        assert_eq!(s.bytes(), &bytes[1000..1000 + 2 * 4096 + 500]);
+        // The whole map, and an owned buffer (nothing to give back).
+        Storage::mapped(map.clone(), 0, bytes.len())
+            .expect("all")
+            .release_pages();
+        assert_eq!(&map[..], &bytes[..]);
+        Storage::owned(vec![1, 2, 3]).release_pages();
+        std::fs::remove_file(&path).expect("remove");
+    }
+}

@@ -31,7 +31,7 @@
 //! | --- | --- | --- |
 //! | block (Q4_0, Q5_0, Q8_0) | 32 | `d[r]` f16 |
 //! | block with minimum (Q4_1, Q5_1) | 64 | `d[r]` f16, then `m[r]` f16 |
-//! | 6-bit (Q4_K, Q5_K) | 256 | `d[r]` f16, `dmin[r]` f16, `lo[8][r]`: `sc & 15 \| (m & 15) << 4` of sub-block `s`, `hi[4][r]`: the two high bits of `sc`, `m` of sub-blocks `2k` (bits 0-3) and `2k + 1` (bits 4-7) |
+//! | 6-bit (Q4_K, Q5_K) | 256 | `d[r]` f16, `dmin[r]` f16, `lo[8][r]`: `sc & 15 \| (m & 15) << 4` of sub-block `s`, `hi[4][r]`: sub-block `2k` in bits 0-3 and `2k + 1` in bits 4-7, each nibble `sc >> 4 \| (m >> 4) << 2` |
 //! | 8-bit (Q6_K) | 288 | `d[r]` f16, `sc[16][r]` i8 per 16 elements |
 //!
 //! So a tile of sixteen rows is exactly sixteen rows of the file's blocks. Rows past the end of
