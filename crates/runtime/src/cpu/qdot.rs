@@ -503,7 +503,7 @@ mod x86 {
         (out, j): (Dst, usize),
     ) {
         /// How far ahead of itself the kernel prefetches the weight stream, in bytes.
-        const PREFETCH: usize = 2048;
+        const PREFETCH: usize = 4096;
         let fm = w.format();
         let nbg = group_blocks(K);
         let (gb, cb, ng) = (fm.group_bytes(), fm.code_bytes(), w.groups());

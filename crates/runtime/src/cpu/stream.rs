@@ -38,9 +38,9 @@ impl StreamBuffer {
     }
 }
 
-/// How far ahead of its loads a thread prefetches, in words (2 KiB, as the matmul kernels).
+/// How far ahead of its loads a thread prefetches, in words (4 KiB, as the matmul kernels).
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_WORDS: usize = 256;
+const PREFETCH_WORDS: usize = 512;
 
 /// Words per pool task: 1 MiB.
 const CHUNK: usize = 1 << 17;
