@@ -17,7 +17,7 @@
 pub use super::ahead::Ahead;
 use super::dst::Dst;
 pub use super::qacts::{ActRow, Q8Acts};
-use super::qpack::{block_parts, Codes, PackFormat, PackedWeight, Scales, TILE};
+use super::qpack::{block_parts, k6_slot, Codes, PackFormat, PackedWeight, Scales, TILE};
 pub use super::qpack::{QK, TILE as TILE_ROWS};
 use super::DisjointMut;
 use crate::DType;
@@ -288,7 +288,7 @@ pub fn dot_scalar(w: &PackedWeight, row: usize, a: &ActRow<'_>) -> f32 {
 #[allow(clippy::needless_range_loop)] // register arrays read best indexed
 mod x86 {
     use super::{
-        pass_rows, ActRow, Ahead, Codes, DisjointMut, Dst, PackedWeight, Q8Acts, Scales,
+        k6_slot, pass_rows, ActRow, Ahead, Codes, DisjointMut, Dst, PackedWeight, Q8Acts, Scales,
         MAX_ACT_ROWS, QK, TILE,
     };
     use std::arch::x86_64::*;
@@ -442,41 +442,53 @@ mod x86 {
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
     }
 
+    /// A K6 group's sub-block scales and minimums at `sp`, one byte per row: `out` gets four
+    /// 64-byte arrays `[sub / 2][r]`, scales of the even sub-blocks, of the odd ones, then
+    /// minimums of the even and of the odd ones. Three loads and byte operations for the whole
+    /// group (16-bit shifts: what crosses a byte lands outside the masks).
+    #[inline(always)]
+    unsafe fn k6_bytes512(sp: *const u8, out: &mut [__m512i; 4]) {
+        // SAFETY: the caller's group holds its 192 bytes of sub-block scales at `sp + 64`.
+        unsafe {
+            let even = _mm512_loadu_si512(sp.add(4 * TILE) as *const __m512i);
+            let odd = _mm512_loadu_si512(sp.add(8 * TILE) as *const __m512i);
+            let hi = _mm512_loadu_si512(sp.add(12 * TILE) as *const __m512i);
+            let (low4, high2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+            let join = |lo: __m512i, h: __m512i| {
+                _mm512_or_si512(_mm512_and_si512(lo, low4), _mm512_and_si512(h, high2))
+            };
+            out[0] = join(even, _mm512_slli_epi16::<4>(hi));
+            out[1] = join(odd, hi);
+            out[2] = join(_mm512_srli_epi16::<4>(even), _mm512_slli_epi16::<2>(hi));
+            out[3] = join(_mm512_srli_epi16::<4>(odd), _mm512_srli_epi16::<2>(hi));
+        }
+    }
+
     /// Block `k` of a group's scales at `sp` (kind `K`, `d` and `dm` its widened `d` and
-    /// minimum or `dmin`): the scales of its first and second halves and, for `K6`, the
-    /// minimum `dmin * m` to subtract (else `dm`, the minimum to add).
+    /// minimum or `dmin`; `k6` the group's bytes from [`k6_bytes512`] for `K6`): the scales of
+    /// its first and second halves and, for `K6`, the minimum `dmin * m` to subtract (else `dm`,
+    /// the minimum to add).
     #[inline(always)]
     unsafe fn scales512<const K: u8>(
         sp: *const u8,
+        k6: *const u8,
         k: usize,
         d: __m512,
         dm: __m512,
     ) -> (__m512, __m512, __m512) {
-        // SAFETY: the caller's group holds its scales at `sp` (the layout of `qpack`).
+        // SAFETY: the caller's group holds its scales at `sp` (the layout of `qpack`), and `k6`
+        // 256 bytes.
         unsafe {
-            let bytes = |o: usize| _mm_loadu_si128(sp.add(o) as *const __m128i);
+            let bytes = |p: *const u8| _mm_loadu_si128(p as *const __m128i);
             if K == K6 {
-                let lo = _mm512_cvtepu8_epi32(bytes(4 * TILE + TILE * k));
-                let hi = _mm512_cvtepu8_epi32(bytes(12 * TILE + TILE * (k / 2)));
-                let hi = _mm512_srlv_epi32(hi, _mm512_set1_epi32(4 * (k % 2) as i32));
-                let (f15, f3, f12) = (
-                    _mm512_set1_epi32(15),
-                    _mm512_set1_epi32(3),
-                    _mm512_set1_epi32(12),
-                );
-                let sc = _mm512_or_si512(
-                    _mm512_and_si512(lo, f15),
-                    _mm512_slli_epi32::<4>(_mm512_and_si512(hi, f3)),
-                );
-                let m = _mm512_or_si512(
-                    _mm512_srli_epi32::<4>(lo),
-                    _mm512_slli_epi32::<2>(_mm512_and_si512(hi, f12)),
-                );
+                let at = 64 * (k % 2) + 16 * (k / 2);
+                let sc = _mm512_cvtepu8_epi32(bytes(k6.add(at)));
+                let m = _mm512_cvtepu8_epi32(bytes(k6.add(128 + at)));
                 let ws = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), d);
                 (ws, ws, _mm512_mul_ps(_mm512_cvtepi32_ps(m), dm))
             } else if K == K8 {
                 let s = |h: usize| {
-                    let v = _mm512_cvtepi8_epi32(bytes(2 * TILE + TILE * (2 * k + h)));
+                    let v = _mm512_cvtepi8_epi32(bytes(sp.add(2 * TILE + TILE * (2 * k + h))));
                     _mm512_mul_ps(_mm512_cvtepi32_ps(v), d)
                 };
                 (s(0), s(1), dm)
@@ -531,6 +543,11 @@ mod x86 {
                 } else {
                     _mm512_setzero_ps()
                 };
+                let mut k6 = [_mm512_setzero_si512(); 4];
+                if K == K6 {
+                    k6_bytes512(sp, &mut k6);
+                }
+                let k6p = k6.as_ptr() as *const u8;
                 for k in 0..nbg {
                     let b = g * nbg + k;
                     let p = gp.add(k * cb);
@@ -583,7 +600,7 @@ mod x86 {
                             }
                         }
                     }
-                    let (ws0, ws1, mins) = scales512::<K>(sp, k, d, dm);
+                    let (ws0, ws1, mins) = scales512::<K>(sp, k6p, k, d, dm);
                     for i in 0..NA {
                         let a = ap[i];
                         let q = a.qs.as_ptr().add(b * QK) as *const i32;
@@ -693,7 +710,7 @@ mod x86 {
         unsafe {
             let bytes = |o: usize| _mm_loadl_epi64(sp.add(o + 8 * h) as *const __m128i);
             if K == K6 {
-                let lo = _mm256_cvtepu8_epi32(bytes(4 * TILE + TILE * k));
+                let lo = _mm256_cvtepu8_epi32(bytes(4 * TILE + TILE * k6_slot(k)));
                 let hi = _mm256_cvtepu8_epi32(bytes(12 * TILE + TILE * (k / 2)));
                 let hi = _mm256_srlv_epi32(hi, _mm256_set1_epi32(4 * (k % 2) as i32));
                 let (f15, f3, f12) = (

@@ -31,7 +31,7 @@
 //! | --- | --- | --- |
 //! | block (Q4_0, Q5_0, Q8_0) | 32 | `d[r]` f16 |
 //! | block with minimum (Q4_1, Q5_1) | 64 | `d[r]` f16, then `m[r]` f16 |
-//! | 6-bit (Q4_K, Q5_K) | 256 | `d[r]` f16, `dmin[r]` f16, `lo[8][r]`: `sc & 15 \| (m & 15) << 4` of sub-block `s`, `hi[4][r]`: sub-block `2k` in bits 0-3 and `2k + 1` in bits 4-7, each nibble `sc >> 4 \| (m >> 4) << 2` |
+//! | 6-bit (Q4_K, Q5_K) | 256 | `d[r]` f16, `dmin[r]` f16, `lo[8][r]`: `sc & 15 \| (m & 15) << 4` of sub-blocks 0, 2, 4, 6, 1, 3, 5, 7, `hi[4][r]`: sub-block `2k` in bits 0-3 and `2k + 1` in bits 4-7, each nibble `sc >> 4 \| (m >> 4) << 2` |
 //! | 8-bit (Q6_K) | 288 | `d[r]` f16, `sc[16][r]` i8 per 16 elements |
 //!
 //! So a tile of sixteen rows is exactly sixteen rows of the file's blocks. Rows past the end of
@@ -297,7 +297,7 @@ fn write_tile(f: PackFormat, parts: &[RowParts], dst: &mut [u8]) {
                     put16(s, 2 * TILE, r, p.dm[g]);
                     for sub in 0..8 {
                         let (sc, m) = (p.sc[8 * g + sub], p.mn[8 * g + sub]);
-                        s[4 * TILE + TILE * sub + r] = (sc & 15) | ((m & 15) << 4);
+                        s[4 * TILE + TILE * k6_slot(sub) + r] = (sc & 15) | ((m & 15) << 4);
                         let hi = ((sc >> 4) & 3) | (((m >> 4) & 3) << 2);
                         s[12 * TILE + TILE * (sub / 2) + r] |= hi << (4 * (sub % 2));
                     }
@@ -310,6 +310,14 @@ fn write_tile(f: PackFormat, parts: &[RowParts], dst: &mut [u8]) {
             }
         }
     }
+}
+
+/// Where sub-block `sub`'s low bits sit in a K6 group's `lo` array: the even sub-blocks first,
+/// then the odd ones, so that `lo`'s first and second 64 bytes line up, sub-block for
+/// sub-block, with the low and high nibbles of `hi` (the kernels decode a group's scales in
+/// three registers).
+pub const fn k6_slot(sub: usize) -> usize {
+    (sub % 2) * 4 + sub / 2
 }
 
 /// Writes block `b`'s codes of every row of a tile.
@@ -398,7 +406,7 @@ pub fn block_parts(f: PackFormat, tile: &[u8], b: usize, r: usize) -> ([u8; QK],
         }
         Scales::K6 => {
             let (lo, hi) = (
-                s[4 * TILE + TILE * k + r],
+                s[4 * TILE + TILE * k6_slot(k) + r],
                 s[12 * TILE + TILE * (k / 2) + r],
             );
             let hi = hi >> (4 * (k % 2));
