@@ -10,7 +10,7 @@ use super::simd;
 use crate::ThreadPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A buffer to read, in the same kind of memory as the repacked weights ([`Aligned`]: huge
+/// A buffer to read, in the same kind of memory as the repacked weights (`Aligned`: huge
 /// pages where the system gives them), every page written once so it is resident.
 #[derive(Debug)]
 pub struct StreamBuffer {
