@@ -86,8 +86,8 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024 if r.return
 
 # The GGUF files people download: Qwen2.5-Coder 0.5B and 1.5B in Q4_K_M (mixed Q4_K, Q6_K, Q5_0,
 # Q8_0), far larger than the caches. Each section measures this machine's streaming read
-# bandwidth first, so decode figures can be stated as a share of it, then the same raw-speed
-# pairs as above, then the peak memory of one generation (128 prompt tokens, 64 generated).
+# bandwidth before and after the same raw-speed pairs as above, so decode figures can be stated
+# as a share of it, then the peak memory of one generation (128 prompt tokens, 64 generated).
 smol="$model"
 for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
   echo "== $name Q4_K_M"
@@ -96,6 +96,9 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
   echo "  read bandwidth: $(cat "$out/bandwidth-$name.json")"
   lat "$name-single" 512 "$lat_out" 1 nopy
   lat "$name-batch16" 128 "$lat_out" 16 nopy
+  # Again after the latency runs: a neighbour's load moves this machine's bandwidth by minutes.
+  "$ferrum" bench bandwidth --threads "$threads" --json > "$out/bandwidth-after-$name.json"
+  echo "  read bandwidth after: $(cat "$out/bandwidth-after-$name.json")"
   fr=$(peak_rss_mib "$ferrum" run --model "$model" --prompt-ids "$(seq -s, 100 227)" --max-tokens 64 \
     --ignore-eos --temperature 0 --threads "$threads")
   lr=null
