@@ -13,23 +13,11 @@ use ferrum_runtime::cpu::MatmulPrecision;
 use std::path::PathBuf;
 
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("FERRUM_QWEN05_GGUF").map_or_else(
-        || fixtures().join("../../models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"),
-        PathBuf::from,
-    );
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing: run scripts/fetch-model.sh qwen2.5-coder-0.5b",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} is missing (run scripts/fetch-model.sh qwen2.5-coder-0.5b)",
-        path.display()
-    );
-    None
+    real_model(
+        "FERRUM_QWEN05_GGUF",
+        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        "scripts/fetch-model.sh qwen2.5-coder-0.5b",
+    )
 }
 
 /// A top-2 gap (in logits) below which the two engines may choose differently: Ferrum's int8

@@ -12,23 +12,11 @@ use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use std::path::PathBuf;
 
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("FERRUM_SMOLLM2_GGUF").map_or_else(
-        || fixtures().join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        PathBuf::from,
-    );
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing: run scripts/fetch-smollm2.sh",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
-        path.display()
-    );
-    None
+    real_model(
+        "FERRUM_SMOLLM2_GGUF",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "scripts/fetch-smollm2.sh",
+    )
 }
 
 #[test]

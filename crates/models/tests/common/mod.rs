@@ -10,6 +10,24 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
+/// A real model file fetched by a script: `$env` if set, else `models/<file>`. `None` (the
+/// tests skip) when it is absent, except under CI (`CI` set), where that is a failure that
+/// names `fetch`, the command that brings it.
+pub fn real_model(env: &str, file: &str, fetch: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(env)
+        .map_or_else(|| fixtures().join("../../models").join(file), PathBuf::from);
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing: run {fetch}",
+        path.display()
+    );
+    eprintln!("skipping: {} is missing (run {fetch})", path.display());
+    None
+}
+
 /// A fresh scratch folder for one test.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrum-test-{}-{name}", std::process::id()));
