@@ -534,6 +534,8 @@ mod x86 {
             let low4 = _mm512_set1_epi8(0x0F);
             let high2 = _mm512_set1_epi8(0x30);
             let sixteen = _mm512_set1_epi8(16);
+            // A K6 group's sub-block scales as bytes (`k6_bytes512`), made once per call.
+            let mut k6 = [_mm512_setzero_si512(); 4];
             for g in 0..ng {
                 let gp = base.add(g * gb);
                 let sp = gp.add(nbg * cb);
@@ -543,7 +545,6 @@ mod x86 {
                 } else {
                     _mm512_setzero_ps()
                 };
-                let mut k6 = [_mm512_setzero_si512(); 4];
                 if K == K6 {
                     k6_bytes512(sp, &mut k6);
                 }
