@@ -34,32 +34,19 @@ fn greedy_follows_llama_cpp_up_to_near_ties() {
     let Some(path) = model_path() else { return };
     let mut model = load_with(&path, MatmulPrecision::Int8);
     let file = fixtures().join("qwen2.5-coder-0.5b/llamacpp_greedy.json");
-    let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
     let mut whole = 0;
-    for case in cases["cases"].as_array().unwrap() {
-        let want = ids(&case["generated_ids"]);
-        let gaps: Vec<f32> = case["top2_gaps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g.as_f64().unwrap() as f32)
-            .collect();
-        let got = greedy(&mut model, &ids(&case["prompt_ids"]), want.len());
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!(
-            "{}: {agree} of {} tokens as llama.cpp",
-            case["name"],
-            want.len()
-        );
-        if agree == want.len() {
+    for c in llamacpp_agreement(&mut model, &file) {
+        if c.agree == c.want.len() {
             whole += 1;
         } else {
             assert!(
-                gaps[agree] < NEAR_TIE,
-                "{}: parts from llama.cpp at token {agree} where its top-2 gap is {}: {got:?} vs {want:?}",
-                case["name"],
-                gaps[agree]
+                c.gaps[c.agree] < NEAR_TIE,
+                "{}: parts from llama.cpp at token {} where its top-2 gap is {}: {:?} vs {:?}",
+                c.name,
+                c.agree,
+                c.gaps[c.agree],
+                c.got,
+                c.want
             );
         }
     }

@@ -137,17 +137,7 @@ fn int8_greedy_follows_llama_cpp() {
     let Some(path) = model_path() else { return };
     let mut model = load_kv(&path, MatmulPrecision::Int8, Some(KvDtype::F32));
     let file = fixtures().join("smollm2-135m/llamacpp_greedy.json");
-    let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-    for case in cases["cases"].as_array().unwrap() {
-        let want = ids(&case["generated_ids"]);
-        let got = greedy(&mut model, &ids(&case["prompt_ids"]), want.len());
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!(
-            "{}: {agree} of {} tokens as llama.cpp",
-            case["name"],
-            want.len()
-        );
-        assert!(agree >= 12, "{}: {got:?} vs {want:?}", case["name"]);
+    for c in llamacpp_agreement(&mut model, &file) {
+        assert!(c.agree >= 12, "{}: {:?} vs {:?}", c.name, c.got, c.want);
     }
 }

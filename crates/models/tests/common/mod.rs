@@ -140,3 +140,41 @@ pub fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
     let scale = b.iter().map(|x| x.abs()).fold(0f32, f32::max);
     (err, scale)
 }
+
+/// One case of a recorded llama.cpp greedy run, replayed by a model.
+pub struct Agreement {
+    pub name: String,
+    /// Tokens equal to llama.cpp's before the first difference.
+    pub agree: usize,
+    pub got: Vec<u32>,
+    pub want: Vec<u32>,
+    /// llama.cpp's top-2 logit gap at each step (empty where the file records none).
+    pub gaps: Vec<f32>,
+}
+
+/// Replays every case of a `llamacpp_greedy.json` (prompt ids, llama.cpp's greedy ids and
+/// optionally its top-2 gaps) with `model`'s greedy decoding, printing how far each agrees.
+pub fn llamacpp_agreement(model: &mut Model, file: &Path) -> Vec<Agreement> {
+    let cases: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let cases = cases["cases"].as_array().unwrap();
+    cases
+        .iter()
+        .map(|case| {
+            let want = ids(&case["generated_ids"]);
+            let got = greedy(model, &ids(&case["prompt_ids"]), want.len());
+            let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            let name = case["name"].as_str().unwrap().to_owned();
+            eprintln!("{name}: {agree} of {} tokens as llama.cpp", want.len());
+            let gaps = case["top2_gaps"].as_array().map_or_else(Vec::new, |g| {
+                g.iter().map(|v| v.as_f64().unwrap() as f32).collect()
+            });
+            Agreement {
+                name,
+                agree,
+                got,
+                want,
+                gaps,
+            }
+        })
+        .collect()
+}

@@ -774,6 +774,13 @@ mod x86 {
             for g in 0..ng {
                 let gp = base.add(g * gb);
                 let sp = gp.add(nbg * cb);
+                // The group's `d` and minimum (or `dmin`) for each half, widened once.
+                let d = [f16x8(sp, 0), f16x8(sp, 1)];
+                let dm = if M {
+                    [f16x8(sp.add(2 * TILE), 0), f16x8(sp.add(2 * TILE), 1)]
+                } else {
+                    [_mm256_setzero_ps(); 2]
+                };
                 for k in 0..nbg {
                     let b = g * nbg + k;
                     let p = gp.add(k * cb);
@@ -813,13 +820,7 @@ mod x86 {
                                 }
                             }
                         }
-                        let d = f16x8(sp, h);
-                        let dm = if M {
-                            f16x8(sp.add(2 * TILE), h)
-                        } else {
-                            _mm256_setzero_ps()
-                        };
-                        let (ws0, ws1, mins) = scales256::<K>(sp, k, h, d, dm);
+                        let (ws0, ws1, mins) = scales256::<K>(sp, k, h, d[h], dm[h]);
                         for i in 0..NA {
                             let a = ap[i];
                             let q = a.qs.as_ptr().add(b * QK) as *const i32;
