@@ -15,7 +15,6 @@ use ferrum_types::{SamplingParams, TokenId};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 pub fn run_batch(
@@ -43,7 +42,7 @@ pub fn run_batch(
         Ok(TextAssets {
             tokenizer,
             chat_template,
-        }) => (Some(Arc::new(tokenizer)), chat_template),
+        }) => (Some(tokenizer), chat_template),
         Err(_) => (None, None),
     };
     // Parse every line before starting, so a bad line fails fast and names itself.

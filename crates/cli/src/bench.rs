@@ -141,7 +141,7 @@ fn iteration(model: &mut Model, kv: &mut KvCache, args: &LatencyArgs) -> Result<
     let t = Instant::now();
     for (s, table) in tables.iter().enumerate() {
         b.clear();
-        b.push_seq(&prompt, 0, table, BLOCK_SIZE, true)?;
+        b.push_seq(&prompt, 0, table, BLOCK_SIZE, 1)?;
         next[s] = argmax(model.forward(&b, kv)?);
     }
     let prefill = t.elapsed().as_secs_f64();
@@ -149,7 +149,7 @@ fn iteration(model: &mut Model, kv: &mut KvCache, args: &LatencyArgs) -> Result<
     for step in 0..args.output_len.saturating_sub(1) {
         b.clear();
         for (s, table) in tables.iter().enumerate() {
-            b.push_seq(&[next[s]], args.input_len + step, table, BLOCK_SIZE, true)?;
+            b.push_seq(&[next[s]], args.input_len + step, table, BLOCK_SIZE, 1)?;
         }
         let logits = model.forward(&b, kv)?;
         for (s, row) in logits.chunks_exact(c.vocab_size).enumerate() {

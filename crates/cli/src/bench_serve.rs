@@ -103,7 +103,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP client")?;
-    let report = rt.block_on(run(args, &base, timeout, tokenizer.as_ref()))?;
+    let report = rt.block_on(run(args, &base, timeout, tokenizer.as_deref()))?;
     if args.json {
         println!("{}", report.to_json());
     } else {
@@ -179,7 +179,7 @@ pub(crate) fn base_url(s: &str) -> Result<String> {
 }
 
 /// A tokenizer from a tokenizer.json, a Hugging Face folder or a .gguf file.
-pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+pub(crate) fn load_tokenizer(path: &Path) -> Result<Arc<Tokenizer>> {
     let what = || format!("loading the tokenizer {}", path.display());
     if !path.exists() {
         bail!("--tokenizer {}: no such file or folder", path.display());
@@ -190,7 +190,9 @@ pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     if path.extension().is_some_and(|e| e == "json") {
         let dir = path.parent().unwrap_or(Path::new("."));
         let special = load_special_tokens(dir).with_context(what)?;
-        return Tokenizer::from_json_file(path, special).with_context(what);
+        return Ok(Arc::new(
+            Tokenizer::from_json_file(path, special).with_context(what)?,
+        ));
     }
     Ok(ferrum_models::load_text_assets(path)
         .with_context(what)?

@@ -328,7 +328,7 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
                     &model,
                     frac,
                     args.max_input_len,
-                    tokenizer.as_ref(),
+                    tokenizer.as_deref(),
                 )
             })
             .collect::<Result<Vec<_>>>()

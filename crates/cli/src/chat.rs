@@ -1,13 +1,14 @@
 //! `ferrum chat`: an interactive multi-turn conversation using the model's chat template.
-//! Each turn renders the whole conversation; the generator reuses the cached prefix, so only
-//! the new turn is computed. When the conversation outgrows the context, the oldest turns are
+//! Each turn renders the whole conversation and runs it through the engine, whose prefix cache
+//! holds the earlier turns' blocks, so only the new turn is computed. When the conversation outgrows the context, the oldest turns are
 //! dropped (the system message stays).
 //!
 //! Commands: `/reset` starts over, `/exit` (or end of input) quits.
 
-use crate::common::{fresh_seed, load, need_text, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{fresh_seed, load_parts, need_text, single_engine, ModelArgs, SamplingArgs};
 use anyhow::Result;
 use clap::Args;
+use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::ChatMessage;
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -23,17 +24,20 @@ pub struct ChatArgs {
 }
 
 pub fn chat(args: &ChatArgs) -> Result<()> {
-    let Loaded {
-        mut generator,
-        text,
-        ..
-    } = load(&args.model)?;
-    let vocab = generator.model().config().vocab_size;
+    let (model, text, _) = load_parts(&args.model)?;
+    let vocab = model.config().vocab_size;
     let params = args.sampling.params(vocab)?;
     // Fail before the first prompt when the model cannot chat.
     let text = need_text(&text)?;
     text.template()?;
-    let max_len = generator.max_model_len();
+    // The conversation may grow to the whole context.
+    let engine = single_engine(
+        model,
+        Some(text.tokenizer.clone()),
+        args.model.max_model_len,
+        usize::MAX,
+    )?;
+    let max_len = engine.max_model_len();
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
@@ -65,7 +69,6 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = base.clone();
-                generator.reset();
                 eprintln!("(conversation cleared)");
                 continue;
             }
@@ -89,14 +92,13 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
             continue;
         }
         let mut stdout = std::io::stdout().lock();
-        let tokenizer = Some(&text.tokenizer);
         // Same seed, same conversation: each turn draws from the next seed.
         let turn_params = ferrum_types::SamplingParams {
             seed: Some(seed),
             ..params.clone()
         };
         seed = seed.wrapping_add(1);
-        let gen = generator.generate(&prompt, &turn_params, tokenizer, 0, |ev| {
+        let gen = engine.generate_one(GenerateRequest::new(prompt, turn_params), |ev| {
             stdout
                 .write_all(ev.text.as_bytes())
                 .and_then(|()| stdout.flush())
@@ -122,5 +124,6 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
             }
         }
     }
+    engine.shutdown();
     Ok(())
 }

@@ -1,16 +1,17 @@
 //! Flags and loading shared by the commands that generate: the model, its text assets, the
-//! generator and the sampling flags.
+//! engine for one request at a time, and the sampling flags.
 
 use crate::model_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{EngineConfig, Generator, GeneratorConfig, KvCacheSize};
+use ferrum_engine::{EngineConfig, EngineHandle, KvCacheSize};
 use ferrum_models::{load_model, load_text_assets_with, LoadOptions, Model};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
-use ferrum_tokenizer::{TemplateMode, TextAssets};
+use ferrum_tokenizer::{TemplateMode, TextAssets, Tokenizer};
 use ferrum_types::{SamplingParams, TypesError};
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where the model is and how to run it.
@@ -142,15 +143,6 @@ impl SamplingArgs {
     }
 }
 
-/// A loaded model ready to generate, with its text assets when it has a tokenizer.
-#[derive(Debug)]
-pub struct Loaded {
-    pub generator: Generator,
-    /// The tokenizer and template, or why the model has none.
-    pub text: std::result::Result<TextAssets, String>,
-    pub load_time: Duration,
-}
-
 /// The text assets, or an error that explains why this model has none.
 pub fn need_text(text: &std::result::Result<TextAssets, String>) -> Result<&TextAssets> {
     match text {
@@ -194,21 +186,37 @@ pub fn load_parts(
     Ok((model, text, load_time))
 }
 
-/// Loads the model into a single-sequence generator.
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
-    let (model, text, load_time) = load_parts(args)?;
-    let generator = Generator::new(
-        model,
-        GeneratorConfig {
-            max_model_len: args.max_model_len,
-            ..GeneratorConfig::default()
-        },
-    )?;
-    Ok(Loaded {
-        generator,
-        text,
-        load_time,
-    })
+/// Prompt tokens per step while prefilling for one request at a time (`run`, `chat`).
+const SINGLE_PREFILL_CHUNK: usize = 512;
+
+/// The smallest KV cache of [`single_engine`], in tokens, so a short request does not get a
+/// cache sized to the token.
+const SINGLE_MIN_KV_TOKENS: usize = 256;
+
+/// Starts the engine for one request at a time (`run`, `chat`) with a KV cache of room for
+/// `kv_tokens` tokens (at least [`SINGLE_MIN_KV_TOKENS`], at most the context). Its pages
+/// become resident as they are used. The engine's prefix cache makes a call that repeats an
+/// earlier call's tokens (a chat's earlier turns) skip their blocks.
+pub fn single_engine(
+    model: Model,
+    tokenizer: Option<Arc<Tokenizer>>,
+    max_model_len: Option<usize>,
+    kv_tokens: usize,
+) -> Result<EngineHandle> {
+    const BLOCK_SIZE: usize = 16;
+    let context = max_model_len.unwrap_or(model.config().max_position_embeddings);
+    let tokens = kv_tokens.max(SINGLE_MIN_KV_TOKENS).min(context).max(2);
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        max_num_batched_tokens: SINGLE_PREFILL_CHUNK,
+        block_size: BLOCK_SIZE,
+        kv_cache: KvCacheSize::Blocks(tokens.div_ceil(BLOCK_SIZE)),
+        max_model_len,
+        enable_prefix_caching: true,
+        max_waiting: 0,
+        prefault_kv_cache: false,
+    };
+    Ok(EngineHandle::start(model, tokenizer, &cfg)?)
 }
 
 /// A seed for requests that set none: different every run.

@@ -1,9 +1,10 @@
 //! `ferrum run`: generate a continuation of one prompt (text, chat, or token ids), streaming
 //! the text to stdout, with time to first token and decode speed on stderr.
 
-use crate::common::{fresh_seed, load, need_text, EngineArgs, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{load_parts, need_text, single_engine, EngineArgs, ModelArgs, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::Args;
+use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::ChatMessage;
 use ferrum_types::TokenId;
 use std::io::Write;
@@ -55,12 +56,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.prompt.is_none() && args.prompt_ids.is_none() {
         bail!("give a prompt: --prompt TEXT, --prompt-ids 1,2,3 or --prompts-file FILE");
     }
-    let Loaded {
-        mut generator,
-        text,
-        load_time,
-    } = load(&args.model)?;
-    let vocab = generator.model().config().vocab_size;
+    let (model, text, load_time) = load_parts(&args.model)?;
+    let vocab = model.config().vocab_size;
     let params = args.sampling.params(vocab)?;
     let prompt: Vec<TokenId> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
@@ -78,17 +75,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    // Token-id prompts print ids, so they run without a tokenizer too.
-    let tokenizer = match (&text, &args.prompt_ids) {
-        (Ok(t), _) => Some(&t.tokenizer),
-        (Err(_), Some(_)) => None,
-        (Err(_), None) => Some(&need_text(&text)?.tokenizer),
-    };
-    let stream = !args.json && tokenizer.is_some();
+    // Token-id prompts print ids, so they run without a tokenizer too (a text prompt without
+    // one was refused above).
+    let has_tokenizer = text.is_ok();
+    let context = args
+        .model
+        .max_model_len
+        .unwrap_or(model.config().max_position_embeddings);
+    let room = context.saturating_sub(prompt.len());
+    let kv_tokens = prompt.len() + params.max_tokens.map_or(room, |m| m.min(room));
+    let tokenizer = text.as_ref().ok().map(|t| t.tokenizer.clone());
+    let engine = single_engine(model, tokenizer, args.model.max_model_len, kv_tokens)?;
+    let stream = !args.json && has_tokenizer;
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let seed = fresh_seed();
-    let gen = generator.generate(&prompt, &params, tokenizer, seed, |ev| {
+    let gen = engine.generate_one(GenerateRequest::new(prompt, params), |ev| {
         if stream && !ev.text.is_empty() {
             if let Err(e) = stdout
                 .write_all(ev.text.as_bytes())
@@ -99,7 +100,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             }
         }
         true
-    })?;
+    });
+    engine.shutdown();
+    let gen = gen?;
     if let Some(e) = write_error {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());
@@ -108,7 +111,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     if args.json {
         let v = serde_json::json!({
-            "text": tokenizer.map(|_| gen.text.clone()),
+            "text": has_tokenizer.then(|| gen.text.clone()),
             "token_ids": gen.token_ids,
             "finish_reason": gen.finish.as_openai(),
             "finish_detail": gen.finish.to_string(),

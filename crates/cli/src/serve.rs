@@ -6,7 +6,6 @@ use clap::Args;
 use ferrum_engine::EngineHandle;
 use ferrum_server::ServerConfig;
 use ferrum_tokenizer::TextAssets;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Args)]
@@ -70,7 +69,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
     let kv_dtype = model.config().kv_cache_dtype;
-    let engine = EngineHandle::start(model, Some(Arc::new(tokenizer)), &cfg)?;
+    let engine = EngineHandle::start(model, Some(tokenizer), &cfg)?;
     let max_model_len = engine.max_model_len();
     let kv_tokens = engine.metrics().kv_blocks_total * cfg.block_size;
     let server = ServerConfig {

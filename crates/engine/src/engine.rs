@@ -369,7 +369,16 @@ impl EngineCore {
         let tok = self.tokenizer.as_deref();
         let mut new_tokens = 0u64;
         let mut child_starts: Vec<RequestId> = Vec::new();
-        for (row, s) in out.seqs.iter().filter(|s| s.samples).enumerate() {
+        let mut rows = 0;
+        for s in &out.seqs {
+            // A sequence's logits rows are consecutive; the engine proposes no tokens, so a
+            // sampled sequence has one.
+            let num_rows = s.num_logits();
+            if num_rows == 0 {
+                continue;
+            }
+            rows += num_rows;
+            let row = rows - 1;
             let l = &logits[row * vocab..(row + 1) * vocab];
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;

@@ -142,7 +142,7 @@ impl EngineHandle {
             }
             Some(l) if l > model_len => {
                 return Err(EngineError::Invalid(format!(
-                    "--max-model-len {l} is more than the model's context of {model_len} tokens"
+                    "--max-model-len {l}: a max model length more than the model's context of {model_len} tokens"
                 )))
             }
             Some(l) => l,

@@ -1,27 +1,28 @@
 //! Generation: the sampling chain ([`sampler`]), per-sequence output processing (text deltas,
 //! stop conditions), the continuous-batching engine loop on its own thread behind
-//! [`EngineHandle`] (streams of [`Event`]s, abort, graceful shutdown, [`Metrics`]), and a
-//! single-sequence [`Generator`] for the interactive command line.
+//! [`EngineHandle`] (streams of [`Event`]s, abort, graceful shutdown, [`Metrics`]), and
+//! [`EngineHandle::generate_one`], which runs one request through that same loop for the
+//! command line.
 
 mod config;
 mod engine;
 mod error;
-mod generate;
 mod handle;
 pub mod metrics;
 mod output;
 mod request;
 mod rng;
 pub mod sampler;
+mod single;
 
 #[cfg(feature = "fault-injection")]
 pub use config::FaultInjection;
 pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
-pub use generate::{Generation, Generator, GeneratorConfig, TokenEvent};
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::Metrics;
 pub use output::{OutputProcessor, TokenOutput};
 pub use request::{Event, GenerateRequest, Usage};
 pub use rng::Rng;
 pub use sampler::{SampleOutput, Sampler};
+pub use single::{Generation, TokenEvent};

@@ -44,9 +44,9 @@ pub struct Sampler {
     logit_bias: Vec<(TokenId, f32)>,
     logprobs: Option<usize>,
     rng: Rng,
-    /// Tokens of the prompt and output (repetition penalty), as a bitset.
-    seen: Vec<u64>,
-    /// Occurrences of each token in the output (frequency and presence penalties).
+    /// Tokens of the prompt (repetition penalty), as a bitset.
+    prompt_seen: Vec<u64>,
+    /// Occurrences of each token in the output (all penalties); a token taken back leaves.
     counts: HashMap<TokenId, u32>,
     work: Vec<f32>,
     cand: Vec<(f32, TokenId)>,
@@ -71,24 +71,26 @@ impl Sampler {
             logit_bias: params.logit_bias.clone(),
             logprobs: params.logprobs,
             rng: Rng::new(params.seed.unwrap_or(seed)),
-            seen: Vec::new(),
+            prompt_seen: Vec::new(),
             counts: HashMap::new(),
             work: Vec::new(),
             cand: Vec::new(),
         };
         if s.repetition_penalty != 1.0 {
-            s.seen = vec![0; vocab_size.div_ceil(64)];
+            s.prompt_seen = vec![0; vocab_size.div_ceil(64)];
             for &t in prompt {
-                s.mark_seen(t);
+                if let Some(w) = s.prompt_seen.get_mut(t as usize / 64) {
+                    *w |= 1 << (t % 64);
+                }
             }
         }
         s
     }
 
-    fn mark_seen(&mut self, t: TokenId) {
-        if let Some(w) = self.seen.get_mut(t as usize / 64) {
-            *w |= 1 << (t % 64);
-        }
+    fn in_prompt(&self, t: TokenId) -> bool {
+        self.prompt_seen
+            .get(t as usize / 64)
+            .is_some_and(|w| w & (1 << (t % 64)) != 0)
     }
 
     fn has_penalties(&self) -> bool {
@@ -144,11 +146,19 @@ impl Sampler {
         self.record(token);
     }
 
-    fn record(&mut self, token: TokenId) {
-        if !self.seen.is_empty() {
-            self.mark_seen(token);
+    /// Takes back an output token recorded for the penalties (a rejected proposal, or a
+    /// sequence rolled back). Taking back a token never recorded changes nothing.
+    pub fn take_back(&mut self, token: TokenId) {
+        if let Some(c) = self.counts.get_mut(&token) {
+            *c -= 1;
+            if *c == 0 {
+                self.counts.remove(&token);
+            }
         }
-        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
+    }
+
+    fn record(&mut self, token: TokenId) {
+        if self.has_penalties() {
             *self.counts.entry(token).or_insert(0) += 1;
         }
     }
@@ -156,13 +166,21 @@ impl Sampler {
     fn apply_penalties(&self, logits: &mut [f32]) {
         if self.repetition_penalty != 1.0 {
             let rp = self.repetition_penalty;
-            for (w, &bits) in self.seen.iter().enumerate() {
+            let penalize = |l: &mut f32| *l = if *l > 0.0 { *l / rp } else { *l * rp };
+            for (w, &bits) in self.prompt_seen.iter().enumerate() {
                 let mut b = bits;
                 while b != 0 {
                     let i = w * 64 + b.trailing_zeros() as usize;
                     b &= b - 1;
                     if let Some(l) = logits.get_mut(i) {
-                        *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                        penalize(l);
+                    }
+                }
+            }
+            for &t in self.counts.keys() {
+                if !self.in_prompt(t) {
+                    if let Some(l) = logits.get_mut(t as usize) {
+                        penalize(l);
                     }
                 }
             }

@@ -2,10 +2,7 @@
 //! preemption, prefix reuse, parallel sampling, abort on drop, overload and shutdown.
 #![allow(clippy::unwrap_used)]
 
-use ferrum_engine::{
-    EngineConfig, EngineHandle, Event, GenerateRequest, Generator, GeneratorConfig, KvCacheSize,
-    Usage,
-};
+use ferrum_engine::{EngineConfig, EngineHandle, Event, GenerateRequest, KvCacheSize, Usage};
 use ferrum_models::{load_model, LoadOptions};
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
 use std::path::PathBuf;
@@ -100,23 +97,29 @@ fn batch_invariance_with_chunked_prefill_and_preemption() {
         top_k: Some(50),
         ..SamplingParams::default()
     };
-    // Alone: the single-sequence generator.
-    let mut g = Generator::new(model("tiny-llama"), GeneratorConfig::default()).unwrap();
+    // Alone: one sequence at a time, nothing reused.
+    let single = engine(
+        "tiny-llama",
+        EngineConfig {
+            max_num_seqs: 1,
+            enable_prefix_caching: false,
+            ..EngineConfig::default()
+        },
+    );
+    let one = |p: &[TokenId], params| {
+        single
+            .generate_one(GenerateRequest::new(p.to_vec(), params), |_| true)
+            .unwrap()
+            .token_ids
+    };
     let alone: Vec<(Vec<TokenId>, Vec<TokenId>)> = prompts
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            g.reset();
-            let a = g
-                .generate(p, &greedy(6 + i % 5), None, 0, |_| true)
-                .unwrap()
-                .token_ids;
-            g.reset();
-            let b = g
-                .generate(p, &seeded(6 + i % 5, i as u64), None, 0, |_| true)
-                .unwrap()
-                .token_ids;
-            (a, b)
+            (
+                one(p, greedy(6 + i % 5)),
+                one(p, seeded(6 + i % 5, i as u64)),
+            )
         })
         .collect();
     // Together: a small token budget chunks prefills; 40 blocks of 4 tokens cannot hold all

@@ -159,6 +159,34 @@ fn penalties_match_hand_computed_values() {
 }
 
 #[test]
+fn taken_back_tokens_leave_the_penalties() {
+    let p = params(|p| {
+        p.repetition_penalty = 2.0;
+        p.frequency_penalty = 0.5;
+        p.presence_penalty = 0.25;
+    });
+    let logits = [2.0, -1.0, 0.5, 1.0, 0.0];
+    let mut s = Sampler::new(&p, &[0, 1], logits.len(), 0);
+    let mut before = Vec::new();
+    s.observe(2);
+    s.processed_logits(&logits, &mut before);
+    // Proposals 3 and 0 are recorded, then rejected.
+    s.observe(3);
+    s.observe(0);
+    s.take_back(0);
+    s.take_back(3);
+    s.take_back(4); // never recorded: no change
+    let mut after = Vec::new();
+    s.processed_logits(&logits, &mut after);
+    assert_eq!(after, before);
+    // A token in the prompt keeps its repetition penalty after its output copy is taken back.
+    assert_eq!(after[0], 1.0);
+    s.take_back(2);
+    s.processed_logits(&logits, &mut after);
+    assert_eq!(after, vec![1.0, -2.0, 0.5, 1.0, 0.0]);
+}
+
+#[test]
 fn greedy_takes_the_argmax_after_penalties() {
     let logits = [1.0, 0.9, 0.0];
     let mut plain = Sampler::new(&SamplingParams::greedy(), &[], 3, 0);

@@ -8,7 +8,6 @@ use ferrum_engine::{EngineConfig, EngineHandle, Event, GenerateRequest, Usage};
 use ferrum_models::{load_model, load_text_assets, LoadOptions};
 use ferrum_types::{SamplingParams, TokenId};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn model_path() -> Option<PathBuf> {
@@ -55,11 +54,11 @@ fn run(e: &EngineHandle, prompt: &[TokenId]) -> (Vec<TokenId>, Duration, Usage) 
 }
 
 #[test]
-fn shared_prefix_hits_the_cache_and_prefills_faster() {
+fn shared_prefix_hits_the_cache_and_gives_the_same_tokens() {
     let Some(path) = model_path() else { return };
     let model = load_model(&path, &LoadOptions::default()).unwrap();
     let text = load_text_assets(&path).unwrap();
-    let tok = Arc::new(text.tokenizer);
+    let tok = text.tokenizer;
     let doc = "The Rhine flows from the Swiss Alps through Germany and the Netherlands to the North Sea. "
         .repeat(20);
     let prefix = tok.encode(&doc, true).unwrap();
@@ -84,9 +83,11 @@ fn shared_prefix_hits_the_cache_and_prefills_faster() {
     assert_eq!(ids1, again, "reused K/V must give the same tokens");
     assert!(u3.cached_tokens >= q1.len() - 16);
     eprintln!("time to first token: cold {cold:?}, shared prefix {warm:?}");
-    assert!(
-        warm * 2 < cold,
-        "prefix reuse should cut prefill time: cold {cold:?}, warm {warm:?}"
+    // What was reused was not computed: the engine's counters agree with the usage reports.
+    let m = e.metrics();
+    assert_eq!(
+        m.prefix_cache_hits as usize,
+        u2.cached_tokens + u3.cached_tokens
     );
     e.shutdown();
 }

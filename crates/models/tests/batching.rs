@@ -79,7 +79,7 @@ fn all_in_one_batch(setup: Setup, name: &str) {
     } = setup;
     let mut b = ForwardBatch::new();
     for (p, t) in prompts.iter().zip(&tables) {
-        b.push_seq(p, 0, t, BS, false).unwrap();
+        b.push_seq(p, 0, t, BS, 0).unwrap();
     }
     b.logits_indices = (0..b.num_tokens() as u32).collect();
     let got = model.forward(&b, &mut kv).unwrap().to_vec();
@@ -123,7 +123,7 @@ fn chunked_setup(setup: Setup, name: &str, chunk: usize) {
             }
             let end = (done[s] + chunk).min(lens[s]);
             let start_row = b.num_tokens();
-            b.push_seq(&p[done[s]..end], done[s], &tables[s], BS, false)
+            b.push_seq(&p[done[s]..end], done[s], &tables[s], BS, 0)
                 .unwrap();
             spans.push((s, done[s], end, start_row));
             done[s] = end;
@@ -205,15 +205,15 @@ fn decodes_mixed_with_prefill_chunks() {
     let (tables, num_blocks) = tables(&[full.len(), long.len()]);
     let mut kv = KvCache::new(model.config(), num_blocks, BS).unwrap();
     let mut b = ForwardBatch::new();
-    b.push_seq(short, 0, &tables[0], BS, true).unwrap();
+    b.push_seq(short, 0, &tables[0], BS, 1).unwrap();
     model.forward(&b, &mut kv).unwrap();
     for step in 0..steps {
         b.clear();
         let pos = short.len() + step;
-        b.push_seq(&full[pos..pos + 1], pos, &tables[0], BS, true)
+        b.push_seq(&full[pos..pos + 1], pos, &tables[0], BS, 1)
             .unwrap();
         let end = ((step + 1) * 10).min(long.len());
-        b.push_seq(&long[step * 10..end], step * 10, &tables[1], BS, false)
+        b.push_seq(&long[step * 10..end], step * 10, &tables[1], BS, 0)
             .unwrap();
         let got = model.forward(&b, &mut kv).unwrap();
         assert_eq!(

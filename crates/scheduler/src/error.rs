@@ -11,6 +11,8 @@ pub enum SchedulerError {
     EmptyPrompt,
     #[error("request {0} is already scheduled")]
     Duplicate(RequestId),
+    #[error("request {0} is not scheduled")]
+    Unknown(RequestId),
     #[error("invalid scheduler configuration: {0}")]
     Config(String),
 }

@@ -4,6 +4,9 @@
 //!
 //! - [`BlockPool`]: ref-counted KV blocks, an LRU free queue, chained hashes of full blocks
 //!   for prefix reuse.
+//! - [`KvCacheManager`]: every sequence's block table over the pool: allocate slots for new
+//!   tokens plus a look-ahead, roll back to a computed length, cache full blocks of final
+//!   tokens, free.
 //! - [`Scheduler`]: vLLM V1's policy: decodes first, then prefill chunks, then admissions
 //!   (priority, then first come first served), within `max_num_batched_tokens` and
 //!   `max_num_seqs`; recompute preemption of the lowest-priority, most recently admitted
@@ -12,9 +15,11 @@
 mod block_hash;
 mod block_pool;
 mod error;
+mod kv_manager;
 mod scheduler;
 
 pub use block_hash::{hash_block, BlockHash};
 pub use block_pool::BlockPool;
 pub use error::{Result, SchedulerError};
+pub use kv_manager::{ComputedBlocks, KvCacheManager};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats};

@@ -1,10 +1,14 @@
 //! The continuous-batching policy.
 //!
-//! Every sequence is a list of tokens (prompt, then output) of which the first
-//! `num_computed` have K/V in its blocks. A step gives each chosen sequence a run of new
-//! tokens to compute: one for a decode, a chunk for a prefill (or a recompute after
-//! preemption). A sequence whose run reaches its last token gets a token sampled, which the
-//! engine passes to [`Scheduler::update`].
+//! Every sequence is a list of final tokens (prompt, then output) of which the first
+//! `num_computed` have K/V in its blocks, possibly followed by proposed tokens (speculative
+//! decoding, [`Scheduler::propose`]). A step gives each chosen sequence a run of new tokens
+//! to compute: one for a decode, a chunk for a prefill (or a recompute after preemption), and
+//! the proposals after a run that reaches the last final token. Such a run is sampled at its
+//! last final token and at each proposal (`1 + num_proposed` rows of logits); the engine
+//! passes the tokens it keeps to [`Scheduler::update`]: the accepted proposals, then one
+//! token of the model's own. Rejected proposals are rolled back by resetting the computed
+//! length; their slots are overwritten later. Blocks belong to the [`KvCacheManager`].
 //!
 //! Order within a step: running sequences that decode, running sequences still prefilling
 //! (chunked within the token budget), then waiting sequences by (priority, arrival). Admission
@@ -19,9 +23,10 @@
 //! - a block's ref count equals the number of block tables that hold it; with no sequences
 //!   the pool is whole;
 //! - the first `num_computed` tokens of a sequence have K/V in its blocks (reused blocks hold
-//!   exactly the tokens their hash names).
+//!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
+//! - only final tokens enter the prefix cache.
 
-use crate::{hash_block, BlockHash, BlockPool, Result, SchedulerError};
+use crate::{BlockPool, KvCacheManager, Result, SchedulerError};
 use ferrum_types::{BlockId, ForwardBatch, RequestId, TokenId};
 use std::collections::{BTreeSet, HashMap};
 
@@ -67,10 +72,24 @@ pub struct ScheduledSeq {
     pub id: RequestId,
     /// Tokens already computed (the position of the first new token).
     pub start: usize,
-    /// New tokens to compute this step.
+    /// New tokens to compute this step (proposals included).
     pub num_tokens: usize,
-    /// The run reaches the sequence's last token: sample a token from its logits.
+    /// Proposed tokens at the end of the run, verified this step.
+    pub num_proposed: usize,
+    /// The run reaches the sequence's last final token: sample a token from its logits (and
+    /// from each proposal's).
     pub samples: bool,
+}
+
+impl ScheduledSeq {
+    /// Rows of logits this sequence needs: the last `num_logits` tokens of its run.
+    pub fn num_logits(&self) -> usize {
+        if self.samples {
+            1 + self.num_proposed
+        } else {
+            0
+        }
+    }
 }
 
 /// What one step runs.
@@ -101,21 +120,37 @@ struct Seq {
     priority: i32,
     arrival: u64,
     admitted: u64,
+    /// Final tokens (prompt, then output), then the proposals for the next step.
     tokens: Vec<TokenId>,
+    num_final: usize,
     num_computed: usize,
-    blocks: Vec<BlockId>,
-    /// Chained hashes of full blocks, computed as far as needed.
-    hashes: Vec<BlockHash>,
-    /// Blocks of `blocks` registered in the prefix cache.
-    num_cached_blocks: usize,
     running: bool,
 }
 
-/// The scheduler state: sequences, queues and the block pool.
+impl Seq {
+    fn num_proposals(&self) -> usize {
+        self.tokens.len() - self.num_final
+    }
+
+    /// The run of a step with `budget` tokens left: new final tokens, then as many proposals
+    /// as fit once the run reaches the last final token. Returns (tokens, proposals).
+    fn run(&self, budget: usize) -> (usize, usize) {
+        let remaining = self.num_final - self.num_computed;
+        let n = remaining.min(budget);
+        let k = if n == remaining {
+            self.num_proposals().min(budget - n)
+        } else {
+            0
+        };
+        (n + k, k)
+    }
+}
+
+/// The scheduler state: sequences, queues and the KV cache manager.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    pool: BlockPool,
+    kv: KvCacheManager,
     seqs: HashMap<RequestId, Seq>,
     /// Running sequences in admission order.
     running: Vec<RequestId>,
@@ -124,15 +159,16 @@ pub struct Scheduler {
     next_arrival: u64,
     next_admission: u64,
     stats: SchedulerStats,
-    /// Scratch for `schedule`.
+    /// Scratch for `schedule` and `update`.
     order: Vec<RequestId>,
+    new_tokens: Vec<TokenId>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Result<Scheduler> {
         cfg.validate()?;
         Ok(Scheduler {
-            pool: BlockPool::new(cfg.num_blocks),
+            kv: KvCacheManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching),
             cfg,
             seqs: HashMap::new(),
             running: Vec::new(),
@@ -141,6 +177,7 @@ impl Scheduler {
             next_admission: 0,
             stats: SchedulerStats::default(),
             order: Vec::new(),
+            new_tokens: Vec::new(),
         })
     }
 
@@ -149,7 +186,11 @@ impl Scheduler {
     }
 
     pub fn pool(&self) -> &BlockPool {
-        &self.pool
+        self.kv.pool()
+    }
+
+    pub fn kv_manager(&self) -> &KvCacheManager {
+        &self.kv
     }
 
     /// Queues a sequence. Lower `priority` values run first. The caller bounds the total
@@ -177,15 +218,26 @@ impl Scheduler {
                 arrival,
                 admitted: 0,
                 tokens: prompt.to_vec(),
+                num_final: prompt.len(),
                 num_computed: 0,
-                blocks: Vec::new(),
-                hashes: Vec::new(),
-                num_cached_blocks: 0,
                 running: false,
             },
         );
         self.waiting.insert((priority, arrival, id));
         Ok(())
+    }
+
+    /// Sets the tokens proposed to follow sequence `id` (speculative decoding), replacing any
+    /// earlier proposals. They are verified in the step that reaches the sequence's last
+    /// final token, as far as the token budget allows, then dropped. Proposals beyond the
+    /// cache's capacity are cut; returns how many are kept.
+    pub fn propose(&mut self, id: RequestId, proposals: &[TokenId]) -> Result<usize> {
+        let capacity = self.cfg.capacity_tokens();
+        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
+        let k = proposals.len().min(capacity.saturating_sub(seq.num_final));
+        seq.tokens.truncate(seq.num_final);
+        seq.tokens.extend_from_slice(&proposals[..k]);
+        Ok(k)
     }
 
     pub fn has_unfinished(&self) -> bool {
@@ -200,23 +252,29 @@ impl Scheduler {
         self.waiting.len()
     }
 
-    /// A sequence's tokens (prompt then output).
+    /// A sequence's final tokens (prompt then output; proposals excluded).
     pub fn tokens(&self, id: RequestId) -> Option<&[TokenId]> {
-        self.seqs.get(&id).map(|s| s.tokens.as_slice())
+        self.seqs.get(&id).map(|s| &s.tokens[..s.num_final])
+    }
+
+    /// A sequence's tokens with K/V in the cache.
+    pub fn num_computed(&self, id: RequestId) -> Option<usize> {
+        self.seqs.get(&id).map(|s| s.num_computed)
     }
 
     /// A sequence's block table.
     pub fn block_table(&self, id: RequestId) -> Option<&[BlockId]> {
-        self.seqs.get(&id).map(|s| s.blocks.as_slice())
+        self.seqs.get(&id).map(|_| self.kv.block_table(id))
     }
 
     pub fn stats(&self) -> SchedulerStats {
+        let pool = self.kv.pool();
         SchedulerStats {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
-            blocks_total: self.pool.num_blocks(),
-            blocks_free: self.pool.num_free(),
-            blocks_cached: self.pool.num_cached(),
+            blocks_total: pool.num_blocks(),
+            blocks_free: pool.num_free(),
+            blocks_cached: pool.num_cached(),
             ..self.stats.clone()
         }
     }
@@ -232,7 +290,7 @@ impl Scheduler {
         } else {
             self.waiting.remove(&(seq.priority, seq.arrival, id));
         }
-        self.pool.free_all(&seq.blocks);
+        self.kv.free(id);
     }
 
     /// Plans the next step.
@@ -252,18 +310,19 @@ impl Scheduler {
                 let Some(seq) = self.seqs.get(&id).filter(|s| s.running) else {
                     continue;
                 };
-                let remaining = seq.tokens.len() - seq.num_computed;
+                let remaining = seq.num_final - seq.num_computed;
                 if remaining == 0 || (remaining == 1) != decode_pass {
                     continue;
                 }
-                let n = remaining.min(budget);
+                let (n, k) = seq.run(budget);
                 if let Reserve::Done = self.reserve(id, n, &mut out, &mut budget) {
                     let seq = &self.seqs[&id];
                     out.seqs.push(ScheduledSeq {
                         id,
                         start: seq.num_computed,
                         num_tokens: n,
-                        samples: seq.num_computed + n == seq.tokens.len(),
+                        num_proposed: k,
+                        samples: seq.num_computed + n - k == seq.num_final,
                     });
                     budget -= n;
                 }
@@ -274,7 +333,7 @@ impl Scheduler {
             let Some(&(prio, arrival, id)) = self.waiting.first() else {
                 break;
             };
-            let Some(n) = self.try_admit(id, budget) else {
+            let Some((n, k)) = self.try_admit(id, budget) else {
                 break;
             };
             self.waiting.remove(&(prio, arrival, id));
@@ -290,7 +349,8 @@ impl Scheduler {
                 id,
                 start: seq.num_computed,
                 num_tokens: n,
-                samples: seq.num_computed + n == seq.tokens.len(),
+                num_proposed: k,
+                samples: seq.num_computed + n - k == seq.num_final,
             });
             budget -= n;
         }
@@ -308,18 +368,8 @@ impl Scheduler {
         budget: &mut usize,
     ) -> Reserve {
         loop {
-            let seq = &self.seqs[&id];
-            let need = (seq.num_computed + n).div_ceil(self.cfg.block_size);
-            let missing = need.saturating_sub(seq.blocks.len());
-            if missing <= self.pool.num_free() {
-                let seq = self
-                    .seqs
-                    .get_mut(&id)
-                    .expect("running ids are in the table");
-                for _ in 0..missing {
-                    let b = self.pool.allocate().expect("counted free blocks");
-                    seq.blocks.push(b);
-                }
+            let computed = self.seqs[&id].num_computed;
+            if self.kv.allocate_slots(id, computed, n, 0, None) {
                 return Reserve::Done;
             }
             let victim = self.pick_victim();
@@ -350,11 +400,10 @@ impl Scheduler {
             *budget += out.seqs.remove(pos).num_tokens;
         }
         self.running.retain(|&r| r != id);
+        self.kv.free(id);
         let seq = self.seqs.get_mut(&id).expect("victims are in the table");
-        self.pool.free_all(&seq.blocks);
-        seq.blocks.clear();
         seq.num_computed = 0;
-        seq.num_cached_blocks = 0;
+        seq.tokens.truncate(seq.num_final);
         seq.running = false;
         self.waiting.insert((seq.priority, seq.arrival, id));
         out.preempted.push(id);
@@ -362,78 +411,73 @@ impl Scheduler {
     }
 
     /// Admits waiting `id` if its next chunk fits: reuses cached full blocks, allocates the
-    /// rest. Returns the number of new tokens to compute.
-    fn try_admit(&mut self, id: RequestId, budget: usize) -> Option<usize> {
-        let bs = self.cfg.block_size;
+    /// rest. Returns the run (tokens, proposals) to compute.
+    fn try_admit(&mut self, id: RequestId, budget: usize) -> Option<(usize, usize)> {
+        let seq = self.seqs.get(&id)?;
+        let hits = self.kv.computed_blocks(id, &seq.tokens[..seq.num_final]);
+        let reusable = (seq.num_final - 1) / self.cfg.block_size * self.cfg.block_size;
+        let computed = hits.num_tokens;
         let seq = self.seqs.get_mut(&id)?;
-        // The last token is always computed (its logits are needed), so only blocks wholly
-        // before it can be reused.
-        let reusable = (seq.tokens.len() - 1) / bs;
-        let mut hits: Vec<BlockId> = Vec::new();
-        if self.cfg.enable_prefix_caching {
-            extend_hashes(seq, reusable, bs);
-            for h in &seq.hashes[..reusable] {
-                match self.pool.lookup(*h) {
-                    Some(b) => hits.push(b),
-                    None => break,
-                }
-            }
-        }
-        let computed = hits.len() * bs;
-        let n = (seq.tokens.len() - computed).min(budget);
-        let need = (computed + n).div_ceil(bs) - hits.len();
-        let hits_free = hits
-            .iter()
-            .filter(|&&b| self.pool.ref_count(b) == 0)
-            .count();
-        if need + hits_free > self.pool.num_free() {
+        seq.num_computed = computed;
+        let (n, k) = seq.run(budget);
+        if !self.kv.allocate_slots(id, computed, n, 0, Some(&hits)) {
+            seq.num_computed = 0;
             return None;
         }
         if self.cfg.enable_prefix_caching {
-            self.stats.prefix_queries += (reusable * bs) as u64;
+            self.stats.prefix_queries += reusable as u64;
             self.stats.prefix_hits += computed as u64;
         }
-        for &b in &hits {
-            self.pool.touch(b);
-        }
-        seq.blocks = hits;
-        seq.num_cached_blocks = seq.blocks.len();
-        seq.num_computed = computed;
-        for _ in 0..need {
-            let b = self.pool.allocate().expect("counted free blocks");
-            seq.blocks.push(b);
-        }
-        Some(n)
+        Some((n, k))
     }
 
-    /// Records a step's results: the scheduled tokens are computed, and `sampled` holds the
-    /// token drawn for each scheduled sequence with `samples` set (ids of sequences removed
-    /// meanwhile are ignored).
+    /// Records a step's results. `sampled` holds, per scheduled sequence with `samples` set
+    /// and in the step's order, the tokens it keeps: the accepted proposals (a prefix of those
+    /// scheduled) and then one token of the model's own; a sequence without proposals has one.
+    /// Its computed length becomes its run's final tokens plus the accepted proposals; the
+    /// slots of rejected ones are rolled back. Ids of sequences removed meanwhile are ignored.
     pub fn update(&mut self, out: &SchedulerOutput, sampled: &[(RequestId, TokenId)]) {
-        let bs = self.cfg.block_size;
+        let mut cursor = 0;
         for s in &out.seqs {
+            self.new_tokens.clear();
+            if sampled.get(cursor).is_some_and(|&(id, _)| id == s.id) {
+                while let Some(&(_, t)) = sampled.get(cursor).filter(|(id, _)| *id == s.id) {
+                    self.new_tokens.push(t);
+                    cursor += 1;
+                }
+            } else if s.samples {
+                // Out of the step's order: find this sequence's tokens wherever they are.
+                self.new_tokens.extend(
+                    sampled
+                        .iter()
+                        .filter(|(id, _)| *id == s.id)
+                        .map(|&(_, t)| t),
+                );
+            }
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
-            seq.num_computed = s.start + s.num_tokens;
-            if self.cfg.enable_prefix_caching {
-                let full = seq.num_computed / bs;
-                extend_hashes(seq, full, bs);
-                for i in seq.num_cached_blocks..full {
-                    self.pool.cache(seq.blocks[i], seq.hashes[i]);
-                }
-                seq.num_cached_blocks = seq.num_cached_blocks.max(full);
+            let final_end = s.start + s.num_tokens - s.num_proposed;
+            let proposals = &seq.tokens[seq.num_final..seq.num_final + s.num_proposed];
+            let accepted = proposals
+                .iter()
+                .zip(&self.new_tokens)
+                .take(self.new_tokens.len().saturating_sub(1))
+                .take_while(|(p, t)| p == t)
+                .count();
+            seq.num_computed = final_end + accepted;
+            seq.tokens.truncate(seq.num_final);
+            seq.tokens.extend_from_slice(&self.new_tokens);
+            seq.num_final = seq.tokens.len();
+            if accepted < s.num_proposed {
+                self.kv.truncate(s.id, seq.num_computed);
             }
-        }
-        for &(id, tok) in sampled {
-            if let Some(seq) = self.seqs.get_mut(&id) {
-                seq.tokens.push(tok);
-            }
+            self.kv.cache_blocks(s.id, &seq.tokens, seq.num_computed);
         }
     }
 
-    /// Writes the step's batch: tokens, positions, slots and block tables. `compute_logits`
-    /// follows [`ScheduledSeq::samples`].
+    /// Writes the step's batch: tokens, positions, slots and block tables, with logits for
+    /// each sequence's last [`ScheduledSeq::num_logits`] tokens.
     pub fn fill_batch(
         &self,
         out: &SchedulerOutput,
@@ -445,37 +489,31 @@ impl Scheduler {
             batch.push_seq(
                 &seq.tokens[s.start..s.start + s.num_tokens],
                 s.start,
-                &seq.blocks,
+                self.kv.block_table(s.id),
                 self.cfg.block_size,
-                s.samples,
+                s.num_logits(),
             )?;
         }
         Ok(())
     }
 
-    /// Checks the pool and every block table against each other; for tests.
+    /// Checks the KV manager and every sequence against each other; for tests.
     pub fn check(&self) -> std::result::Result<(), String> {
-        self.pool.check()?;
-        let mut refs = vec![0u32; self.pool.num_blocks()];
+        self.kv.check()?;
         for (id, s) in &self.seqs {
             if s.running != self.running.contains(id) {
                 return Err(format!(
                     "sequence {id}: running flag disagrees with the list"
                 ));
             }
-            if s.blocks.len() * self.cfg.block_size < s.num_computed {
+            if self.kv.block_table(*id).len() * self.cfg.block_size < s.num_computed {
                 return Err(format!("sequence {id}: computed tokens outgrow its blocks"));
             }
-            for &b in &s.blocks {
-                refs[b as usize] += 1;
+            if s.num_computed > s.num_final {
+                return Err(format!("sequence {id}: a proposal counts as computed"));
             }
-        }
-        for (b, &r) in refs.iter().enumerate() {
-            if self.pool.ref_count(b as BlockId) != r {
-                return Err(format!(
-                    "block {b}: ref count {} but {r} tables hold it",
-                    self.pool.ref_count(b as BlockId)
-                ));
+            if !s.running && !self.kv.block_table(*id).is_empty() {
+                return Err(format!("sequence {id}: waits while holding blocks"));
             }
         }
         if self.running.len() > self.cfg.max_num_seqs {
@@ -488,14 +526,4 @@ impl Scheduler {
 enum Reserve {
     Done,
     SelfPreempted,
-}
-
-/// Makes sure `seq.hashes` covers its first `blocks` full blocks.
-fn extend_hashes(seq: &mut Seq, blocks: usize, bs: usize) {
-    while seq.hashes.len() < blocks {
-        let i = seq.hashes.len();
-        let parent = i.checked_sub(1).map(|p| seq.hashes[p]);
-        seq.hashes
-            .push(hash_block(parent, &seq.tokens[i * bs..(i + 1) * bs]));
-    }
 }

@@ -63,8 +63,43 @@ fn sampled(id: RequestId, pos: usize) -> TokenId {
     ((id as usize * 31 + pos * 7) % 1000) as TokenId + 100
 }
 
-fn simulate(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
+/// Speculative decoding in the simulation: before each step every unfinished sequence gets
+/// up to `max_proposals` proposed tokens, each right (what the model will sample there) with
+/// probability `hit_rate`, from a generator seeded with `seed`.
+#[derive(Debug, Clone, Copy)]
+struct Speculation {
+    max_proposals: usize,
+    hit_rate: f64,
+    seed: u64,
+}
+
+fn speculation() -> impl Strategy<Value = Option<Speculation>> {
+    prop::option::of((1..5usize, 0.0..1.0f64, any::<u64>()).prop_map(
+        |(max_proposals, hit_rate, seed)| Speculation {
+            max_proposals,
+            hit_rate,
+            seed,
+        },
+    ))
+}
+
+/// A small generator for the simulation's choices (splitmix64).
+fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn simulate(
+    cfg: SchedulerConfig,
+    reqs: Vec<Req>,
+    spec: Option<Speculation>,
+) -> Result<(), TestCaseError> {
     let bs = cfg.block_size;
+    let mut rng = spec.map_or(0, |p| p.seed);
+    let mut prompt_len: HashMap<RequestId, usize> = HashMap::new();
     let mut s = Scheduler::new(cfg.clone()).unwrap();
     let mut kv: Vec<Option<(TokenId, usize)>> = vec![None; cfg.num_blocks * bs];
     let mut out_count: HashMap<RequestId, usize> = HashMap::new();
@@ -78,9 +113,28 @@ fn simulate(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
             prompt.extend(&r.tail);
             s.add(i as RequestId, &prompt, r.priority).unwrap();
             done.insert(i as RequestId, false);
+            prompt_len.insert(i as RequestId, prompt.len());
         }
         if step > 40 && !s.has_unfinished() {
             break;
+        }
+        if let Some(p) = spec {
+            for (&id, _) in done.iter().filter(|(_, &d)| !d) {
+                let len = s.tokens(id).unwrap().len();
+                let k = (next_random(&mut rng) % (p.max_proposals as u64 + 1)) as usize;
+                let proposals: Vec<TokenId> = (0..k)
+                    .map(|i| {
+                        let hit = (next_random(&mut rng) % 1000) as f64 / 1000.0 < p.hit_rate;
+                        if hit {
+                            sampled(id, len + i)
+                        } else {
+                            7
+                        }
+                    })
+                    .collect();
+                let kept = s.propose(id, &proposals).unwrap();
+                prop_assert!(kept <= k);
+            }
         }
         let out = s.schedule();
         prop_assert!(out.num_batched_tokens <= cfg.max_num_batched_tokens);
@@ -93,13 +147,20 @@ fn simulate(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
         s.check().map_err(TestCaseError::fail)?;
         s.fill_batch(&out, &mut batch).unwrap();
         prop_assert_eq!(batch.num_tokens(), out.num_batched_tokens);
+        prop_assert_eq!(
+            batch.logits_indices.len(),
+            out.seqs.iter().map(|x| x.num_logits()).sum::<usize>()
+        );
         let mut samples = Vec::new();
-        for x in &out.seqs {
+        let mut finishing = Vec::new();
+        for (x, slice) in out.seqs.iter().zip(&batch.seqs) {
             prop_assert!(x.num_tokens > 0);
+            prop_assert!(x.num_proposed == 0 || x.samples);
             if !admitted.contains(&x.id) {
                 admitted.push(x.id);
             }
             let toks = s.tokens(x.id).unwrap();
+            let run = &batch.token_ids[slice.query_start..slice.query_start + slice.query_len];
             let table = s.block_table(x.id).unwrap();
             for p in 0..x.start + x.num_tokens {
                 let slot = table[p / bs] as usize * bs + p % bs;
@@ -117,21 +178,43 @@ fn simulate(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
                         1,
                         "write into a shared block"
                     );
-                    kv[slot] = Some((toks[p], p));
+                    kv[slot] = Some((run[p - x.start], p));
                 }
             }
             if x.samples {
-                samples.push((x.id, sampled(x.id, x.start + x.num_tokens)));
+                // Accept proposals while they are what the model samples, then add its own.
+                let final_end = x.start + x.num_tokens - x.num_proposed;
+                let proposals = &run[x.num_tokens - x.num_proposed..];
+                let mut new: Vec<TokenId> = Vec::new();
+                for (i, &p) in proposals.iter().enumerate() {
+                    if p != sampled(x.id, final_end + i) {
+                        break;
+                    }
+                    new.push(p);
+                }
+                new.push(sampled(x.id, final_end + new.len()));
+                let c = out_count.entry(x.id).or_insert(0);
+                new.truncate(reqs[x.id as usize].max_out - *c);
+                *c += new.len();
+                if *c == reqs[x.id as usize].max_out {
+                    finishing.push(x.id);
+                }
+                samples.extend(new.into_iter().map(|t| (x.id, t)));
             }
         }
         s.update(&out, &samples);
-        for (id, _) in samples {
-            let c = out_count.entry(id).or_insert(0);
-            *c += 1;
-            if *c == reqs[id as usize].max_out {
-                s.remove(id);
-                done.insert(id, true);
+        for x in &out.seqs {
+            let toks = s.tokens(x.id).unwrap();
+            prop_assert!(s.num_computed(x.id).unwrap() < toks.len() || !x.samples);
+            // The output is what the model samples, proposals or not.
+            for (p, &t) in toks.iter().enumerate().skip(prompt_len[&x.id]) {
+                prop_assert_eq!(t, sampled(x.id, p), "seq {} pos {}", x.id, p);
             }
+        }
+        s.check().map_err(TestCaseError::fail)?;
+        for id in finishing {
+            s.remove(id);
+            done.insert(id, true);
         }
         for (i, r) in reqs.iter().enumerate() {
             if r.abort_at == Some(step) && done.get(&(i as RequestId)) == Some(&false) {
@@ -170,7 +253,16 @@ proptest! {
 
     #[test]
     fn budgets_hold_nothing_leaks_everything_finishes(cfg in config(), reqs in prop::collection::vec(req(), 1..24)) {
-        simulate(cfg, reqs)?;
+        simulate(cfg, reqs, None)?;
+    }
+
+    #[test]
+    fn speculation_rolls_back_exactly_and_changes_no_output(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..24),
+        spec in speculation(),
+    ) {
+        simulate(cfg, reqs, spec)?;
     }
 }
 
@@ -253,4 +345,50 @@ fn preemption_evicts_the_lowest_priority_latest_admitted() {
     assert_eq!(out.seqs.iter().map(|x| x.id).collect::<Vec<_>>(), vec![1]);
     assert_eq!(s.stats().preemptions, 1);
     assert_eq!(s.num_waiting(), 1);
+}
+
+#[test]
+fn proposals_are_verified_in_one_run_and_rejected_ones_roll_back() {
+    let cfg = SchedulerConfig {
+        num_blocks: 8,
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        enable_prefix_caching: true,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(1, &[1, 2, 3, 4, 5, 6], 0).unwrap();
+    let out = s.schedule();
+    s.update(&out, &[(1, 7)]);
+    // Seven final tokens, six computed: propose four more (positions 7..=10).
+    assert_eq!(s.propose(1, &[8, 9, 10, 11]).unwrap(), 4);
+    assert_eq!(s.tokens(1).unwrap().len(), 7, "proposals are not final");
+    let out = s.schedule();
+    let x = &out.seqs[0];
+    assert_eq!((x.start, x.num_tokens, x.num_proposed), (6, 5, 4));
+    assert_eq!(x.num_logits(), 5);
+    let mut batch = ForwardBatch::new();
+    s.fill_batch(&out, &mut batch).unwrap();
+    assert_eq!(batch.token_ids, vec![7, 8, 9, 10, 11]);
+    assert_eq!(batch.logits_indices, vec![0, 1, 2, 3, 4]);
+    assert_eq!(s.block_table(1).unwrap().len(), 3, "room for 11 tokens");
+    // The model agrees with 8 and 9, then samples 20 instead of 10.
+    s.update(&out, &[(1, 8), (1, 9), (1, 20)]);
+    assert_eq!(s.tokens(1).unwrap(), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 20]);
+    assert_eq!(s.num_computed(1), Some(9), "positions 9 and 10 rolled back");
+    assert_eq!(s.block_table(1).unwrap().len(), 3);
+    // Only the first two blocks (8 final, computed tokens) are in the prefix cache.
+    assert_eq!(s.stats().blocks_cached, 2);
+    s.check().unwrap();
+    // A rejection of everything frees the block that only proposals used.
+    assert_eq!(s.propose(1, &[30, 31, 32]).unwrap(), 3);
+    let out = s.schedule();
+    assert_eq!(s.block_table(1).unwrap().len(), 4);
+    s.update(&out, &[(1, 40)]);
+    assert_eq!(s.num_computed(1), Some(10));
+    assert_eq!(s.block_table(1).unwrap().len(), 3);
+    s.check().unwrap();
+    s.remove(1);
+    assert_eq!(s.pool().num_free(), 8);
+    assert!(s.propose(1, &[1]).is_err(), "an unknown sequence");
 }

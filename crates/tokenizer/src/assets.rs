@@ -6,11 +6,13 @@ use crate::tokenizer::{load_special_tokens, read_json_opt};
 use crate::{ChatMessage, ChatTemplate, Result, TemplateMode, Tokenizer, TokenizerError};
 use serde_json::Value;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A model's tokenizer and its chat template, if it has one.
 #[derive(Debug)]
 pub struct TextAssets {
-    pub tokenizer: Tokenizer,
+    /// Shared with the engine, which detokenizes with it.
+    pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
 }
 
@@ -30,7 +32,7 @@ impl TextAssets {
             .map(|src| ChatTemplate::with_mode(src, tokenizer.special(), mode))
             .transpose()?;
         Ok(TextAssets {
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             chat_template,
         })
     }

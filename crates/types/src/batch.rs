@@ -69,14 +69,14 @@ impl ForwardBatch {
 
     /// Appends a sequence whose first `num_cached` tokens are already in the cache and whose next
     /// `tokens` are computed now. `block_table` must cover all `num_cached + tokens.len()`
-    /// positions. When `compute_logits` is set, the logits of its last token are returned.
+    /// positions. The logits of its last `num_logits` tokens are returned (at most all of them).
     pub fn push_seq(
         &mut self,
         tokens: &[TokenId],
         num_cached: usize,
         block_table: &[BlockId],
         block_size: usize,
-        compute_logits: bool,
+        num_logits: usize,
     ) -> Result<()> {
         if tokens.is_empty() {
             return Err(TypesError::InvalidBatch("a sequence with no tokens".into()));
@@ -106,9 +106,15 @@ impl ForwardBatch {
             self.positions.push(to_u32(pos)?);
             self.slot_mapping.push(to_u32(slot)?);
         }
-        if compute_logits {
-            self.logits_indices
-                .push(to_u32(query_start + tokens.len() - 1)?);
+        if num_logits > tokens.len() {
+            return Err(TypesError::InvalidBatch(format!(
+                "logits of {num_logits} rows asked of a sequence of {} tokens",
+                tokens.len()
+            )));
+        }
+        let end = query_start + tokens.len();
+        for row in end - num_logits..end {
+            self.logits_indices.push(to_u32(row)?);
         }
         Ok(())
     }
@@ -187,11 +193,16 @@ mod tests {
     #[test]
     fn push_builds_positions_and_slots() {
         let mut b = ForwardBatch::new();
-        b.push_seq(&[5, 6, 7], 2, &[3, 1], 4, true).unwrap();
-        b.push_seq(&[9], 0, &[0], 4, true).unwrap();
+        b.push_seq(&[5, 6, 7], 2, &[3, 1], 4, 1).unwrap();
+        b.push_seq(&[9], 0, &[0], 4, 1).unwrap();
         assert_eq!(b.positions, vec![2, 3, 4, 0]);
         assert_eq!(b.slot_mapping, vec![14, 15, 4, 0]);
         assert_eq!(b.logits_indices, vec![2, 3]);
+        let mut several = ForwardBatch::new();
+        several.push_seq(&[5, 6, 7], 0, &[0], 4, 2).unwrap();
+        several.push_seq(&[8], 0, &[1], 4, 0).unwrap();
+        assert_eq!(several.logits_indices, vec![1, 2]);
+        assert!(several.push_seq(&[5], 0, &[2], 4, 2).is_err());
         b.validate(4, 4, 10).unwrap();
         assert!(
             b.validate(4, 3, 10).is_err(),
@@ -206,6 +217,6 @@ mod tests {
         assert!(c.validate(4, 4, 10).is_err());
         b.clear();
         assert_eq!(b.num_tokens(), 0);
-        assert!(b.push_seq(&[1; 9], 0, &[0, 1], 4, false).is_err());
+        assert!(b.push_seq(&[1; 9], 0, &[0, 1], 4, 0).is_err());
     }
 }

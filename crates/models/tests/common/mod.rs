@@ -94,7 +94,7 @@ pub fn prompt_logits(model: &mut Model, prompt: &[u32]) -> Vec<f32> {
     // A scrambled block table: attention must follow it, not assume contiguity.
     let table: Vec<u32> = (0..kv.num_blocks() as u32).rev().collect();
     let mut b = ForwardBatch::new();
-    b.push_seq(prompt, 0, &table, bs, false).unwrap();
+    b.push_seq(prompt, 0, &table, bs, 0).unwrap();
     b.logits_indices = (0..prompt.len() as u32).collect();
     model.forward(&b, &mut kv).unwrap().to_vec()
 }
@@ -115,14 +115,14 @@ pub fn greedy(model: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut kv = cache(model, prompt.len() + n, bs);
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let mut b = ForwardBatch::new();
-    b.push_seq(prompt, 0, &table, bs, true).unwrap();
+    b.push_seq(prompt, 0, &table, bs, 1).unwrap();
     let mut out = Vec::new();
     let mut next = argmax(model.forward(&b, &mut kv).unwrap());
     out.push(next);
     while out.len() < n {
         b.clear();
         let done = prompt.len() + out.len() - 1;
-        b.push_seq(&[next], done, &table, bs, true).unwrap();
+        b.push_seq(&[next], done, &table, bs, 1).unwrap();
         next = argmax(model.forward(&b, &mut kv).unwrap());
         out.push(next);
     }

@@ -1,10 +1,11 @@
-//! The single-sequence generator on the tiny fixtures: greedy ids match transformers', chunked
-//! prefill and prefix reuse change nothing, seeds reproduce, early stop aborts.
+//! One request at a time through the engine (`EngineHandle::generate_one`, the command line's
+//! path) on the tiny fixtures: greedy ids match transformers', chunked prefill and prefix reuse
+//! change nothing, seeds reproduce, early stop aborts, bad requests are refused.
 #![allow(clippy::unwrap_used)]
 
-use ferrum_engine::{Generator, GeneratorConfig};
+use ferrum_engine::{EngineConfig, EngineHandle, GenerateRequest, Generation, KvCacheSize};
 use ferrum_models::{load_model, LoadOptions};
-use ferrum_types::{FinishReason, SamplingParams};
+use ferrum_types::{FinishReason, SamplingParams, TokenId};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -14,7 +15,8 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn generator(name: &str, cfg: GeneratorConfig) -> Generator {
+/// An engine for one request at a time, as the command line starts it.
+fn single(name: &str, cfg: EngineConfig) -> EngineHandle {
     let model = load_model(
         &fixture(name),
         &LoadOptions {
@@ -23,7 +25,20 @@ fn generator(name: &str, cfg: GeneratorConfig) -> Generator {
         },
     )
     .unwrap();
-    Generator::new(model, cfg).unwrap()
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        max_waiting: 0,
+        ..cfg
+    };
+    EngineHandle::start(model, None, &cfg).unwrap()
+}
+
+fn run(
+    e: &EngineHandle,
+    prompt: &[TokenId],
+    p: &SamplingParams,
+) -> Result<Generation, ferrum_engine::EngineError> {
+    e.generate_one(GenerateRequest::new(prompt.to_vec(), p.clone()), |_| true)
 }
 
 fn reference_case(name: &str, i: usize) -> (Vec<u32>, Vec<u32>) {
@@ -49,16 +64,14 @@ fn greedy_matches_the_reference_with_any_prefill_chunk() {
     for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
         let (prompt, want) = reference_case(name, 1);
         for chunk in [1, 3, 512] {
-            let mut g = generator(
+            let g = single(
                 name,
-                GeneratorConfig {
-                    prefill_chunk: chunk,
-                    ..GeneratorConfig::default()
+                EngineConfig {
+                    max_num_batched_tokens: chunk,
+                    ..EngineConfig::default()
                 },
             );
-            let out = g
-                .generate(&prompt, &greedy(want.len()), None, 0, |_| true)
-                .unwrap();
+            let out = run(&g, &prompt, &greedy(want.len())).unwrap();
             assert_eq!(out.token_ids, want, "{name} chunk {chunk}");
             assert_eq!(out.finish, FinishReason::MaxTokens);
         }
@@ -68,30 +81,29 @@ fn greedy_matches_the_reference_with_any_prefill_chunk() {
 #[test]
 fn prefix_reuse_gives_the_same_tokens() {
     let (prompt, want) = reference_case("tiny-llama", 1);
-    let mut g = generator("tiny-llama", GeneratorConfig::default());
-    let first = g
-        .generate(&prompt, &greedy(want.len()), None, 0, |_| true)
-        .unwrap();
+    // One-token blocks: the prefix cache reuses every token it can.
+    let reusing = EngineConfig {
+        block_size: 1,
+        ..EngineConfig::default()
+    };
+    let g = single("tiny-llama", reusing.clone());
+    let first = run(&g, &prompt, &greedy(want.len())).unwrap();
     assert_eq!(first.cached_prompt_tokens, 0);
     // The same prompt again: all but the last prompt token come from the cache.
-    let again = g
-        .generate(&prompt, &greedy(want.len()), None, 0, |_| true)
-        .unwrap();
+    let again = run(&g, &prompt, &greedy(want.len())).unwrap();
     assert_eq!(again.cached_prompt_tokens, prompt.len() - 1);
     assert_eq!(again.token_ids, want);
     // A prompt that extends the first output reuses prompt + output.
     let mut longer = prompt.clone();
     longer.extend_from_slice(&first.token_ids[..4]);
-    let ext = g.generate(&longer, &greedy(4), None, 0, |_| true).unwrap();
+    let ext = run(&g, &longer, &greedy(4)).unwrap();
     assert!(
         ext.cached_prompt_tokens >= prompt.len() + 3,
         "{}",
         ext.cached_prompt_tokens
     );
-    let mut fresh = generator("tiny-llama", GeneratorConfig::default());
-    let cold = fresh
-        .generate(&longer, &greedy(4), None, 0, |_| true)
-        .unwrap();
+    let fresh = single("tiny-llama", reusing);
+    let cold = run(&fresh, &longer, &greedy(4)).unwrap();
     assert_eq!(ext.token_ids, cold.token_ids);
     assert_eq!(&ext.token_ids[..], &want[4..8]);
 }
@@ -99,19 +111,19 @@ fn prefix_reuse_gives_the_same_tokens() {
 #[test]
 fn seeds_reproduce_and_callbacks_can_stop() {
     let (prompt, _) = reference_case("tiny-qwen3", 0);
-    let mut g = generator("tiny-qwen3", GeneratorConfig::default());
+    let g = single("tiny-qwen3", EngineConfig::default());
     let p = SamplingParams {
         seed: Some(9),
         max_tokens: Some(12),
         ignore_eos: true,
         ..SamplingParams::default()
     };
-    let a = g.generate(&prompt, &p, None, 1, |_| true).unwrap();
-    let b = g.generate(&prompt, &p, None, 2, |_| true).unwrap();
+    let a = run(&g, &prompt, &p).unwrap();
+    let b = run(&g, &prompt, &p).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
     let mut seen = 0;
     let c = g
-        .generate(&prompt, &p, None, 0, |_| {
+        .generate_one(GenerateRequest::new(prompt.clone(), p.clone()), |_| {
             seen += 1;
             seen < 3
         })
@@ -121,11 +133,12 @@ fn seeds_reproduce_and_callbacks_can_stop() {
 
 #[test]
 fn bad_requests_are_refused() {
-    let mut g = generator(
+    let g = single(
         "tiny-llama",
-        GeneratorConfig {
+        EngineConfig {
             max_model_len: Some(8),
-            ..GeneratorConfig::default()
+            kv_cache: KvCacheSize::Blocks(4),
+            ..EngineConfig::default()
         },
     );
     let p = greedy(4);
@@ -134,22 +147,18 @@ fn bad_requests_are_refused() {
             .unwrap_err()
             .to_string()
     };
-    assert!(err(g.generate(&[], &p, None, 0, |_| true)).contains("empty"));
-    assert!(
-        err(g.generate(&[1, 999_999], &p, None, 0, |_| true)).contains("outside the vocabulary")
-    );
-    assert!(err(g.generate(&[1; 8], &p, None, 0, |_| true)).contains("context is 8 tokens"));
+    assert!(err(run(&g, &[], &p)).contains("empty"));
+    assert!(err(run(&g, &[1, 999_999], &p)).contains("outside the vocabulary"));
+    assert!(err(run(&g, &[1; 8], &p)).contains("context is 8 tokens"));
     let two = SamplingParams { n: 2, ..greedy(4) };
-    assert!(err(g.generate(&[1], &two, None, 0, |_| true)).contains("n > 1"));
+    assert!(err(run(&g, &[1], &two)).contains("n > 1"));
     let bad = SamplingParams {
         top_p: 2.0,
         ..SamplingParams::default()
     };
-    assert!(err(g.generate(&[1], &bad, None, 0, |_| true)).contains("top_p"));
+    assert!(err(run(&g, &[1], &bad)).contains("top_p"));
     // Filling the context ends with MaxModelLen.
-    let out = g
-        .generate(&[1, 2, 3], &greedy(100), None, 0, |_| true)
-        .unwrap();
+    let out = run(&g, &[1, 2, 3], &greedy(100)).unwrap();
     assert_eq!(
         (out.token_ids.len(), out.finish),
         (5, FinishReason::MaxModelLen)
