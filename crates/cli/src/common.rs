@@ -167,6 +167,7 @@ pub fn load_parts(
             num_threads: args.threads,
             precision: args.matmul_precision.into(),
             kv_cache_dtype: args.kv_cache_dtype.fixed(),
+            pool: None,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

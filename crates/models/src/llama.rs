@@ -275,6 +275,11 @@ impl LlamaModel {
         })
     }
 
+    /// The compute pool this model runs on (possibly shared with other models).
+    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }

@@ -12,8 +12,12 @@ use std::sync::Arc;
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
-    /// Compute threads; `None` uses every available core.
+    /// Compute threads of a pool of its own; `None` uses every available core. Must be unset
+    /// with `pool`.
     pub num_threads: Option<usize>,
+    /// A compute pool to share with models already loaded (a draft model beside its target:
+    /// two models must not double the threads). `None`: the model gets its own pool.
+    pub pool: Option<Arc<ThreadPool>>,
     /// Activations of products with block-quantized weights: 8-bit integer (default) or f32.
     pub precision: MatmulPrecision,
     /// Element type of the KV cache; `None` picks one (see [`resolve_kv_dtype`]).
@@ -54,6 +58,14 @@ impl Model {
         }
     }
 
+    /// The compute pool the model runs on; pass it in [`LoadOptions::pool`] to load another
+    /// model onto the same threads.
+    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
+        match self {
+            Model::Llama(m) => m.compute_pool(),
+        }
+    }
+
     /// See [`LlamaModel::weight_bytes_per_token`].
     pub fn weight_bytes_per_token(&self) -> usize {
         match self {
@@ -77,22 +89,32 @@ pub fn load_config(src: &WeightSource) -> Result<ModelConfig> {
     }
 }
 
+/// The pool `opts` names: the shared one, or a new one of `num_threads`.
+fn compute_pool(path: &Path, opts: &LoadOptions) -> Result<Arc<ThreadPool>> {
+    let pool = match (&opts.pool, opts.num_threads) {
+        (Some(_), Some(_)) => {
+            return Err(ModelError::Invalid(
+                "a model given a shared compute pool takes its threads from it; leave the number of threads unset".into(),
+            ))
+        }
+        (Some(p), None) => return Ok(Arc::clone(p)),
+        (None, Some(0)) => {
+            return Err(ModelError::Invalid(
+                "the number of threads must be at least 1".into(),
+            ))
+        }
+        (None, Some(n)) => ThreadPool::new(n),
+        (None, None) => ThreadPool::with_available_parallelism(),
+    };
+    pool.map(Arc::new).map_err(|e| ModelError::io(path, e))
+}
+
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
-    let pool = match opts.num_threads {
-        Some(0) => {
-            return Err(ModelError::Invalid(
-                "the number of threads must be at least 1".into(),
-            ))
-        }
-        Some(n) => ThreadPool::new(n),
-        None => ThreadPool::with_available_parallelism(),
-    }
-    .map_err(|e| ModelError::io(path, e))?;
-    let pool = Arc::new(pool);
+    let pool = compute_pool(path, opts)?;
     match config.spec.family {
         Family::Llama => Ok(Model::Llama(LlamaModel::load(
             config,

@@ -53,6 +53,7 @@ pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> 
             num_threads: Some(2),
             precision,
             kv_cache_dtype: kv,
+            pool: None,
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
