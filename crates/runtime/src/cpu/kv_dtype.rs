@@ -7,9 +7,6 @@
 //! f32 cache holding the rounded values, whatever the instruction set: the widening differs
 //! between builds (`vcvtph2ps` or plain code), its result does not.
 
-use super::attention::{paged_attention, write_kv_par, AttentionShape};
-use crate::ThreadPool;
-use ferrum_types::batch::SeqSlice;
 use half::{bf16, f16};
 
 /// Element type of a KV cache.
@@ -135,58 +132,6 @@ impl KvElem for bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
-    }
-}
-
-/// One layer's key and value caches (see [`super::paged_attention`] for the layout), in
-/// whichever type the cache holds.
-#[derive(Debug)]
-pub enum KvLayerMut<'a> {
-    F32(&'a mut [f32], &'a mut [f32]),
-    F16(&'a mut [f16], &'a mut [f16]),
-    Bf16(&'a mut [bf16], &'a mut [bf16]),
-}
-
-impl KvLayerMut<'_> {
-    /// [`super::write_kv`] into this layer, split over `pool` for larger batches (the same bits).
-    pub fn write(
-        &mut self,
-        pool: &ThreadPool,
-        k: &[f32],
-        v: &[f32],
-        slot_mapping: &[u32],
-        shape: &AttentionShape,
-    ) {
-        match self {
-            KvLayerMut::F32(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
-            KvLayerMut::F16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
-            KvLayerMut::Bf16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
-        }
-    }
-
-    /// [`super::paged_attention`] over this layer.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        &self,
-        pool: &ThreadPool,
-        q: &[f32],
-        seqs: &[SeqSlice],
-        block_tables: &[u32],
-        shape: &AttentionShape,
-        out: &mut [f32],
-        partials: &mut Vec<f32>,
-    ) {
-        match self {
-            KvLayerMut::F32(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
-            }
-            KvLayerMut::F16(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
-            }
-            KvLayerMut::Bf16(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
-            }
-        }
     }
 }
 

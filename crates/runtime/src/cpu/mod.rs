@@ -23,10 +23,11 @@ pub mod stream;
 
 pub use activation::silu_mul;
 pub use attention::{
-    paged_attention, write_kv, write_kv_par, AttentionShape, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
+    paged_attention, write_kv, write_kv_par, AttentionShape, KvLayerMut, MAX_BLOCK_SIZE,
+    MAX_HEAD_DIM,
 };
 pub use embedding::embedding;
-pub use kv_dtype::{zeroed_vec, KvDtype, KvElem, KvLayerMut};
+pub use kv_dtype::{zeroed_vec, KvDtype, KvElem};
 pub use matmul::{
     add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8, ActScratch, Linear, LinearInput,
     MatmulPrecision, Weight,

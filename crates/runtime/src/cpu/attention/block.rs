@@ -1,0 +1,211 @@
+//! One run of (token, head) pairs against one KV block: scores, the online-softmax step and
+//! the weighted values, in a generic form and unrolled per instruction set and head size.
+
+use super::kernels::{prefetch, prefetch_l2, SoftmaxState};
+use super::{LANES, MAX_BLOCK_SIZE};
+use crate::cpu::kv_dtype::sealed::Isa;
+use crate::cpu::kv_dtype::KvElem;
+use crate::cpu::simd;
+
+/// Most pairs of one token that go through a block together.
+pub(super) const MAX_RUN: usize = 4;
+
+/// Pairs of one token against one block: `first` is the index of the first pair, `range` the
+/// visible keys of the block.
+pub(super) struct Run<'a, E> {
+    pub(super) pairs: &'a [(usize, usize)],
+    pub(super) first: usize,
+    pub(super) range: (usize, usize),
+    /// Keys and values of the block that comes next, to prefetch meanwhile.
+    pub(super) next: Option<(&'a [E], &'a [E])>,
+    /// Keys and values of a block further on, to bring into L2 meanwhile.
+    pub(super) far: Option<(&'a [E], &'a [E])>,
+}
+
+/// The maximum of a block's visible scores (keys `lo..hi`): lane maxima, then their fold
+/// (exact in any order; minus infinity when none is visible).
+#[inline(always)]
+pub(super) fn visible_max(scores: &[f32], (lo, hi): (usize, usize)) -> f32 {
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    for (j, &sc) in scores.iter().enumerate() {
+        let v = if j >= lo && j < hi {
+            sc
+        } else {
+            f32::NEG_INFINITY
+        };
+        lane_max[j % LANES] = lane_max[j % LANES].max(v);
+    }
+    lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// The softmax step of one pair over a block's scaled `scores` (keys `lo..hi` visible) whose
+/// visible maximum is `block_max`: rescaling when the running maximum grows, then `probs`
+/// (zero outside the visible keys) added to the denominator lanes.
+#[inline(always)]
+pub(super) fn softmax_step(
+    block_max: f32,
+    scores: &[f32],
+    range: (usize, usize),
+    s: &mut SoftmaxState,
+    acc: &mut [f32],
+    probs: &mut [f32],
+) {
+    let (lo, hi) = range;
+    if block_max > s.max {
+        let correction = simd::exp(s.max - block_max);
+        s.denom.iter_mut().for_each(|d| *d *= correction);
+        acc.iter_mut().for_each(|a| *a *= correction);
+        s.max = block_max;
+    }
+    let m = s.max;
+    for (j, (pr, &sc)) in probs.iter_mut().zip(scores).enumerate() {
+        let e = simd::exp(sc - m);
+        *pr = if j >= lo && j < hi { e } else { 0.0 };
+    }
+    for (j, &pr) in probs.iter().enumerate() {
+        s.denom[j % LANES] += pr;
+    }
+}
+
+/// One pair against a block of any size (the reference arithmetic).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn block_any<E: KvElem>(
+    qv: &[f32],
+    keys: &[E],
+    vals: &[E],
+    bs: usize,
+    range: (usize, usize),
+    scale: f32,
+    s: &mut SoftmaxState,
+    acc: &mut [f32],
+) {
+    let hd = qv.len();
+    let mut scores = [0f32; MAX_BLOCK_SIZE];
+    let mut probs = [0f32; MAX_BLOCK_SIZE];
+    block_scores_any(qv, keys, bs, &mut scores[..bs]);
+    scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
+    let block_max = visible_max(&scores[..bs], range);
+    softmax_step(block_max, &scores[..bs], range, s, acc, &mut probs[..bs]);
+    let (lo, hi) = range;
+    weighted_values_any(acc, &probs[lo..hi], &vals[lo * hd..hi * hd]);
+}
+
+/// `NP` pairs of one token against a block of 16 keys with head size `HD`: the block's keys
+/// and values are loaded once for all of them, and their accumulators give independent chains.
+/// Each pair's arithmetic is exactly [`block_any`]'s.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register arrays read best indexed
+#[inline(always)]
+pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
+    run: &Run<'_, E>,
+    q: &[f32],
+    t: usize,
+    nh: usize,
+    keys: &[E],
+    vals: &[E],
+    scale: f32,
+    st: &mut [SoftmaxState],
+    out: &mut [f32],
+) {
+    const BS: usize = 16;
+    let qs: [&[f32; HD]; NP] = std::array::from_fn(|k| {
+        let at = (t * nh + run.pairs[k].1) * HD;
+        q[at..at + HD].try_into().expect("HD values")
+    });
+    // Without a next block, the prefetches touch this one (in cache): no branch in the loops.
+    let (next_k, next_v) = run.next.unwrap_or((keys, vals));
+    let (far_k, far_v) = run.far.unwrap_or((keys, vals));
+    // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
+    let mut part = [[[0f32; BS]; 4]; NP];
+    // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
+    // registers (it stored every accumulator on every step, which cost a quarter of the time).
+    for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
+        for r in 0..4 {
+            let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
+            for k in 0..NP {
+                let qd = qs[k][4 * c + r];
+                for j in 0..BS {
+                    part[k][r][j] = qd.mul_add(krow[j], part[k][r][j]);
+                }
+            }
+        }
+    }
+    let mut probs = [[0f32; BS]; NP];
+    for k in 0..NP {
+        let mut scores = [0f32; BS];
+        for j in 0..BS {
+            scores[j] = ((part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j])) * scale;
+        }
+        let p = run.first + k;
+        // The block's maximum as the build does it best (the same value as `visible_max`'s).
+        let block_max = W::visible_max16(&scores, run.range.0, run.range.1);
+        softmax_step(
+            block_max,
+            &scores,
+            run.range,
+            &mut st[p],
+            &mut out[p * HD..(p + 1) * HD],
+            &mut probs[k],
+        );
+    }
+    // Weighted values, key by key, every pair's accumulator in registers.
+    let (lo, hi) = run.range;
+    let mut a = [[0f32; HD]; NP];
+    for k in 0..NP {
+        let p = run.first + k;
+        a[k].copy_from_slice(&out[p * HD..(p + 1) * HD]);
+    }
+    let value_steps = vals[lo * HD..hi * HD].chunks_exact(HD);
+    // The next block's keys and values, a sixteenth of each per step (its keys cut into
+    // sixteen equal runs of lines: which lines go when does not matter).
+    let next = next_k[lo * HD..hi * HD]
+        .chunks_exact(HD)
+        .zip(next_v[lo * HD..hi * HD].chunks_exact(HD));
+    let far = far_k[lo * HD..hi * HD]
+        .chunks_exact(HD)
+        .zip(far_v[lo * HD..hi * HD].chunks_exact(HD));
+    for (j, (v, ((nk, nv), (fk, fv)))) in (lo..hi).zip(value_steps.zip(next.zip(far))) {
+        prefetch(nk);
+        prefetch(nv);
+        prefetch_l2(fk);
+        prefetch_l2(fv);
+        for c in 0..HD / 16 {
+            let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);
+            for k in 0..NP {
+                let pr = probs[k][j];
+                for d in 0..16 {
+                    a[k][c * 16 + d] = pr.mul_add(w[d], a[k][c * 16 + d]);
+                }
+            }
+        }
+    }
+    for k in 0..NP {
+        let p = run.first + k;
+        out[p * HD..(p + 1) * HD].copy_from_slice(&a[k]);
+    }
+}
+
+/// Scores of one query against the `bs` keys of a transposed block: per key, four partial sums
+/// over the dimensions `d ≡ r (mod 4)` in increasing `d`, then `(s0 + s1) + (s2 + s3)`.
+#[inline(always)]
+pub(super) fn block_scores_any<E: KvElem>(q: &[f32], keys: &[E], bs: usize, out: &mut [f32]) {
+    let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
+    for (d, (&qd, krow)) in q.iter().zip(keys.chunks_exact(bs)).enumerate() {
+        for (a, &k) in part[d % 4][..bs].iter_mut().zip(krow) {
+            *a = qd.mul_add(k.to_f32(), *a);
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+    }
+}
+
+/// `acc += Σ_k probs[k] · vals[k]`, key by key.
+#[inline(always)]
+pub(super) fn weighted_values_any<E: KvElem>(acc: &mut [f32], probs: &[f32], vals: &[E]) {
+    for (&p, v) in probs.iter().zip(vals.chunks_exact(acc.len())) {
+        for (a, &x) in acc.iter_mut().zip(v) {
+            *a = p.mul_add(x.to_f32(), *a);
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Paged attention over a block-table KV cache, with online softmax.
+//!
+//! Cache layout, per layer: keys `[num_blocks, num_kv_heads, head_dim, block_size]` (each
+//! block's keys transposed, so the scores of a query against a whole block are one vector
+//! multiply-add per dimension) and values `[num_blocks, num_kv_heads, block_size, head_dim]`.
+//! Token `j` of a sequence lives in block `block_table[j / block_size]` at offset
+//! `j % block_size`. The query at position `p` attends to keys `0..=p` (causal), and with a
+//! sliding window `w` only to keys `j` with `p - j < w`. Keys and values are read in place
+//! through the block table: nothing is gathered.
+//!
+//! Work items are a sequence's query heads that share one KV head, for a run of its tokens, so a
+//! block of keys and values is loaded once for all of them; when that gives too few items for the
+//! pool, single heads. Every (token, head) pair runs the same arithmetic whatever item it is in,
+//! so results never depend on the batch, the chunking of a prompt or the thread count.
+//!
+//! The cache holds f32 or a half type ([`KvElem`]); keys and values are widened to f32 as they
+//! are loaded, and everything after that is the same f32 arithmetic.
+//!
+//! Files: [`planner`] cuts the batch into items and folds split parts; [`kernels`] runs an
+//! item; [`block`] runs its pairs against one block; [`kv_write`] writes new keys and values; [`KvLayerMut`] dispatches a layer's cache by
+//! its element type.
+
+mod block;
+mod kernels;
+mod kv_write;
+mod planner;
+#[cfg(test)]
+mod tests;
+
+pub use kv_write::{write_kv, write_kv_par};
+pub use planner::paged_attention;
+
+use crate::ThreadPool;
+use ferrum_types::batch::SeqSlice;
+use half::{bf16, f16};
+
+/// Largest head size the kernel's stack buffers hold.
+pub const MAX_HEAD_DIM: usize = 512;
+/// Largest KV block size the kernel's stack buffers hold.
+pub const MAX_BLOCK_SIZE: usize = 256;
+/// Most (token, head) pairs one work item carries.
+pub(crate) const MAX_PAIRS: usize = 16;
+
+/// Sizes of an attention layer and its cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Multiplier of `q·k`, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+    /// Keys further back than this many positions are masked.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttentionShape {
+    /// Start of (block, kv head) in either cache.
+    pub(crate) fn block_base(&self, block: usize, kv_head: usize) -> usize {
+        (block * self.num_kv_heads + kv_head) * self.block_size * self.head_dim
+    }
+}
+
+/// Positions per softmax partition: every (token, head) pair's keys are cut at multiples of
+/// this, each part gets its own online softmax, and the parts are folded in order
+/// ([`fold`]). A decode's parts can so run on different threads with the same result.
+pub const PART: usize = 256;
+/// Lanes of a pair's softmax denominator: key `j` of a block adds to lane `j % LANES`.
+pub(crate) const LANES: usize = 16;
+
+/// One layer's key and value caches (see the module doc for the layout), in
+/// whichever type the cache holds.
+#[derive(Debug)]
+pub enum KvLayerMut<'a> {
+    F32(&'a mut [f32], &'a mut [f32]),
+    F16(&'a mut [f16], &'a mut [f16]),
+    Bf16(&'a mut [bf16], &'a mut [bf16]),
+}
+
+impl KvLayerMut<'_> {
+    /// [`write_kv`] into this layer, split over `pool` for larger batches (the same bits).
+    pub fn write(
+        &mut self,
+        pool: &ThreadPool,
+        k: &[f32],
+        v: &[f32],
+        slot_mapping: &[u32],
+        shape: &AttentionShape,
+    ) {
+        match self {
+            KvLayerMut::F32(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::F16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::Bf16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+        }
+    }
+
+    /// [`paged_attention`] over this layer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        pool: &ThreadPool,
+        q: &[f32],
+        seqs: &[SeqSlice],
+        block_tables: &[u32],
+        shape: &AttentionShape,
+        out: &mut [f32],
+        partials: &mut Vec<f32>,
+    ) {
+        match self {
+            KvLayerMut::F32(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+            KvLayerMut::F16(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+            KvLayerMut::Bf16(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
+            }
+        }
+    }
+}
