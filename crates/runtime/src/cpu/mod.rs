@@ -12,6 +12,7 @@ mod dst;
 mod embedding;
 pub mod fpack;
 mod kv_dtype;
+mod linear;
 mod matmul;
 mod norm;
 mod qacts;
@@ -28,10 +29,8 @@ pub use attention::{
 };
 pub use embedding::embedding;
 pub use kv_dtype::{zeroed_vec, KvDtype, KvElem};
-pub use matmul::{
-    add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8, ActScratch, Linear, LinearInput,
-    MatmulPrecision, Weight,
-};
+pub use linear::{ActScratch, Linear, LinearInput, MatmulPrecision, Weight};
+pub use matmul::{add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8};
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use rope::{Rope, RopeScaling};
 
