@@ -206,6 +206,10 @@ mod x86 {
     }
 
     /// Sixteen weights at `p` widened to f32.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F (and F16C for f16); `p` is valid for reads of sixteen weights
+    /// of type `D`.
     #[inline(always)]
     unsafe fn load16<const D: u8>(p: *const u8) -> __m512 {
         // SAFETY: `p` points at sixteen values of the format.
@@ -221,6 +225,10 @@ mod x86 {
     }
 
     /// Eight weights at `p` widened to f32.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 (and F16C for f16); `p` is valid for reads of eight weights of
+    /// type `D`.
     #[inline(always)]
     unsafe fn load8<const D: u8>(p: *const u8) -> __m256 {
         // SAFETY: `p` points at eight values of the format.
@@ -235,6 +243,10 @@ mod x86 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports the AVX-512 features of its callers' `target_feature` set; the tile and
+    /// activation rows passed hold the `k` columns read, and the output has room for the rows
+    /// and tile columns written.
     #[inline(always)]
     unsafe fn k512<const D: u8, const NA: usize>(
         w: &FloatPacked,
@@ -277,6 +289,10 @@ mod x86 {
         }
     }
 
+    /// # Safety
+    /// The CPU supports the AVX2 features of its callers' `target_feature` set; the tile and
+    /// activation rows passed hold the `k` columns read, and the output has room for the rows
+    /// and tile columns written.
     #[inline(always)]
     unsafe fn k256<const D: u8, const NA: usize>(
         w: &FloatPacked,

@@ -331,10 +331,15 @@ mod tests {
         check("portable", &|c| Portable::f16x16(c));
         #[cfg(target_arch = "x86_64")]
         {
+            /// # Safety
+            /// The CPU supports AVX2, FMA and F16C (the test checked `simd::level`).
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2(c: &[f16]) -> [f32; 16] {
                 super::sealed::Avx2::f16x16(c)
             }
+            /// # Safety
+            /// The CPU supports AVX-512F, AVX-512BW, AVX2, FMA and F16C (the test checked
+            /// `simd::level`).
             #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
             unsafe fn avx512(c: &[f16]) -> [f32; 16] {
                 super::sealed::Avx512::f16x16(c)
@@ -390,10 +395,15 @@ mod tests {
         check("portable", &|s, lo, hi| Portable::visible_max16(s, lo, hi));
         #[cfg(target_arch = "x86_64")]
         {
+            /// # Safety
+            /// The CPU supports AVX2, FMA and F16C (the test checked `simd::level`).
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2(s: &[f32; 16], lo: usize, hi: usize) -> f32 {
                 super::sealed::Avx2::visible_max16(s, lo, hi)
             }
+            /// # Safety
+            /// The CPU supports AVX-512F, AVX-512BW, AVX2, FMA and F16C (the test checked
+            /// `simd::level`).
             #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
             unsafe fn avx512(s: &[f32; 16], lo: usize, hi: usize) -> f32 {
                 super::sealed::Avx512::visible_max16(s, lo, hi)

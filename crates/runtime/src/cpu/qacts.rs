@@ -168,6 +168,8 @@ fn quantize_row(xr: &[f32], qs: &mut [i8], d: &mut [f32], bsum: &mut [f32], sum1
     quantize_row_plain(xr, qs, d, bsum, sum16);
 }
 
+/// # Safety
+/// The CPU supports AVX-512F and AVX-512BW (the caller checked [`super::simd::level`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 #[allow(clippy::needless_range_loop)] // a block index addresses four arrays

@@ -423,6 +423,10 @@ mod x86 {
     build!(tiles_avx2, rows_avx2, "avx2,fma,f16c", avx2, false);
 
     /// The integer bias correction `-bias * Σq` of elements `16 s0 .. 16 (s0 + n)` of block `b`.
+    ///
+    /// # Safety
+    /// `a.sum16` holds the sums of blocks up to `b` (indices `2 * b + s0 .. 2 * b + s0 + n` are
+    /// in bounds).
     #[inline(always)]
     unsafe fn bias_init<const SH: u32>(a: &ActRow<'_>, b: usize, s0: usize, n: usize) -> i32 {
         if SH == 0 {
@@ -436,6 +440,10 @@ mod x86 {
     }
 
     /// A group's f16 values at `p`, one per row, widened.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and F16C; `p` is valid for reads of 32 bytes (sixteen f16
+    /// values).
     #[inline(always)]
     unsafe fn f16x16(p: *const u8) -> __m512 {
         // SAFETY: the caller's group holds sixteen f16 values at `p`.
@@ -446,6 +454,10 @@ mod x86 {
     /// 64-byte arrays `[sub / 2][r]`, scales of the even sub-blocks, of the odd ones, then
     /// minimums of the even and of the odd ones. Three loads and byte operations for the whole
     /// group (16-bit shifts: what crosses a byte lands outside the masks).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX-512BW; `sp` points at a K6 group's scales, valid for
+    /// reads of `64 + 192` bytes.
     #[inline(always)]
     unsafe fn k6_bytes512(sp: *const u8, out: &mut [__m512i; 4]) {
         // SAFETY: the caller's group holds its 192 bytes of sub-block scales at `sp + 64`.
@@ -468,6 +480,10 @@ mod x86 {
     /// minimum or `dmin`; `k6` the group's bytes from [`k6_bytes512`] for `K6`): the scales of
     /// its first and second halves and, for `K6`, the minimum `dmin * m` to subtract (else `dm`,
     /// the minimum to add).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F, AVX-512BW and F16C; `sp` points at the scales of a group of
+    /// kind `K`, valid for reads of that kind's scale bytes for block `k`.
     #[inline(always)]
     unsafe fn scales512<const K: u8>(
         sp: *const u8,
@@ -499,6 +515,12 @@ mod x86 {
     }
 
     /// AVX-512 VNNI: lane `l` of every register is row `l` of the tile.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F, AVX-512BW, AVX-512VNNI, AVX2, FMA and F16C (the caller
+    /// checked [`Isa::detect`]); `tile` and every activation row hold whole groups of format
+    /// `C` for the `k` columns asked for, and `out` has room for the rows and tile columns
+    /// written.
     #[inline(always)]
     unsafe fn vnni<
         const C: u8,
@@ -650,12 +672,17 @@ mod x86 {
     }
 
     /// Four activation codes from `q + 4t` in every 32-bit lane.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `q + t` is valid for an unaligned read of an `i32`.
     #[inline(always)]
     unsafe fn bc512(q: *const i32, t: usize) -> __m512i {
         // SAFETY: the caller's block holds 32 codes from `q`.
         unsafe { _mm512_set1_epi32(q.add(t).read_unaligned()) }
     }
 
+    /// # Safety
+    /// The CPU supports AVX2; `q + t` is valid for an unaligned read of an `i32`.
     #[inline(always)]
     unsafe fn bc256(q: *const i32, t: usize) -> __m256i {
         // SAFETY: as above.
@@ -673,6 +700,9 @@ mod x86 {
     }
 
     /// Bit `i` of `qh` -> byte `i` set to 0x10.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 (register-only operations: no memory is read).
     #[inline(always)]
     unsafe fn fifth_bits(qh: u32) -> __m256i {
         // SAFETY: register-only intrinsics.
@@ -692,6 +722,10 @@ mod x86 {
     }
 
     /// Rows `8h .. 8h + 8` of a group's f16 values at `p`, widened.
+    ///
+    /// # Safety
+    /// The CPU supports AVX and F16C; `p + 16 * h` is valid for reads of 16 bytes (eight f16
+    /// values).
     #[inline(always)]
     unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
         // SAFETY: the caller's group holds sixteen f16 values at `p`.
@@ -699,6 +733,10 @@ mod x86 {
     }
 
     /// [`scales512`] for rows `8h .. 8h + 8`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C; `sp` points at the scales of a group of kind `K`,
+    /// valid for reads of that kind's scale bytes for block `k`.
     #[inline(always)]
     unsafe fn scales256<const K: u8>(
         sp: *const u8,
@@ -742,6 +780,11 @@ mod x86 {
     }
 
     /// AVX2: each register of sixteen rows as two halves (rows 0..8 and 8..16).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C (the caller checked [`Isa::detect`]); `tile` and
+    /// every activation row hold whole groups of format `C` for the `k` columns asked for, and
+    /// `out` has room for the rows and tile columns written.
     #[inline(always)]
     unsafe fn avx2<
         const C: u8,

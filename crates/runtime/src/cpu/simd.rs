@@ -39,10 +39,15 @@ macro_rules! multiversion {
         $vis fn $name($($a: $t),*) $(-> $r)? {
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU supports AVX-512F, AVX-512BW, AVX2 and FMA (the generated function
+                /// checked [`level`]).
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
                 unsafe fn wide512($($a: $t),*) $(-> $r)? {
                     $imp($($a),*)
                 }
+                /// # Safety
+                /// The CPU supports AVX2 and FMA (the generated function checked [`level`]).
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn wide256($($a: $t),*) $(-> $r)? {
                     $imp($($a),*)

@@ -66,6 +66,8 @@ fn sum_words(x: &[u64]) -> u64 {
     x.iter().fold(0u64, |a, &v| a.wrapping_add(v))
 }
 
+/// # Safety
+/// The CPU supports AVX-512F (the caller checked [`super::simd::level`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn sum_words_512(x: &[u64]) -> u64 {

@@ -226,6 +226,9 @@ pub(super) fn attend_pairs<E: KvElem>(
     #[cfg(target_arch = "x86_64")]
     {
         use crate::cpu::kv_dtype::sealed::{Avx2, Avx512};
+        /// # Safety
+        /// The CPU supports AVX-512F, AVX-512BW, AVX2, FMA and F16C (the caller checked
+        /// `simd::level`).
         #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
         unsafe fn wide512<E: KvElem>(
             job: &PairsJob<'_, E>,
@@ -234,6 +237,8 @@ pub(super) fn attend_pairs<E: KvElem>(
         ) {
             attend_pairs_impl::<E, Avx512>(job, st, acc)
         }
+        /// # Safety
+        /// The CPU supports AVX2, FMA and F16C (the caller checked `simd::level`).
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn wide256<E: KvElem>(
             job: &PairsJob<'_, E>,
