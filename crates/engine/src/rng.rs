@@ -1,30 +1,19 @@
 //! The per-request random generator: xoshiro256++ seeded through SplitMix64. Small, fast and
 //! fully determined by its seed, so a request's draws never depend on what else runs.
 
+use ferrum_types::SplitMix64;
+
 /// A seeded pseudo-random generator.
 #[derive(Debug, Clone)]
 pub struct Rng {
     s: [u64; 4],
 }
 
-fn splitmix64(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        let mut x = seed;
+        let mut x = SplitMix64::new(seed);
         Rng {
-            s: [
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-                splitmix64(&mut x),
-            ],
+            s: std::array::from_fn(|_| x.next_u64()),
         }
     }
 

@@ -4,21 +4,19 @@
 //! land in the "hot" prefix of an input (where headers live) most of the time; large files
 //! are mostly payload that parsers never look inside.
 
-/// splitmix64: small, fast and good enough to drive mutations.
+use ferrum_types::SplitMix64;
+
+/// The mutations' choices: a [`SplitMix64`] stream, small, fast and good enough here.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n > 0`).

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use ferrum_scheduler::{Scheduler, SchedulerConfig};
-use ferrum_types::{ForwardBatch, RequestId, TokenId};
+use ferrum_types::{ForwardBatch, RequestId, SplitMix64, TokenId};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -83,22 +83,13 @@ fn speculation() -> impl Strategy<Value = Option<Speculation>> {
     ))
 }
 
-/// A small generator for the simulation's choices (splitmix64).
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn simulate(
     cfg: SchedulerConfig,
     reqs: Vec<Req>,
     spec: Option<Speculation>,
 ) -> Result<(), TestCaseError> {
     let bs = cfg.block_size;
-    let mut rng = spec.map_or(0, |p| p.seed);
+    let mut rng = SplitMix64::new(spec.map_or(0, |p| p.seed));
     let mut prompt_len: HashMap<RequestId, usize> = HashMap::new();
     let mut s = Scheduler::new(cfg.clone()).unwrap();
     let mut kv: Vec<Option<(TokenId, usize)>> = vec![None; cfg.num_blocks * bs];
@@ -121,10 +112,10 @@ fn simulate(
         if let Some(p) = spec {
             for (&id, _) in done.iter().filter(|(_, &d)| !d) {
                 let len = s.tokens(id).unwrap().len();
-                let k = (next_random(&mut rng) % (p.max_proposals as u64 + 1)) as usize;
+                let k = (rng.next_u64() % (p.max_proposals as u64 + 1)) as usize;
                 let proposals: Vec<TokenId> = (0..k)
                     .map(|i| {
-                        let hit = (next_random(&mut rng) % 1000) as f64 / 1000.0 < p.hit_rate;
+                        let hit = (rng.next_u64() % 1000) as f64 / 1000.0 < p.hit_rate;
                         if hit {
                             sampled(id, len + i)
                         } else {

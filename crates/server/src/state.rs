@@ -67,11 +67,8 @@ impl AppState {
     /// unlikely to repeat across restarts.
     pub fn new_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut x = self.id_salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        // splitmix64 finalizer: consecutive ids look unrelated.
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
+        // Consecutive ids look unrelated.
+        let x = ferrum_types::splitmix::mix64(self.id_salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         format!("{prefix}-{x:016x}{n:08x}")
     }
 

@@ -1,16 +1,18 @@
-//! Plain data shared by every Ferrum layer: ids, the forward batch, sampling parameters and
-//! finish reasons (later requests, events and engine configuration). No tensors and no I/O
+//! Plain data shared by every Ferrum layer: ids, the forward batch, sampling parameters,
+//! finish reasons, and the one small seeded generator ([`SplitMix64`]). No tensors and no I/O
 //! live here.
 
 pub mod batch;
 mod error;
 mod finish;
 mod sampling;
+pub mod splitmix;
 
 pub use batch::{ForwardBatch, SeqSlice};
 pub use error::{Result, TypesError};
 pub use finish::FinishReason;
 pub use sampling::{SamplingParams, MAX_LOGPROBS};
+pub use splitmix::SplitMix64;
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

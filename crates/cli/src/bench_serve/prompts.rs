@@ -13,6 +13,7 @@
 
 use anyhow::Result;
 use ferrum_tokenizer::Tokenizer;
+use ferrum_types::SplitMix64;
 
 #[rustfmt::skip]
 const WORDS: &[&str] = &[
@@ -41,14 +42,17 @@ const WORDS: &[&str] = &[
     "fall", "cut", "reach", "kill", "remain", "river", "green", "music",
 ];
 
-/// splitmix64: small, fast and good enough to pick words (and, in `bench soak`, requests).
+/// A [`SplitMix64`] stream: small, fast and good enough to pick words (and, in `bench soak`,
+/// requests).
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     /// The stream for item `index` of a run seeded with `seed`.
     pub(crate) fn for_index(seed: u64, index: usize) -> Rng {
-        Rng(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F))
+        Rng(SplitMix64::new(
+            seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F),
+        ))
     }
 
     fn for_prompt(seed: u64, index: usize) -> Rng {
@@ -58,11 +62,7 @@ impl Rng {
     }
 
     pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (0 when `n` is 0).
