@@ -10,6 +10,7 @@
 //!   template's `system`; an assistant message without content has empty content.
 
 use super::sampling::{max_tokens, SamplingFields};
+use super::unsupported::refuse;
 use super::wire::{from_value, parse_body, Count, Flag, List, Text};
 use super::Options;
 use crate::error::{Result, ServerError};
@@ -20,7 +21,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use std::fmt;
 
-/// A chat completions body, as sent.
+/// A chat completions body, as sent: the shared sampling fields and the chat fields, each a
+/// derived type read from the same body (not one struct with `#[serde(flatten)]`, which
+/// would lose the field paths that errors name).
 #[derive(Debug, Clone, Default)]
 pub struct ChatCompletionRequest {
     pub sampling: SamplingFields,
@@ -172,36 +175,6 @@ const UNSUPPORTED_CHAT: &[(&str, &str)] = &[
     ("guided_grammar", "guided decoding"),
     ("structured_outputs", "structured output"),
 ];
-
-/// Whether a value of an unsupported feature asks for nothing (absent or its neutral value).
-pub(crate) fn is_harmless(key: &str, v: &Value) -> bool {
-    match key {
-        "tools" | "functions" => v.as_array().is_some_and(Vec::is_empty),
-        "tool_choice" => v.as_str() == Some("none"),
-        "response_format" => {
-            v.get("type").and_then(Value::as_str) == Some("text")
-                && v.as_object().is_some_and(|o| o.len() == 1)
-        }
-        "modalities" => v
-            .as_array()
-            .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),
-        "suffix" => v.as_str() == Some(""),
-        _ => false,
-    }
-}
-
-/// Refuses the first feature in `keys` that is present and not harmless.
-pub(crate) fn refuse<'v>(
-    keys: &[(&str, &str)],
-    value: impl Fn(&str) -> Option<&'v Value>,
-) -> Result<()> {
-    for &(key, what) in keys {
-        if value(key).is_some_and(|v| !is_harmless(key, v)) {
-            return Err(ServerError::unsupported(key, what));
-        }
-    }
-    Ok(())
-}
 
 impl ChatCompletionRequest {
     /// Reads a body (see [`super::wire`]): types checked, nothing else.

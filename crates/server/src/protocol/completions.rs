@@ -5,8 +5,8 @@
 //! request; `echo` with `logprobs` (prompt logprobs) and `suffix` are refused by
 //! [`CompletionRequest::refuse_unsupported`], which the route calls before admitting.
 
-use super::chat::refuse;
 use super::sampling::{max_tokens, SamplingFields};
+use super::unsupported::refuse;
 use super::wire::{from_value, parse_body, token_id, Count, Flag};
 use super::{Options, COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_N};
 use crate::error::{Result, ServerError};
@@ -15,7 +15,8 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-/// A completions body, as sent.
+/// A completions body, as sent: the shared sampling fields and the completion fields, each
+/// a derived type read from the same body (see [`super::ChatCompletionRequest`]).
 #[derive(Debug, Clone, Default)]
 pub struct CompletionRequest {
     pub sampling: SamplingFields,

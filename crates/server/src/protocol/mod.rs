@@ -19,6 +19,7 @@ pub mod completions;
 pub mod response;
 pub mod sampling;
 pub mod tokenize;
+pub mod unsupported;
 pub mod wire;
 
 pub use chat::{AdmittedChat, ChatCompletionMessage, ChatCompletionRequest};
@@ -164,6 +165,49 @@ mod tests {
             assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{body}");
             assert_eq!(param_of(e), param, "{body}");
         }
+    }
+
+    #[test]
+    fn tools_and_tool_messages_parse_and_are_carried() {
+        let body = r#"{"messages":[{"role":"user","content":"weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+                "function":{"name":"get","arguments":"{\"city\":\"Paris\"}"}}]},
+            {"role":"tool","tool_call_id":"c1","name":"get","content":[{"type":"text","text":"sunny"}]}],
+            "tools":[{"type":"function","function":{"name":"get","parameters":{}}}],
+            "response_format":{"type":"json_object"}}"#;
+        let r = ChatCompletionRequest::from_body(body.as_bytes()).unwrap();
+        let format: serde_json::Value = serde_json::from_str(r#"{"type":"json_object"}"#).unwrap();
+        assert_eq!(r.chat.response_format, Some(format));
+        // Parsed and carried, but still refused by the routes.
+        assert_eq!(param_of(r.refuse_unsupported().unwrap_err()), "tools");
+        let a = r.admit().unwrap();
+        let call = &a.messages[1].tool_calls[0];
+        assert_eq!(
+            (call.id.as_str(), call.function.name.as_str()),
+            ("c1", "get")
+        );
+        assert_eq!(call.function.arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(a.messages[1].content.text(), "");
+        assert_eq!(a.messages[2].role, "tool");
+        assert_eq!(a.messages[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(a.messages[2].content.text(), "sunny");
+        assert_eq!(
+            a.tools.as_ref().and_then(|t| t.as_array()).map(Vec::len),
+            Some(1)
+        );
+        // Type errors deep inside name their path.
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"function":{"name":3}}]}]}"#)
+            .unwrap_err();
+        assert_eq!(param_of(e), "messages[1].tool_calls[0].function.name");
+        let e = chat(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},7]}]}"#)
+            .unwrap_err();
+        assert_eq!(param_of(e), "messages[0].content[1]");
+        assert_eq!(
+            chat(r#"{"messages":[{"role":5,"content":"x"}]}"#)
+                .unwrap_err()
+                .to_string(),
+            "'messages[0].role' must be a string, got an integer"
+        );
     }
 
     #[test]
