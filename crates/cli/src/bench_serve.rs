@@ -105,7 +105,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<()> {
         .context("starting the HTTP client")?;
     let report = rt.block_on(run(args, &base, timeout, tokenizer.as_deref()))?;
     if args.json {
-        println!("{}", report.to_json());
+        println!("{}", report.to_json_string()?);
     } else {
         println!(
             "{} at {}: {} requests per level, input {} / output {} tokens",

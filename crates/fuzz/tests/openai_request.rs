@@ -4,8 +4,8 @@
 
 use ferrum_fuzz::harness::{run, Limits, Target};
 use ferrum_fuzz::mutate::Mutator;
-use ferrum_server::fields::Fields;
-use ferrum_server::protocol::{ChatRequest, CompletionRequest};
+use ferrum_server::protocol::wire::parse_body;
+use ferrum_server::protocol::{ChatCompletionRequest, CompletionRequest};
 use ferrum_server::ServerError;
 
 #[global_allocator]
@@ -18,6 +18,7 @@ const SEEDS: &[&str] = &[
     r#"{"prompt":[[1,2,3],[4,5]],"max_tokens":2,"stream":false}"#,
     r#"{"prompt":["a","b"],"temperature":0,"seed":-1}"#,
     r#"{"messages":[],"tools":[{"type":"function"}],"response_format":{"type":"json_object"}}"#,
+    r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"1"}],"tools":[]}"#,
 ];
 
 fn check(r: Result<(), ServerError>) -> Result<String, String> {
@@ -73,6 +74,11 @@ fn fuzz_openai_request() {
         "\"type\"",
         "\"text\"",
         "\"image_url\"",
+        "\"tool_calls\"",
+        "\"tool_call_id\"",
+        "\"tools\"",
+        "\"function\"",
+        "\"arguments\"",
         "18446744073709551615",
         "9223372036854775807",
         "-9223372036854775808",
@@ -118,12 +124,19 @@ fn fuzz_openai_request() {
         },
     };
     let report = run(target, |body| {
-        let fields = match Fields::parse(body) {
-            Ok(f) => f,
+        let body = match parse_body(body) {
+            Ok(b) => b,
             Err(e) => return check(Err(e)),
         };
-        let chat = check(ChatRequest::parse(&fields).map(|_| ()))?;
-        let completion = check(CompletionRequest::parse(&fields).map(|_| ()))?;
+        // As the routes read a body: types, then refusals, then the rules.
+        let chat = check(ChatCompletionRequest::from_json(&body).and_then(|r| {
+            r.refuse_unsupported()?;
+            r.admit().map(|_| ())
+        }))?;
+        let completion = check(CompletionRequest::from_json(&body).and_then(|r| {
+            r.refuse_unsupported()?;
+            r.admit().map(|_| ())
+        }))?;
         Ok(format!("{chat} | {completion}"))
     });
     assert!(report.execs > 0);

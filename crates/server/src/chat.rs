@@ -3,9 +3,12 @@
 //! `chat.completion.chunk`s.
 
 use crate::error::{Result, ServerError};
-use crate::fields::Fields;
 use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
-use crate::protocol::ChatRequest;
+use crate::protocol::response::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionObject, Delta,
+    TokenLogprobEntry, TopLogprob,
+};
+use crate::protocol::ChatCompletionRequest;
 use crate::sse::{json_response, sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use axum::body::Bytes;
@@ -16,7 +19,6 @@ use axum::response::Response;
 use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, TokenId};
-use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub async fn chat_completions(
@@ -24,7 +26,10 @@ pub async fn chat_completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
-    let req = ChatRequest::parse(&Fields::parse(&body)?)?;
+    let req = ChatCompletionRequest::from_body(&body)?;
+    // Tools and structured output parse, but are not served yet.
+    req.refuse_unsupported()?;
+    let req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
     let Some(template) = s.template.clone() else {
         return Err(ServerError::bad(
@@ -32,13 +37,14 @@ pub async fn chat_completions(
         ));
     };
     // Rendering and tokenizing a long conversation is CPU work: keep it off the I/O threads.
-    let (tok, messages, add_gen) = (
+    let (tok, messages, tools, add_gen) = (
         s.tokenizer.clone(),
         req.messages.clone(),
+        req.tools.clone(),
         req.add_generation_prompt,
     );
     let prompt = tokio::task::spawn_blocking(move || -> Result<Vec<TokenId>> {
-        let text = template.render(&messages, add_gen)?;
+        let text = template.render_with_tools(&messages, tools.as_ref(), add_gen)?;
         Ok(tok.encode(&text, false)?)
     })
     .await
@@ -66,32 +72,35 @@ pub async fn chat_completions(
         return Ok(sse_response(merged, fmt, n, req.opts.include_usage));
     }
     let (choices, usage) = collect(merged, 1, n).await?;
-    let choices: Vec<Value> = choices
+    let choices: Vec<ChatChoice> = choices
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": if req.logprobs {
-                    json!({"content": c.logprobs.iter().map(|l| fmt.entry(l)).collect::<Vec<_>>()})
-                } else {
-                    Value::Null
-                },
-                "finish_reason": c.finish.as_ref().map(FinishReason::as_openai),
-            })
+        .map(|(i, c)| ChatChoice {
+            finish_reason: c.finish.as_ref().map(FinishReason::as_openai),
+            index: i,
+            logprobs: req.logprobs.then(|| ChatLogprobs {
+                content: c.logprobs.iter().map(|l| fmt.entry(l)).collect(),
+            }),
+            message: AssistantMessage {
+                content: c.text.clone(),
+                role: "assistant",
+            },
         })
         .collect();
     Ok(json_response(
         StatusCode::OK,
-        &fmt.env.wrap(Value::Array(choices), Some(&usage)),
+        &fmt.env.wrap(choices, Some(&usage)),
     ))
 }
 
 /// A token as OpenAI's logprob objects show it: text, logprob and UTF-8 bytes.
-pub fn token_json(tok: &Tokenizer, id: TokenId, logprob: f32) -> Value {
+pub fn top_logprob(tok: &Tokenizer, id: TokenId, logprob: f32) -> TopLogprob {
     let text = tok.token_text(id).unwrap_or_default();
-    json!({"token": text, "logprob": finite(logprob), "bytes": text.as_bytes()})
+    TopLogprob {
+        bytes: text.as_bytes().to_vec(),
+        logprob: finite(logprob),
+        token: text,
+    }
 }
 
 struct ChatChunks {
@@ -101,56 +110,83 @@ struct ChatChunks {
     tokenizer: Arc<Tokenizer>,
 }
 
+type Chunk = CompletionObject<ChatChunkChoice>;
+
 impl ChatChunks {
-    fn entry(&self, l: &TokenLogprob) -> Value {
-        let mut e = token_json(&self.tokenizer, l.token, l.logprob);
-        e["top_logprobs"] = l
-            .top
-            .iter()
-            .map(|&(id, lp)| token_json(&self.tokenizer, id, lp))
-            .collect();
-        e
+    fn entry(&self, l: &TokenLogprob) -> TokenLogprobEntry {
+        let t = top_logprob(&self.tokenizer, l.token, l.logprob);
+        TokenLogprobEntry {
+            bytes: t.bytes,
+            logprob: t.logprob,
+            token: t.token,
+            top_logprobs: l
+                .top
+                .iter()
+                .map(|&(id, lp)| top_logprob(&self.tokenizer, id, lp))
+                .collect(),
+        }
     }
 
-    fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Chunk {
         self.env.wrap(
-            json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]),
+            vec![ChatChunkChoice {
+                delta,
+                finish_reason: finish,
+                index,
+                logprobs,
+            }],
             None,
         )
     }
 }
 
+fn text_delta(text: &str) -> Delta {
+    Delta {
+        content: Some(text.to_string()),
+        role: None,
+    }
+}
+
 impl ChunkFormat for ChatChunks {
-    fn start(&mut self) -> Vec<Value> {
+    type Choice = ChatChunkChoice;
+
+    fn start(&mut self) -> Vec<Chunk> {
         (0..self.n)
             .map(|i| {
-                self.chunk(
-                    i,
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                    None,
-                )
+                let delta = Delta {
+                    content: Some(String::new()),
+                    role: Some("assistant"),
+                };
+                self.chunk(i, delta, None, None)
             })
             .collect()
     }
 
-    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Value> {
+    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Chunk> {
         let logprobs = match (&lp, self.logprobs) {
-            (Some(l), true) => json!({"content": [self.entry(l)]}),
-            _ => Value::Null,
+            (Some(l), true) => Some(ChatLogprobs {
+                content: vec![self.entry(l)],
+            }),
+            _ => None,
         };
-        if text.is_empty() && logprobs.is_null() {
+        if text.is_empty() && logprobs.is_none() {
             return None;
         }
-        Some(self.chunk(choice, json!({"content": text}), logprobs, None))
+        Some(self.chunk(choice, text_delta(text), logprobs, None))
     }
 
-    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Value> {
+    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Chunk> {
         let mut out = Vec::with_capacity(2);
         if !text.is_empty() {
-            out.push(self.chunk(choice, json!({"content": text}), Value::Null, None));
+            out.push(self.chunk(choice, text_delta(text), None, None));
         }
-        out.push(self.chunk(choice, json!({}), Value::Null, Some(reason.as_openai())));
+        out.push(self.chunk(choice, Delta::default(), None, Some(reason.as_openai())));
         out
     }
 

@@ -3,8 +3,8 @@
 //! a stream of them.
 
 use crate::error::{Result, ServerError};
-use crate::fields::Fields;
 use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
+use crate::protocol::response::{CompletionChoice, CompletionLogprobs, CompletionObject};
 use crate::protocol::{CompletionRequest, Prompt};
 use crate::sse::{json_response, sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
@@ -16,7 +16,6 @@ use axum::response::Response;
 use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, TokenId};
-use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 pub async fn completions(
@@ -24,7 +23,9 @@ pub async fn completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
-    let req = CompletionRequest::parse(&Fields::parse(&body)?)?;
+    let req = CompletionRequest::from_body(&body)?;
+    req.refuse_unsupported()?;
+    let req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
     let (tok, prompts, echo) = (s.tokenizer.clone(), req.prompts.clone(), req.echo);
     let skip_special = req.opts.params.skip_special_tokens;
@@ -83,54 +84,32 @@ pub async fn completions(
         return Ok(sse_response(merged, fmt, n, req.opts.include_usage));
     }
     let (choices, usage) = collect(merged, num_prompts, n).await?;
-    let choices: Vec<Value> = choices
+    let choices: Vec<CompletionChoice> = choices
         .iter()
         .enumerate()
         .map(|(i, c)| {
             let echo = fmt.echoes[i / n].clone();
-            let logprobs = if fmt.logprobs {
+            let logprobs = fmt.logprobs.then(|| {
                 fmt.offsets[i] = echo.chars().count();
-                let mut lp = LogprobLists::default();
+                let mut lp = CompletionLogprobs::default();
                 for l in &c.logprobs {
                     let text = fmt.tokenizer.token_text(l.token).unwrap_or_default();
                     fmt.add(&mut lp, i, &text, l);
                 }
-                lp.into_json()
-            } else {
-                Value::Null
-            };
-            json!({
-                "index": i,
-                "text": format!("{echo}{}", c.text),
-                "logprobs": logprobs,
-                "finish_reason": c.finish.as_ref().map(FinishReason::as_openai),
-            })
+                lp
+            });
+            CompletionChoice {
+                finish_reason: c.finish.as_ref().map(FinishReason::as_openai),
+                index: i,
+                logprobs,
+                text: format!("{echo}{}", c.text),
+            }
         })
         .collect();
     Ok(json_response(
         StatusCode::OK,
-        &fmt.env.wrap(Value::Array(choices), Some(&usage)),
+        &fmt.env.wrap(choices, Some(&usage)),
     ))
-}
-
-/// The legacy completions logprobs object, column by column.
-#[derive(Default)]
-struct LogprobLists {
-    tokens: Vec<Value>,
-    token_logprobs: Vec<Value>,
-    top_logprobs: Vec<Value>,
-    text_offset: Vec<Value>,
-}
-
-impl LogprobLists {
-    fn into_json(self) -> Value {
-        json!({
-            "tokens": self.tokens,
-            "token_logprobs": self.token_logprobs,
-            "top_logprobs": self.top_logprobs,
-            "text_offset": self.text_offset,
-        })
-    }
 }
 
 struct CompletionChunks {
@@ -144,67 +123,82 @@ struct CompletionChunks {
     tokenizer: Arc<Tokenizer>,
 }
 
+type Chunk = CompletionObject<CompletionChoice>;
+
 impl CompletionChunks {
     /// Appends one token; `text` is the token's own text (not the released delta).
-    fn add(&mut self, lp: &mut LogprobLists, choice: usize, text: &str, l: &TokenLogprob) {
-        let mut top = Map::new();
-        for &(id, v) in &l.top {
-            let t = self.tokenizer.token_text(id).unwrap_or_default();
-            top.insert(t, json!(finite(v)));
-        }
-        lp.tokens.push(json!(text));
-        lp.token_logprobs.push(json!(finite(l.logprob)));
-        lp.top_logprobs.push(Value::Object(top));
+    fn add(&mut self, lp: &mut CompletionLogprobs, choice: usize, text: &str, l: &TokenLogprob) {
+        let top = l
+            .top
+            .iter()
+            .map(|&(id, v)| (self.tokenizer.token_text(id).unwrap_or_default(), finite(v)))
+            .collect();
+        lp.tokens.push(text.to_string());
+        lp.token_logprobs.push(finite(l.logprob));
+        lp.top_logprobs.push(top);
         let off = self.offsets.get(choice).copied().unwrap_or(0);
-        lp.text_offset.push(json!(off));
+        lp.text_offset.push(off);
         if let Some(o) = self.offsets.get_mut(choice) {
             *o += text.chars().count();
         }
     }
 
-    fn chunk(&self, index: usize, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Chunk {
         self.env.wrap(
-            json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]),
+            vec![CompletionChoice {
+                finish_reason: finish,
+                index,
+                logprobs,
+                text: text.to_string(),
+            }],
             None,
         )
     }
 }
 
 impl ChunkFormat for CompletionChunks {
-    fn start(&mut self) -> Vec<Value> {
+    type Choice = CompletionChoice;
+
+    fn start(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         for choice in 0..self.echoes.len() * self.n {
             let echo = &self.echoes[choice / self.n];
             if !echo.is_empty() {
                 self.offsets[choice] = echo.chars().count();
-                out.push(self.chunk(choice, echo, Value::Null, None));
+                out.push(self.chunk(choice, echo, None, None));
             }
         }
         out
     }
 
-    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Value> {
+    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Chunk> {
         let logprobs = match (lp, self.logprobs) {
             (Some(l), true) => {
-                let mut lists = LogprobLists::default();
+                let mut lists = CompletionLogprobs::default();
                 let tok_text = self.tokenizer.token_text(l.token).unwrap_or_default();
                 self.add(&mut lists, choice, &tok_text, &l);
-                lists.into_json()
+                Some(lists)
             }
-            _ => Value::Null,
+            _ => None,
         };
-        if text.is_empty() && logprobs.is_null() {
+        if text.is_empty() && logprobs.is_none() {
             return None;
         }
         Some(self.chunk(choice, text, logprobs, None))
     }
 
-    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Value> {
+    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Chunk> {
         let mut out = Vec::with_capacity(2);
         if !text.is_empty() {
-            out.push(self.chunk(choice, text, Value::Null, None));
+            out.push(self.chunk(choice, text, None, None));
         }
-        out.push(self.chunk(choice, "", Value::Null, Some(reason.as_openai())));
+        out.push(self.chunk(choice, "", None, Some(reason.as_openai())));
         out
     }
 

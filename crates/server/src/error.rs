@@ -4,11 +4,11 @@
 //! error shape, `{"error": {"message", "type", "param", "code"}}`, with the status that fits.
 //! A client mistake is a 4xx, never a 500; overload is a 503 with `Retry-After`.
 
+use crate::protocol::response::{ErrorBody, ErrorResponse};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferrum_engine::EngineError;
 use ferrum_types::TypesError;
-use serde_json::json;
 
 /// Seconds a client is told to wait when the queue is full.
 pub const RETRY_AFTER_SECS: u64 = 1;
@@ -94,15 +94,15 @@ impl ServerError {
     }
 
     /// The body OpenAI clients parse: `{"error": {"message", "type", "param", "code"}}`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let (kind, param, code): (&str, Option<&str>, Option<&str>) = match self {
+    pub fn body(&self) -> ErrorResponse {
+        let (kind, param, code): (&'static str, Option<&str>, Option<&'static str>) = match self {
             ServerError::BadRequest { param, code, .. } => {
                 ("invalid_request_error", param.as_deref(), *code)
             }
             ServerError::Unauthorized(_) => {
                 ("invalid_request_error", None, Some("invalid_api_key"))
             }
-            ServerError::NotFound { code, .. } => ("invalid_request_error", None, Some(code)),
+            ServerError::NotFound { code, .. } => ("invalid_request_error", None, Some(*code)),
             ServerError::MethodNotAllowed(_) => {
                 ("invalid_request_error", None, Some("method_not_allowed"))
             }
@@ -113,7 +113,19 @@ impl ServerError {
             ServerError::Unavailable(_) => ("server_error", None, Some("unavailable")),
             ServerError::Internal(_) | ServerError::Io(_) => ("server_error", None, None),
         };
-        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+        ErrorResponse {
+            error: ErrorBody {
+                code,
+                message: self.to_string(),
+                param: param.map(str::to_string),
+                kind,
+            },
+        }
+    }
+
+    /// [`ServerError::body`] as a JSON value (for tests and checks).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.body()).unwrap_or_default()
     }
 }
 
@@ -143,7 +155,7 @@ impl From<ferrum_tokenizer::TokenizerError> for ServerError {
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let mut resp = crate::sse::json_response(status, &self.to_json());
+        let mut resp = crate::sse::json_response(status, &self.body());
         if matches!(self, ServerError::Overloaded(_)) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

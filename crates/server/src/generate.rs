@@ -7,6 +7,7 @@
 //! nothing: if one prompt is refused, the ones already submitted are aborted.
 
 use crate::error::{Result, ServerError};
+use crate::protocol::response::CompletionObject;
 use ferrum_engine::{EngineHandle, Event, GenerateRequest, Usage};
 use ferrum_types::{FinishReason, TokenId};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -139,30 +140,17 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// `{"id", "object", "created", "model", "choices"}`, plus `usage` when given.
-    pub fn wrap(&self, choices: serde_json::Value, usage: Option<&Usage>) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            v["usage"] = usage_json(u);
+    /// The object around `choices`, with `usage` when given.
+    pub fn wrap<C>(&self, choices: Vec<C>, usage: Option<&Usage>) -> CompletionObject<C> {
+        CompletionObject {
+            choices,
+            created: self.created,
+            id: self.id.clone(),
+            model: self.model.clone(),
+            object: self.object,
+            usage: usage.map(|u| Some(u.into())),
         }
-        v
     }
-}
-
-/// OpenAI's usage object.
-pub fn usage_json(u: &Usage) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
 }
 
 /// A logprob as JSON clients can parse: never NaN or infinite.

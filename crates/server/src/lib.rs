@@ -20,7 +20,6 @@
 pub mod chat;
 pub mod completions;
 pub mod error;
-pub mod fields;
 pub mod generate;
 pub mod metrics;
 pub mod protocol;

@@ -7,8 +7,10 @@
 use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::{Result, ServerError};
-use crate::fields::Fields;
-use crate::protocol::ChatRequest;
+use crate::protocol::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
+use crate::protocol::tokenize::{DetokenizeRequest, TokenizeRequest};
+use crate::protocol::wire::{from_value, parse_body, Flag, Text, TokenIds};
+use crate::protocol::ChatCompletionRequest;
 use crate::sse::json_response;
 use crate::state::AppState;
 use axum::body::Bytes;
@@ -19,7 +21,6 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde_json::json;
 use std::sync::Arc;
 
 /// Every route of the server over `state`.
@@ -82,21 +83,22 @@ async fn method_not_allowed(uri: Uri, req: Request) -> ServerError {
     ServerError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), uri.path()))
 }
 
-fn model_card(s: &AppState) -> serde_json::Value {
-    json!({
-        "id": s.model_name,
-        "object": "model",
-        "created": s.created,
-        "owned_by": "ferrum",
-        "max_model_len": s.engine.max_model_len(),
-    })
+fn model_card(s: &AppState) -> ModelCard {
+    ModelCard {
+        created: s.created,
+        id: s.model_name.clone(),
+        max_model_len: s.engine.max_model_len(),
+        object: "model",
+        owned_by: "ferrum",
+    }
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Response {
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": [model_card(&s)]}),
-    )
+    let list = ModelList {
+        data: vec![model_card(&s)],
+        object: "list",
+    };
+    json_response(StatusCode::OK, &list)
 }
 
 async fn model(State(s): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response> {
@@ -127,30 +129,39 @@ async fn tokenize(
     State(s): State<Arc<AppState>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let f = Fields::parse(&s.body(body)?)?;
-    s.check_model(f.str("model")?)?;
-    let tokens = if f.has("messages") {
-        let req = ChatRequest::parse(&f)?;
+    let body = parse_body(&s.body(body)?)?;
+    let req: TokenizeRequest = from_value(&body)?;
+    s.check_model(req.model.as_ref().map(|Text(m)| m.as_str()))?;
+    let tokens = if req.messages.is_some() {
+        let chat = ChatCompletionRequest::from_json(&body)?;
+        chat.refuse_unsupported()?;
+        let chat = chat.admit()?;
         let template = s
             .template
             .as_ref()
             .ok_or_else(|| ServerError::param("messages", "this model has no chat template"))?;
-        let text = template.render(&req.messages, req.add_generation_prompt)?;
+        let text = template.render_with_tools(
+            &chat.messages,
+            chat.tools.as_ref(),
+            chat.add_generation_prompt,
+        )?;
         s.tokenizer.encode(&text, false)?
     } else {
-        let Some(prompt) = f.str("prompt")? else {
+        let Some(Text(prompt)) = &req.prompt else {
             return Err(ServerError::param(
                 "prompt",
                 "'prompt' (a string) or 'messages' is required",
             ));
         };
-        let add = f.bool("add_special_tokens")?.unwrap_or(true);
+        let add = req.add_special_tokens.is_none_or(|Flag(b)| b);
         s.tokenizer.encode(prompt, add)?
     };
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"tokens": tokens, "count": tokens.len(), "max_model_len": s.engine.max_model_len()}),
-    ))
+    let answer = TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: s.engine.max_model_len(),
+        tokens,
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// `{"tokens": [ids]}` -> `{"prompt": text}`.
@@ -158,17 +169,20 @@ async fn detokenize(
     State(s): State<Arc<AppState>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let f = Fields::parse(&s.body(body)?)?;
-    s.check_model(f.str("model")?)?;
-    let Some(ids) = f.token_ids("tokens")? else {
+    let req: DetokenizeRequest = from_value(&parse_body(&s.body(body)?)?)?;
+    s.check_model(req.model.as_ref().map(|Text(m)| m.as_str()))?;
+    let Some(TokenIds(ids)) = req.tokens else {
         return Err(ServerError::param("tokens", "'tokens' is required"));
     };
-    let skip = f.bool("skip_special_tokens")?.unwrap_or(false);
-    let text = s
+    let skip = req.skip_special_tokens.is_some_and(|Flag(b)| b);
+    let prompt = s
         .tokenizer
         .decode(&ids, skip)
         .map_err(|e| ServerError::param("tokens", e.to_string()))?;
-    Ok(json_response(StatusCode::OK, &json!({"prompt": text})))
+    Ok(json_response(
+        StatusCode::OK,
+        &DetokenizeResponse { prompt },
+    ))
 }
 
 #[cfg(test)]

@@ -12,18 +12,19 @@
 
 use crate::error::ServerError;
 use crate::generate::{add_usage, Envelope, Merged, TokenLogprob};
+use crate::protocol::response::{to_json_string, CompletionObject};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use ferrum_engine::{Event, Usage};
 use ferrum_types::FinishReason;
-use serde_json::Value;
+use serde::Serialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
 /// A JSON body with the given status.
-pub fn json_response(status: StatusCode, v: &Value) -> Response {
-    let mut r = Response::new(Body::from(v.to_string()));
+pub fn json_response<T: Serialize>(status: StatusCode, v: &T) -> Response {
+    let mut r = Response::new(Body::from(to_json_string(v)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -34,17 +35,29 @@ pub fn json_response(status: StatusCode, v: &Value) -> Response {
 
 /// How one endpoint writes its stream's chunks (chat and completions differ).
 pub trait ChunkFormat: Send + 'static {
+    /// A choice of this endpoint's chunks.
+    type Choice: Serialize;
     /// Chunks before any token.
-    fn start(&mut self) -> Vec<Value>;
+    fn start(&mut self) -> Vec<CompletionObject<Self::Choice>>;
     /// The chunk for one token of `choice`, if it has anything to say.
-    fn token(&mut self, choice: usize, text: &str, logprob: Option<TokenLogprob>) -> Option<Value>;
+    fn token(
+        &mut self,
+        choice: usize,
+        text: &str,
+        logprob: Option<TokenLogprob>,
+    ) -> Option<CompletionObject<Self::Choice>>;
     /// The chunks that end `choice`: held-back text, then the finish reason.
-    fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Value>;
+    fn finish(
+        &mut self,
+        choice: usize,
+        text: &str,
+        reason: &FinishReason,
+    ) -> Vec<CompletionObject<Self::Choice>>;
     /// The id, object, creation time and model of every chunk.
     fn envelope(&self) -> &Envelope;
     /// The usage chunk (`choices: []`).
-    fn usage(&self, usage: &Usage) -> Value {
-        self.envelope().wrap(Value::Array(Vec::new()), Some(usage))
+    fn usage(&self, usage: &Usage) -> CompletionObject<Self::Choice> {
+        self.envelope().wrap(Vec::new(), Some(usage))
     }
 }
 
@@ -59,18 +72,17 @@ struct Streamer<F> {
 }
 
 impl<F: ChunkFormat> Streamer<F> {
-    fn push(&mut self, mut chunk: Value) {
+    fn push(&mut self, mut chunk: CompletionObject<F::Choice>) {
         if self.include_usage {
-            if let Some(o) = chunk.as_object_mut() {
-                o.entry("usage").or_insert(Value::Null);
-            }
+            chunk.usage.get_or_insert(None);
         }
-        self.queue.push_back(format!("data: {chunk}\n\n"));
+        self.queue
+            .push_back(format!("data: {}\n\n", to_json_string(&chunk)));
     }
 
     fn end(&mut self) {
         if self.include_usage {
-            let u = self.fmt.usage(&self.usage);
+            let u = to_json_string(&self.fmt.usage(&self.usage));
             self.queue.push_back(format!("data: {u}\n\n"));
         }
         self.queue.push_back("data: [DONE]\n\n".to_string());
@@ -111,7 +123,7 @@ impl<F: ChunkFormat> Streamer<F> {
                     }
                     Event::Done { usage } => add_usage(&mut self.usage, &usage),
                     Event::Error(msg) => {
-                        let e = ServerError::Internal(msg).to_json();
+                        let e = to_json_string(&ServerError::Internal(msg).body());
                         self.queue.push_back(format!("data: {e}\n\n"));
                         self.queue.push_back("data: [DONE]\n\n".to_string());
                         self.ended = true;

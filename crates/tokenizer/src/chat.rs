@@ -14,7 +14,7 @@
 
 use crate::sandbox::TemplateWorker;
 use crate::template_fns::{indent, raise_exception, strftime_now, tojson};
-use crate::{Result, SpecialTokens, TokenizerError};
+use crate::{ChatMessage, Result, SpecialTokens, TokenizerError};
 use minijinja::{Environment, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -42,22 +42,6 @@ impl std::io::Write for Capped {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
     }
 }
 
@@ -188,19 +172,23 @@ impl ChatTemplate {
 
     /// Renders a conversation to the prompt text.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders a conversation to the prompt text, with the request's `tools` (OpenAI's array
+    /// of tool definitions) as the template's `tools` variable when given; without them
+    /// `tools` is left undefined, as it always was.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let env = match &self.engine {
             Engine::InProcess(env) => env,
-            Engine::Worker(w) => return w.render(messages, add_generation_prompt),
+            Engine::Worker(w) => return w.render(messages, tools, add_generation_prompt),
         };
-        let msgs: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_iter([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        let msgs: Vec<Value> = messages.iter().map(ChatMessage::to_template).collect();
         let mut ctx = vec![
             ("messages", Value::from(msgs)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
@@ -213,13 +201,14 @@ impl ChatTemplate {
         if let Some(u) = &self.unk_token {
             ctx.push(("unk_token", Value::from(u.as_str())));
         }
+        if let Some(t) = tools {
+            ctx.push(("tools", Value::from_serialize(t)));
+        }
         let tmpl = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        let text: usize = messages
-            .iter()
-            .map(|m| m.role.len() + m.content.len())
-            .sum();
+        let tools_len = tools.map_or(0, |t| t.to_string().len());
+        let text: usize = messages.iter().map(ChatMessage::text_len).sum::<usize>() + tools_len;
         let mut out = Capped {
             buf: Vec::new(),
             cap: text.saturating_mul(4).saturating_add(RENDER_SLACK_BYTES),
@@ -335,6 +324,47 @@ mod tests {
             out,
             "A<B>\"É\"|True|[{\"role\": \"user\", \"content\": \" a<b>\\\"é\\\" \"}]|{\n  \"a\": [\n    1,\n    2.5,\n    null\n  ]\n}"
         );
+    }
+
+    #[test]
+    fn structured_messages_and_tools_reach_the_template() {
+        use crate::{Content, ContentPart, FunctionCall, ToolCall};
+        let src = "{% if tools %}{{ tools[0].function.name }}|{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}[{{ c.id }} {{ c.function.name }} {{ c.function.arguments.x }}]{% endfor %}{% endif %}{% if m.tool_call_id is defined %}({{ m.tool_call_id }} {{ m.name }}){% endif %};{% endfor %}";
+        let parts = ChatMessage {
+            role: "user".into(),
+            content: Content::Parts(vec![
+                ContentPart::Text { text: "a".into() },
+                ContentPart::Text { text: "b".into() },
+            ]),
+            ..ChatMessage::default()
+        };
+        let call = ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: "f".into(),
+                    arguments: r#"{"x": 7}"#.into(),
+                },
+            }],
+            ..ChatMessage::default()
+        };
+        let answer = ChatMessage {
+            role: "tool".into(),
+            content: Content::Text("42".into()),
+            tool_call_id: Some("c1".into()),
+            name: Some("f".into()),
+            ..ChatMessage::default()
+        };
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let t = ChatTemplate::new(src, &special()).unwrap();
+        let msgs = [parts, call, answer];
+        let out = t.render_with_tools(&msgs, Some(&tools), false).unwrap();
+        assert_eq!(out, "f|user:ab;assistant:[c1 f 7];tool:42(c1 f);");
+        // Without tools the variable stays undefined, as before.
+        let out = t.render(&msgs[..1], false).unwrap();
+        assert_eq!(out, "user:ab;");
     }
 
     #[test]

@@ -13,14 +13,16 @@
 //!
 //! Protocol (one JSON object per line): the parent sends the template and special tokens; the
 //! worker answers `{"ready": true}` or `{"fatal": msg}`; then each request
-//! `{"messages": [[role, content], ...], "add_generation_prompt": bool}` gets `{"ok": text}`
-//! or `{"err": msg}`.
+//! `{"messages": [message, ...], "tools": [...], "add_generation_prompt": bool}` (messages as
+//! [`ChatMessage`] serializes them; `tools` only when given) gets `{"ok": text}` or
+//! `{"err": msg}`.
 //!
 //! Invariants: renders are serialized through one worker; a worker that dies (allocation
 //! refused, crash) or overruns the timeout is killed and replaced by the next render, and the
 //! render that hit it fails alone with a template error (a 400), whatever happened.
 
 use crate::{ChatMessage, ChatTemplate, SpecialTokens, TokenizerError};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -40,6 +42,30 @@ type Result<T> = std::result::Result<T, TokenizerError>;
 
 fn err(msg: impl Into<String>) -> TokenizerError {
     TokenizerError::Template(msg.into())
+}
+
+/// One render, as the parent sends it.
+#[derive(Serialize)]
+struct RenderRequestRef<'a> {
+    messages: &'a [ChatMessage],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a Value>,
+    add_generation_prompt: bool,
+}
+
+/// One render, as the worker reads it.
+#[derive(Deserialize)]
+struct RenderRequest {
+    #[serde(default)]
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default = "yes")]
+    add_generation_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A running worker.
@@ -158,6 +184,7 @@ impl TemplateWorker {
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let mut slot = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -167,11 +194,12 @@ impl TemplateWorker {
         let Some(w) = slot.as_mut() else {
             return Err(err("no chat template worker"));
         };
-        let msgs: Vec<[&str; 2]> = messages
-            .iter()
-            .map(|m| [m.role.as_str(), m.content.as_str()])
-            .collect();
-        let req = json!({"messages": msgs, "add_generation_prompt": add_generation_prompt});
+        let req = serde_json::to_string(&RenderRequestRef {
+            messages,
+            tools,
+            add_generation_prompt,
+        })
+        .map_err(|e| err(format!("encoding a render request failed: {e}")))?;
         let sent = writeln!(w.stdin, "{req}").and_then(|_| w.stdin.flush());
         let answer = match sent {
             Ok(()) => w.lines.recv_timeout(RENDER_TIMEOUT),
@@ -265,27 +293,14 @@ pub fn worker_main() -> i32 {
         return 0;
     }
     for line in lines.map_while(|l| l.ok()) {
-        let answer = match serde_json::from_str::<Value>(&line) {
+        let answer = match serde_json::from_str::<RenderRequest>(&line) {
             Err(e) => json!({"err": format!("bad request to the template worker: {e}")}),
             Ok(req) => {
-                let messages: Vec<ChatMessage> = req
-                    .get("messages")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .map(|m| {
-                                let part =
-                                    |i: usize| m.get(i).and_then(Value::as_str).unwrap_or("");
-                                ChatMessage::new(part(0), part(1))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let add = req
-                    .get("add_generation_prompt")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true);
-                match template.render(&messages, add) {
+                match template.render_with_tools(
+                    &req.messages,
+                    req.tools.as_ref(),
+                    req.add_generation_prompt,
+                ) {
                     Ok(text) => json!({"ok": text}),
                     Err(TokenizerError::Template(m)) => json!({"err": m}),
                     Err(e) => json!({"err": e.to_string()}),

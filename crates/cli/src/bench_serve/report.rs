@@ -1,76 +1,65 @@
 //! The report of one `ferrum bench serve` run: its JSON form (also the input of `--compare`),
 //! the human table, and the chart drawn by `--plot`.
+//!
+//! The JSON form is [`Report`] through serde. Fields are in alphabetical order: the bytes are
+//! those written when the report went through `serde_json::Value` (sorted keys). Reading a
+//! report back, every number is required (an error names the missing one, e.g.
+//! `levels[2]: missing field `ttft_ms_p50``); `label` defaults to the file's name and
+//! `ignore_eos` to true.
 
 use super::stats::{LevelReport, Summary};
 use crate::svg_plot::{Chart, Curve, Dash, LegendEntry, Panel};
-use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// One server measured at several concurrency levels.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    pub label: String,
     pub base_url: String,
-    pub model: String,
-    pub input_len: usize,
-    pub output_len: usize,
-    pub num_prompts: usize,
-    pub seed: u64,
+    #[serde(default = "yes")]
     pub ignore_eos: bool,
+    pub input_len: usize,
+    /// Empty when the file has none: [`Report::load`] names it after the file.
+    #[serde(default)]
+    pub label: String,
     pub levels: Vec<LevelReport>,
+    pub model: String,
+    pub num_prompts: usize,
+    pub output_len: usize,
+    pub seed: u64,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Report {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "label": self.label,
-            "base_url": self.base_url,
-            "model": self.model,
-            "input_len": self.input_len,
-            "output_len": self.output_len,
-            "num_prompts": self.num_prompts,
-            "seed": self.seed,
-            "ignore_eos": self.ignore_eos,
-            "levels": self.levels.iter().map(LevelReport::to_json).collect::<Vec<_>>(),
-        })
+    /// The compact JSON text `--json` prints.
+    pub fn to_json_string(&self) -> Result<String> {
+        serde_json::to_string(self).context("writing the report as JSON")
     }
 
     /// Reads a report written with `--json`; the label defaults to the file's name.
     pub fn load(path: &Path) -> Result<Report> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(text.trim()).with_context(|| {
-            format!(
-                "{}: not a JSON report of `bench serve --json`",
-                path.display()
+        let mut de = serde_json::Deserializer::from_str(text.trim());
+        let mut r: Report = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not a JSON report of `bench serve --json`: {}: {}",
+                path.display(),
+                e.path(),
+                e.inner()
             )
         })?;
-        let str_of = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-        let num_of = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let Some(levels) = v.get("levels").and_then(Value::as_array) else {
-            bail!(
-                "{}: no \"levels\" list; is it a `bench serve --json` report?",
-                path.display()
-            );
-        };
-        let levels = levels
-            .iter()
-            .map(LevelReport::from_json)
-            .collect::<std::result::Result<Vec<_>, String>>()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-        Ok(Report {
-            label: str_of("label").or(stem).unwrap_or_default(),
-            base_url: str_of("base_url").unwrap_or_default(),
-            model: str_of("model").unwrap_or_default(),
-            input_len: num_of("input_len") as usize,
-            output_len: num_of("output_len") as usize,
-            num_prompts: num_of("num_prompts") as usize,
-            seed: num_of("seed"),
-            ignore_eos: v.get("ignore_eos").and_then(Value::as_bool).unwrap_or(true),
-            levels,
-        })
+        if r.label.is_empty() {
+            r.label = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+        }
+        Ok(r)
     }
 }
 
@@ -242,6 +231,11 @@ mod tests {
     use super::*;
     use crate::bench_serve::request::Outcome;
     use crate::svg_plot::{render, tests::check_well_formed};
+    use serde_json::Value;
+
+    fn to_json(r: &Report) -> Value {
+        serde_json::to_value(r).unwrap()
+    }
 
     fn report(label: &str, scale: f64) -> Report {
         let o = |t: f64| Outcome {
@@ -293,11 +287,33 @@ mod tests {
     fn json_round_trips_through_a_file() {
         let r = report("ferrum", 1.0);
         let path = std::env::temp_dir().join(format!("ferrum-report-{}.json", std::process::id()));
-        std::fs::write(&path, r.to_json().to_string()).expect("write");
+        let text = r.to_json_string().expect("json");
+        // The bytes are those of the sorted-key form the report always wrote.
+        assert_eq!(text, to_json(&r).to_string());
+        std::fs::write(&path, &text).expect("write");
         let back = Report::load(&path).expect("load");
-        let _ = std::fs::remove_file(&path);
-        assert!(close(&back.to_json(), &r.to_json()), "{back:?}");
+        assert!(close(&to_json(&back), &to_json(&r)), "{back:?}");
         assert_eq!(back.levels.len(), 3);
+        // A missing number is an error naming it, not a 0.
+        let mut v = to_json(&r);
+        v["levels"][1]
+            .as_object_mut()
+            .expect("a level")
+            .remove("output_tok_s");
+        v.as_object_mut().expect("a report").remove("label");
+        std::fs::write(&path, v.to_string()).expect("write");
+        let e = Report::load(&path).unwrap_err().to_string();
+        assert!(e.contains("levels[1]") && e.contains("output_tok_s"), "{e}");
+        v["levels"][1]["output_tok_s"] = 1.0.into();
+        v.as_object_mut().expect("a report").remove("seed");
+        std::fs::write(&path, v.to_string()).expect("write");
+        let e = Report::load(&path).unwrap_err().to_string();
+        assert!(e.contains("seed"), "{e}");
+        v["seed"] = 0.into();
+        std::fs::write(&path, v.to_string()).expect("write");
+        let back = Report::load(&path).expect("load");
+        assert_eq!(back.label, path.file_stem().unwrap().to_string_lossy());
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

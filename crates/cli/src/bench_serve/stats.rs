@@ -4,9 +4,14 @@
 //! Percentiles interpolate linearly between the closest ranks (numpy's default), so p50 of
 //! `[1, 2, 3, 4]` is 2.5. A latency with no samples (every request failed) is `None`, `null`
 //! in JSON.
+//!
+//! The JSON form is [`LevelJson`], one flat object (`{ttft,itl,tpot,e2e}_ms_{p50,p90,p99,mean}`
+//! beside the counts and rates). Reading it back, every key is required: a missing number is an
+//! error naming it, never a 0; a latency's four numbers are `null` together when it had no
+//! samples.
 
 use super::request::Outcome;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 /// How many error messages a level keeps.
 pub const MAX_ERRORS: usize = 5;
@@ -44,7 +49,8 @@ impl Summary {
 }
 
 /// The results of one concurrency level.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "LevelJson", from = "LevelJson")]
 pub struct LevelReport {
     pub concurrency: usize,
     pub completed: usize,
@@ -68,9 +74,6 @@ pub struct LevelReport {
     /// The first few error messages.
     pub errors: Vec<String>,
 }
-
-const LATENCIES: [&str; 4] = ["ttft", "itl", "tpot", "e2e"];
-const STATS: [&str; 4] = ["p50", "p90", "p99", "mean"];
 
 impl LevelReport {
     /// Aggregates the outcomes of one level that took `duration_s` of wall time.
@@ -123,87 +126,146 @@ impl LevelReport {
             errors,
         }
     }
+}
 
-    fn latencies(&self) -> [Option<Summary>; 4] {
-        [self.ttft, self.itl, self.tpot, self.e2e]
-    }
+/// A nullable number that must be present (`null` is not the same as missing).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    Option::deserialize(d)
+}
 
-    /// The flat JSON object: counts, rates, then `{ttft,itl,tpot,e2e}_ms_{p50,p90,p99,mean}`.
-    pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        let fields = [
-            ("concurrency", json!(self.concurrency)),
-            ("completed", json!(self.completed)),
-            ("failed", json!(self.failed)),
-            ("duration_s", json!(self.duration_s)),
-            ("prompt_tokens", json!(self.prompt_tokens)),
-            ("output_tokens", json!(self.output_tokens)),
-            ("short_outputs", json!(self.short)),
-            ("output_tok_s", json!(self.output_tok_s)),
-            ("total_tok_s", json!(self.total_tok_s)),
-            ("requests_per_s", json!(self.requests_per_s)),
-        ];
-        for (k, v) in fields {
-            m.insert(k.to_string(), v);
+/// The JSON object of one level. Fields are in alphabetical order: the bytes are those the
+/// report wrote when it went through `serde_json::Value`, whose maps sort their keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelJson {
+    pub completed: usize,
+    pub concurrency: usize,
+    pub duration_s: f64,
+    #[serde(deserialize_with = "present")]
+    pub e2e_ms_mean: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub e2e_ms_p50: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub e2e_ms_p90: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub e2e_ms_p99: Option<f64>,
+    pub errors: Vec<String>,
+    pub failed: usize,
+    #[serde(deserialize_with = "present")]
+    pub itl_ms_mean: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub itl_ms_p50: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub itl_ms_p90: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub itl_ms_p99: Option<f64>,
+    pub output_tok_s: f64,
+    pub output_tokens: usize,
+    pub prompt_tokens: usize,
+    pub requests_per_s: f64,
+    pub short_outputs: usize,
+    pub total_tok_s: f64,
+    #[serde(deserialize_with = "present")]
+    pub tpot_ms_mean: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub tpot_ms_p50: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub tpot_ms_p90: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub tpot_ms_p99: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub ttft_ms_mean: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub ttft_ms_p50: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub ttft_ms_p90: Option<f64>,
+    #[serde(deserialize_with = "present")]
+    pub ttft_ms_p99: Option<f64>,
+}
+
+/// A summary's four numbers; `None` when any is `null`.
+fn summary(
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+    mean: Option<f64>,
+) -> Option<Summary> {
+    Some(Summary {
+        p50: p50?,
+        p90: p90?,
+        p99: p99?,
+        mean: mean?,
+    })
+}
+
+impl From<LevelReport> for LevelJson {
+    fn from(r: LevelReport) -> Self {
+        let part = |s: Option<Summary>, f: fn(&Summary) -> f64| s.as_ref().map(f);
+        LevelJson {
+            completed: r.completed,
+            concurrency: r.concurrency,
+            duration_s: r.duration_s,
+            e2e_ms_mean: part(r.e2e, |s| s.mean),
+            e2e_ms_p50: part(r.e2e, |s| s.p50),
+            e2e_ms_p90: part(r.e2e, |s| s.p90),
+            e2e_ms_p99: part(r.e2e, |s| s.p99),
+            errors: r.errors,
+            failed: r.failed,
+            itl_ms_mean: part(r.itl, |s| s.mean),
+            itl_ms_p50: part(r.itl, |s| s.p50),
+            itl_ms_p90: part(r.itl, |s| s.p90),
+            itl_ms_p99: part(r.itl, |s| s.p99),
+            output_tok_s: r.output_tok_s,
+            output_tokens: r.output_tokens,
+            prompt_tokens: r.prompt_tokens,
+            requests_per_s: r.requests_per_s,
+            short_outputs: r.short,
+            total_tok_s: r.total_tok_s,
+            tpot_ms_mean: part(r.tpot, |s| s.mean),
+            tpot_ms_p50: part(r.tpot, |s| s.p50),
+            tpot_ms_p90: part(r.tpot, |s| s.p90),
+            tpot_ms_p99: part(r.tpot, |s| s.p99),
+            ttft_ms_mean: part(r.ttft, |s| s.mean),
+            ttft_ms_p50: part(r.ttft, |s| s.p50),
+            ttft_ms_p90: part(r.ttft, |s| s.p90),
+            ttft_ms_p99: part(r.ttft, |s| s.p99),
         }
-        for (name, s) in LATENCIES.iter().zip(self.latencies()) {
-            let values = s.map(|s| [s.p50, s.p90, s.p99, s.mean]);
-            for (i, stat) in STATS.iter().enumerate() {
-                m.insert(format!("{name}_ms_{stat}"), json!(values.map(|v| v[i])));
-            }
-        }
-        m.insert("errors".into(), json!(self.errors));
-        Value::Object(m)
     }
+}
 
-    /// Reads back what [`LevelReport::to_json`] wrote.
-    pub fn from_json(v: &Value) -> Result<LevelReport, String> {
-        let num = |k: &str| {
-            v.get(k)
-                .and_then(Value::as_f64)
-                .ok_or_else(|| format!("a level has no number '{k}'"))
-        };
-        let count = |k: &str| num(k).map(|x| x as usize);
-        let summary = |name: &str| {
-            let get = |stat: &str| v.get(format!("{name}_ms_{stat}")).and_then(Value::as_f64);
-            Some(Summary {
-                p50: get("p50")?,
-                p90: get("p90")?,
-                p99: get("p99")?,
-                mean: get("mean")?,
-            })
-        };
-        Ok(LevelReport {
-            concurrency: count("concurrency")?,
-            completed: count("completed")?,
-            failed: count("failed")?,
-            duration_s: num("duration_s")?,
-            prompt_tokens: count("prompt_tokens").unwrap_or(0),
-            output_tokens: count("output_tokens").unwrap_or(0),
-            short: count("short_outputs").unwrap_or(0),
-            output_tok_s: num("output_tok_s")?,
-            total_tok_s: num("total_tok_s")?,
-            requests_per_s: num("requests_per_s")?,
-            ttft: summary("ttft"),
-            itl: summary("itl"),
-            tpot: summary("tpot"),
-            e2e: summary("e2e"),
-            errors: v
-                .get("errors")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|e| e.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
+impl From<LevelJson> for LevelReport {
+    fn from(j: LevelJson) -> Self {
+        LevelReport {
+            concurrency: j.concurrency,
+            completed: j.completed,
+            failed: j.failed,
+            duration_s: j.duration_s,
+            prompt_tokens: j.prompt_tokens,
+            output_tokens: j.output_tokens,
+            short: j.short_outputs,
+            output_tok_s: j.output_tok_s,
+            total_tok_s: j.total_tok_s,
+            requests_per_s: j.requests_per_s,
+            ttft: summary(j.ttft_ms_p50, j.ttft_ms_p90, j.ttft_ms_p99, j.ttft_ms_mean),
+            itl: summary(j.itl_ms_p50, j.itl_ms_p90, j.itl_ms_p99, j.itl_ms_mean),
+            tpot: summary(j.tpot_ms_p50, j.tpot_ms_p90, j.tpot_ms_p99, j.tpot_ms_mean),
+            e2e: summary(j.e2e_ms_p50, j.e2e_ms_p90, j.e2e_ms_p99, j.e2e_ms_mean),
+            errors: j.errors,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    fn to_json(r: &LevelReport) -> Value {
+        serde_json::to_value(r).unwrap()
+    }
+
+    fn from_json(v: &Value) -> Result<LevelReport, String> {
+        serde_path_to_error::deserialize(v).map_err(|e| e.to_string())
+    }
 
     #[test]
     fn percentiles_interpolate() {
@@ -256,7 +318,7 @@ mod tests {
         let tpot = r.tpot.expect("two completed");
         assert!((tpot.mean - 150.0).abs() < 1e-9);
         assert_eq!(r.errors, vec!["HTTP 500: boom".to_string()]);
-        let j = r.to_json();
+        let j = to_json(&r);
         for k in [
             "output_tok_s",
             "requests_per_s",
@@ -266,15 +328,24 @@ mod tests {
         ] {
             assert!(j.get(k).is_some_and(Value::is_number), "{k}");
         }
-        assert_eq!(LevelReport::from_json(&j), Ok(r));
+        assert_eq!(from_json(&j), Ok(r.clone()));
+        // Every key is written in the order the report always had (sorted).
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(text, j.to_string());
+        for missing in ["output_tokens", "ttft_ms_p50", "duration_s"] {
+            let mut v = j.clone();
+            v.as_object_mut().unwrap().remove(missing);
+            let e = from_json(&v).unwrap_err();
+            assert!(e.contains(missing), "{e}");
+        }
     }
 
     #[test]
     fn a_level_where_everything_failed() {
         let r = LevelReport::new(4, 1.0, 8, &[Err("x".into()), Err("y".into())]);
         assert_eq!((r.completed, r.failed, r.ttft), (0, 2, None));
-        let j = r.to_json();
+        let j = to_json(&r);
         assert!(j["ttft_ms_p50"].is_null());
-        assert_eq!(LevelReport::from_json(&j), Ok(r));
+        assert_eq!(from_json(&j), Ok(r));
     }
 }

@@ -1,0 +1,134 @@
+//! The GGUF metadata reader: `general.architecture` and the `<arch>.*` keys as llama.cpp
+//! writes them. Defaults are llama.cpp's; the vocabulary size falls back to the embedding's
+//! rows, tied embeddings and q/k/v biases are read off the tensors present, and the layer count
+//! is bounded by the file's tensors before anything is sized by it.
+
+use super::{max_layers, too_many_layers, ModelConfig, MAX_LAYERS};
+use crate::gguf::{GgufFile, GgufValue};
+use crate::registry;
+use crate::{ModelError, Result};
+use ferrum_runtime::cpu::{KvDtype, RopeScaling};
+use ferrum_runtime::DType;
+
+impl ModelConfig {
+    /// Builds the config from GGUF metadata. `vocab_size` falls back to the embedding's rows.
+    pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+        let path = g.path();
+        let err = |key: &str, msg: String| ModelError::Config {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            msg,
+        };
+        let arch_key = "general.architecture";
+        let arch = g
+            .get_as(arch_key, "a string", GgufValue::as_str)?
+            .ok_or_else(|| err(arch_key, "is missing".into()))?;
+        let spec = registry::lookup_gguf(arch).ok_or_else(|| ModelError::UnknownArchitecture {
+            path: path.to_path_buf(),
+            name: arch.to_string(),
+            supported: registry::gguf_names(),
+        })?;
+        let uint = |suffix: &str| -> Result<Option<usize>> {
+            g.get_as(&format!("{arch}.{suffix}"), "a non-negative integer", |v| {
+                v.as_u64().and_then(|n| usize::try_from(n).ok())
+            })
+        };
+        let req = |suffix: &str| -> Result<usize> {
+            uint(suffix)?.ok_or_else(|| err(&format!("{arch}.{suffix}"), "is missing".into()))
+        };
+        let float = |suffix: &str| -> Result<Option<f64>> {
+            g.get_as(&format!("{arch}.{suffix}"), "a number", GgufValue::as_f64)
+        };
+        let token_id = |key: &str| -> Result<Option<u32>> {
+            g.get_as(key, "a token id", |v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok())
+            })
+        };
+        let hidden_size = req("embedding_length")?;
+        let num_attention_heads = req("attention.head_count")?;
+        // Every layer has tensors: a count beyond the file's tensors (or MAX_LAYERS) is a
+        // broken header, refused before anything is sized by it.
+        let limit = MAX_LAYERS.min(g.tensor_infos().len());
+        let num_hidden_layers =
+            max_layers(req("block_count")?, limit).ok_or_else(|| ModelError::Config {
+                path: path.to_path_buf(),
+                key: format!("{arch}.block_count"),
+                msg: too_many_layers(limit),
+            })?;
+        let head_dim = match uint("attention.key_length")? {
+            Some(h) => h,
+            None if num_attention_heads > 0 && hidden_size % num_attention_heads == 0 => {
+                hidden_size / num_attention_heads
+            }
+            None => {
+                return Err(err(
+                    &format!("{arch}.attention.head_count"),
+                    "does not divide embedding_length and no key_length is given".into(),
+                ))
+            }
+        };
+        if let Some(rot) = uint("rope.dimension_count")? {
+            if rot != head_dim {
+                return Err(err(
+                    &format!("{arch}.rope.dimension_count"),
+                    format!("partial rotary ({rot} of {head_dim} dims) is not supported"),
+                ));
+            }
+        }
+        let vocab_size = match uint("vocab_size")? {
+            Some(v) => v,
+            None => match g.tensor_info("token_embd.weight") {
+                Some(t) if t.shape.len() == 2 => t.shape[0],
+                _ => return Err(err(&format!("{arch}.vocab_size"), "is missing".into())),
+            },
+        };
+        let rope_scaling = match g.get(&format!("{arch}.rope.scaling.type")) {
+            None => RopeScaling::None,
+            Some(v) => match v.as_str() {
+                Some("none") => RopeScaling::None,
+                Some("linear") => RopeScaling::Linear {
+                    factor: float("rope.scaling.factor")?.unwrap_or(1.0) as f32,
+                },
+                other => {
+                    return Err(err(
+                        &format!("{arch}.rope.scaling.type"),
+                        format!("rope scaling {other:?} is not supported (none, linear)"),
+                    ))
+                }
+            },
+        };
+        let window = uint("attention.sliding_window")?;
+        // llama.cpp's `general.file_type`: 1 = mostly F16, 32 = mostly BF16.
+        let rope_table_dtype = match g.get("general.file_type").and_then(GgufValue::as_u64) {
+            Some(1) => Some(DType::F16),
+            Some(32) => Some(DType::BF16),
+            _ => None,
+        };
+        let eos = token_id("tokenizer.ggml.eos_token_id")?;
+        let cfg = ModelConfig {
+            architecture: arch.to_string(),
+            spec,
+            vocab_size,
+            hidden_size,
+            intermediate_size: req("feed_forward_length")?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+            head_dim,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32,
+            rope_theta: float("rope.freq_base")?.unwrap_or(10000.0) as f32,
+            rope_scaling,
+            max_position_embeddings: uint("context_length")?.unwrap_or(2048),
+            layer_sliding_window: vec![window; num_hidden_layers],
+            tie_word_embeddings: g.tensor_info("output.weight").is_none(),
+            attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
+            dtype: None,
+            rope_table_dtype,
+            kv_cache_dtype: KvDtype::F32,
+            bos_token_id: token_id("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: eos.into_iter().collect(),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+}

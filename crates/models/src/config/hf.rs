@@ -1,0 +1,453 @@
+//! The Hugging Face `config.json` reader: a serde type ([`HfConfig`]) for the keys Ferrum
+//! uses, read through `serde_path_to_error`, then turned into a [`ModelConfig`].
+//!
+//! Invariants:
+//! - Both key styles are read: the older `rope_theta` / `rope_scaling` / `torch_dtype` and
+//!   transformers-5's `rope_parameters` / `dtype` (the newer wins where both are present).
+//! - A key of the wrong type is an error naming the key (its path, for nested keys such as
+//!   `rope_scaling.factor`); `null` reads as absent; keys Ferrum does not use are ignored.
+//! - Defaults are those of transformers' config classes.
+
+use super::{max_layers, too_many_layers, ModelConfig, MAX_LAYERS};
+use crate::registry;
+use crate::{ModelError, Result};
+use ferrum_runtime::cpu::{KvDtype, RopeScaling};
+use ferrum_runtime::DType;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+use std::path::Path;
+
+/// The keys of `config.json` that Ferrum reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(expecting = "an object")]
+pub struct HfConfig {
+    /// The first entry names the architecture.
+    pub architectures: Option<Value>,
+    pub vocab_size: Option<Uint>,
+    pub hidden_size: Option<Uint>,
+    pub intermediate_size: Option<Uint>,
+    pub num_hidden_layers: Option<Uint>,
+    pub num_attention_heads: Option<Uint>,
+    /// Defaults to `num_attention_heads`.
+    pub num_key_value_heads: Option<Uint>,
+    /// Defaults to `hidden_size / num_attention_heads`.
+    pub head_dim: Option<Uint>,
+    pub rms_norm_eps: Option<Float>,
+    pub rope_theta: Option<Float>,
+    pub rope_scaling: Option<RopeParams>,
+    /// transformers 5: `rope_theta` and the scaling together.
+    pub rope_parameters: Option<RopeParams>,
+    pub max_position_embeddings: Option<Uint>,
+    pub sliding_window: Option<Uint>,
+    /// Qwen-style per-layer attention: `full_attention` or `sliding_attention` per layer.
+    pub layer_types: Option<Value>,
+    pub use_sliding_window: Option<Bool>,
+    pub max_window_layers: Option<Uint>,
+    pub tie_word_embeddings: Option<Bool>,
+    pub attention_bias: Option<Bool>,
+    pub dtype: Option<Str>,
+    pub torch_dtype: Option<Str>,
+    pub bos_token_id: Option<Ids>,
+    pub eos_token_id: Option<Ids>,
+}
+
+/// `rope_scaling` or `rope_parameters`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(expecting = "an object")]
+pub struct RopeParams {
+    pub rope_theta: Option<Float>,
+    pub rope_type: Option<Str>,
+    /// The older name of `rope_type`.
+    #[serde(rename = "type")]
+    pub kind: Option<Str>,
+    pub factor: Option<Float>,
+    pub low_freq_factor: Option<Float>,
+    pub high_freq_factor: Option<Float>,
+    pub original_max_position_embeddings: Option<Float>,
+}
+
+/// A non-negative integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uint(pub usize);
+
+impl<'de> Deserialize<'de> for Uint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        v.as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Uint)
+            .ok_or_else(|| D::Error::custom(format!("must be a non-negative integer, found {v}")))
+    }
+}
+
+/// A number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Float(pub f64);
+
+impl<'de> Deserialize<'de> for Float {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        v.as_f64()
+            .map(Float)
+            .ok_or_else(|| D::Error::custom(format!("must be a number, found {v}")))
+    }
+}
+
+/// `true` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bool(pub bool);
+
+impl<'de> Deserialize<'de> for Bool {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        v.as_bool()
+            .map(Bool)
+            .ok_or_else(|| D::Error::custom(format!("must be true or false, found {v}")))
+    }
+}
+
+/// A string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Str(pub String);
+
+impl<'de> Deserialize<'de> for Str {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Str(s)),
+            v => Err(D::Error::custom(format!("must be a string, found {v}"))),
+        }
+    }
+}
+
+/// A token id or a list of them (`eos_token_id` may be either).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ids(pub Vec<u32>);
+
+impl<'de> Deserialize<'de> for Ids {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let bad = || D::Error::custom("must be a token id or a list of token ids");
+        let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+        match Value::deserialize(d)? {
+            Value::Array(a) => a
+                .iter()
+                .map(|v| one(v).ok_or_else(bad))
+                .collect::<std::result::Result<_, _>>()
+                .map(Ids),
+            v => Ok(Ids(vec![one(&v).ok_or_else(bad)?])),
+        }
+    }
+}
+
+fn key_err(path: &Path, key: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Config {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
+}
+
+impl HfConfig {
+    /// Reads a parsed `config.json` (`path` is used in errors).
+    pub fn from_json(path: &Path, v: &Value) -> Result<HfConfig> {
+        if !v.is_object() {
+            return Err(ModelError::format(path, "config is not a JSON object"));
+        }
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let inner = e.inner().to_string();
+            // A derived object met with another type: name what was found, as the leaves do.
+            let msg = match inner
+                .strip_prefix("invalid type: ")
+                .and_then(|rest| rest.rsplit_once(", expected "))
+            {
+                Some((_, want)) => match value_at(v, e.path()) {
+                    Some(found) => format!("must be {want}, found {found}"),
+                    None => format!("must be {want}"),
+                },
+                None => inner,
+            };
+            key_err(path, &e.path().to_string(), msg)
+        })
+    }
+}
+
+/// The value at `path` in `v`, if there is one.
+fn value_at<'a>(v: &'a Value, path: &serde_path_to_error::Path) -> Option<&'a Value> {
+    use serde_path_to_error::Segment;
+    path.iter().try_fold(v, |v, seg| match seg {
+        Segment::Seq { index } => v.get(*index),
+        Segment::Map { key } => v.get(key.as_str()),
+        Segment::Enum { .. } | Segment::Unknown => Some(v),
+    })
+}
+
+impl ModelConfig {
+    /// Reads `config.json` of a Hugging Face folder.
+    pub fn from_hf_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::format(path, format!("not valid JSON: {e}")))?;
+        ModelConfig::from_hf_json(path, &v)
+    }
+
+    /// Builds the config from a parsed `config.json` (`path` is used in errors).
+    pub fn from_hf_json(path: &Path, v: &Value) -> Result<ModelConfig> {
+        let c = HfConfig::from_json(path, v)?;
+        let err = |key: &str, msg: &str| key_err(path, key, msg);
+        let arch = match &c.architectures {
+            Some(Value::Array(a)) if !a.is_empty() => a[0]
+                .as_str()
+                .ok_or_else(|| err("architectures", "must be a list of strings"))?,
+            Some(_) => return Err(err("architectures", "must be a non-empty list of strings")),
+            None => return Err(err("architectures", "is missing")),
+        };
+        let spec = registry::lookup_hf(arch).ok_or_else(|| ModelError::UnknownArchitecture {
+            path: path.to_path_buf(),
+            name: arch.to_string(),
+            supported: registry::hf_names(),
+        })?;
+        let req =
+            |key: &str, v: Option<Uint>| v.map(|Uint(n)| n).ok_or_else(|| err(key, "is missing"));
+        let hidden_size = req("hidden_size", c.hidden_size)?;
+        let num_attention_heads = req("num_attention_heads", c.num_attention_heads)?;
+        let num_hidden_layers =
+            max_layers(req("num_hidden_layers", c.num_hidden_layers)?, MAX_LAYERS)
+                .ok_or_else(|| err("num_hidden_layers", &too_many_layers(MAX_LAYERS)))?;
+        let head_dim = match c.head_dim {
+            Some(Uint(h)) => h,
+            None if num_attention_heads > 0 && hidden_size % num_attention_heads == 0 => {
+                hidden_size / num_attention_heads
+            }
+            None => {
+                return Err(err(
+                    "num_attention_heads",
+                    "does not divide hidden_size and no head_dim is given",
+                ))
+            }
+        };
+        let (rope_theta, rope_scaling) = rope(path, &c)?;
+        let sliding = c.sliding_window.map(|Uint(w)| w);
+        let layer_sliding_window = if spec.sliding_window_all_layers {
+            vec![sliding; num_hidden_layers]
+        } else if spec.sliding_window_by_layer_types {
+            layer_windows(path, &c, sliding, num_hidden_layers)?
+        } else {
+            vec![None; num_hidden_layers]
+        };
+        let dtype = c.dtype.or(c.torch_dtype).map(|Str(d)| d);
+        let rope_table_dtype = match dtype.as_deref() {
+            Some("bfloat16") => Some(DType::BF16),
+            Some("float16") => Some(DType::F16),
+            _ => None,
+        };
+        let flag = |v: Option<Bool>| v.is_some_and(|Bool(b)| b);
+        let cfg = ModelConfig {
+            architecture: arch.to_string(),
+            spec,
+            vocab_size: req("vocab_size", c.vocab_size)?,
+            hidden_size,
+            intermediate_size: req("intermediate_size", c.intermediate_size)?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: c
+                .num_key_value_heads
+                .map_or(num_attention_heads, |Uint(n)| n),
+            head_dim,
+            rms_norm_eps: c.rms_norm_eps.map_or(1e-6, |Float(e)| e) as f32,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: c.max_position_embeddings.map_or(2048, |Uint(n)| n),
+            layer_sliding_window,
+            tie_word_embeddings: flag(c.tie_word_embeddings),
+            attention_bias: spec.qkv_bias || flag(c.attention_bias),
+            dtype,
+            rope_table_dtype,
+            kv_cache_dtype: KvDtype::F32,
+            bos_token_id: c.bos_token_id.and_then(|Ids(ids)| ids.first().copied()),
+            eos_token_ids: c.eos_token_id.map(|Ids(ids)| ids).unwrap_or_default(),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+}
+
+/// RoPE base and scaling from either key style.
+fn rope(path: &Path, c: &HfConfig) -> Result<(f32, RopeScaling)> {
+    // transformers 5: everything under `rope_parameters`; older: `rope_theta` + `rope_scaling`.
+    let (prefix, scaling) = match (&c.rope_parameters, &c.rope_scaling) {
+        (Some(p), _) => ("rope_parameters", Some(p)),
+        (None, s) => ("rope_scaling", s.as_ref()),
+    };
+    let theta = c
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.rope_theta)
+        .or(c.rope_theta)
+        .map_or(10000.0, |Float(t)| t) as f32;
+    let Some(s) = scaling else {
+        return Ok((theta, RopeScaling::None));
+    };
+    let err = |key: &str, msg: String| key_err(path, &format!("{prefix}.{key}"), msg);
+    let ty = s
+        .rope_type
+        .as_ref()
+        .or(s.kind.as_ref())
+        .map(|Str(t)| t.as_str());
+    let factor = || -> Result<f32> {
+        let Some(Float(f)) = s.factor else {
+            return Err(err("factor", "is missing".into()));
+        };
+        if f > 0.0 && f.is_finite() {
+            Ok(f as f32)
+        } else {
+            Err(err("factor", "must be a positive number".into()))
+        }
+    };
+    let scaling = match ty.unwrap_or("default") {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "llama3" => {
+            let num = |key: &str, v: Option<Float>| -> Result<f32> {
+                v.map(|Float(x)| x as f32)
+                    .ok_or_else(|| err(key, "is missing (needed by llama3 rope scaling)".into()))
+            };
+            let low = num("low_freq_factor", s.low_freq_factor)?;
+            let high = num("high_freq_factor", s.high_freq_factor)?;
+            if high <= low {
+                return Err(err(
+                    "high_freq_factor",
+                    "must exceed low_freq_factor".into(),
+                ));
+            }
+            RopeScaling::Llama3 {
+                factor: factor()?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: num(
+                    "original_max_position_embeddings",
+                    s.original_max_position_embeddings,
+                )?,
+            }
+        }
+        other => {
+            return Err(err(
+                "rope_type",
+                format!("`{other}` is not supported (default, linear, llama3)"),
+            ))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+/// Per-layer windows for Qwen-style configs: `layer_types` when present, else
+/// `use_sliding_window` with `max_window_layers`.
+fn layer_windows(
+    path: &Path,
+    c: &HfConfig,
+    window: Option<usize>,
+    num_layers: usize,
+) -> Result<Vec<Option<usize>>> {
+    if let Some(v) = &c.layer_types {
+        let types = v
+            .as_array()
+            .filter(|a| a.len() == num_layers)
+            .ok_or_else(|| key_err(path, "layer_types", "must list one type per layer"))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(None),
+                Some("sliding_attention") => window.map(Some).ok_or_else(|| {
+                    key_err(
+                        path,
+                        "sliding_window",
+                        "is needed by sliding_attention layers",
+                    )
+                }),
+                _ => Err(key_err(
+                    path,
+                    "layer_types",
+                    format!("unknown layer type {t}"),
+                )),
+            })
+            .collect();
+    }
+    if !c.use_sliding_window.is_some_and(|Bool(b)| b) {
+        return Ok(vec![None; num_layers]);
+    }
+    let from = c.max_window_layers.map_or(num_layers, |Uint(n)| n);
+    Ok((0..num_layers)
+        .map(|i| if i >= from { window } else { None })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        })
+    }
+
+    #[test]
+    fn both_rope_key_styles() {
+        let mut old = base();
+        old["rope_theta"] = json!(500000.0);
+        old["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0});
+        let c = ModelConfig::from_hf_json(Path::new("c.json"), &old).unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+        let mut new = base();
+        new["rope_parameters"] = json!({"rope_theta": 1e6, "rope_type": "default"});
+        let c = ModelConfig::from_hf_json(Path::new("c.json"), &new).unwrap();
+        assert_eq!(
+            (c.rope_theta, c.head_dim, c.num_key_value_heads),
+            (1e6, 4, 2)
+        );
+    }
+
+    #[test]
+    fn wrong_types_name_the_key() {
+        let mut v = base();
+        v["hidden_size"] = json!("eight");
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("`hidden_size`"), "{e}");
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("yarn"), "{e}");
+        let mut v = base();
+        v["num_key_value_heads"] = json!(3);
+        assert!(ModelConfig::from_hf_json(Path::new("c.json"), &v).is_err());
+    }
+
+    #[test]
+    fn nested_keys_are_named_by_path() {
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "linear", "factor": "two"});
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("`rope_scaling.factor`"), "{e}");
+        let mut v = base();
+        v["rope_parameters"] = json!(7);
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("must be an object, found 7"), "{e}");
+        let mut v = base();
+        v["eos_token_id"] = json!([1, -1]);
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("`eos_token_id`"), "{e}");
+    }
+
+    #[test]
+    fn qwen_layer_types_select_windows() {
+        let mut v = base();
+        v["architectures"] = json!(["Qwen2ForCausalLM"]);
+        v["sliding_window"] = json!(4);
+        v["layer_types"] = json!(["full_attention", "sliding_attention"]);
+        let c = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap();
+        assert_eq!(c.layer_sliding_window, vec![None, Some(4)]);
+        assert!(c.attention_bias);
+    }
+}

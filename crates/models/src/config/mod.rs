@@ -1,0 +1,105 @@
+//! The typed model config, read from a Hugging Face `config.json` ([`hf`]) or from GGUF
+//! metadata ([`gguf`]). Both readers type-check every key and name the key in a wrong type or
+//! value; both end in [`ModelConfig::validate`], so a config that builds is one a family can
+//! size itself by (positive sizes, heads that group, an even head dim within the kernels'
+//! limit, at most [`MAX_LAYERS`] layers).
+
+mod gguf;
+mod hf;
+
+use crate::registry::ArchSpec;
+use crate::{ModelError, Result};
+use ferrum_runtime::cpu::{KvDtype, RopeScaling, MAX_HEAD_DIM};
+use ferrum_runtime::DType;
+use std::path::{Path, PathBuf};
+
+/// Everything a model family needs to build itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The architecture name as written in the file.
+    pub architecture: String,
+    pub spec: ArchSpec,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    /// Sliding-window size per layer (`None`: full attention).
+    pub layer_sliding_window: Vec<Option<usize>>,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections have a bias.
+    pub attention_bias: bool,
+    /// Stored dtype named by the config, if any (informational).
+    pub dtype: Option<String>,
+    /// Half-precision type the reference implementation keeps RoPE frequencies in: the
+    /// checkpoint's dtype when that is bf16 or f16 (see `ferrum_runtime::cpu::Rope`).
+    pub rope_table_dtype: Option<DType>,
+    /// Element type of the KV cache built for this model: f32 as read from a file, set at
+    /// load from `LoadOptions::kv_cache_dtype` (see [`crate::resolve_kv_dtype`]).
+    pub kv_cache_dtype: KvDtype,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    pub(crate) fn validate(&self, path: &Path) -> Result<()> {
+        debug_assert!(self.num_hidden_layers <= MAX_LAYERS);
+        let err = |key: &str, msg: &str| ModelError::Config {
+            path: PathBuf::from(path),
+            key: key.to_string(),
+            msg: msg.to_string(),
+        };
+        for (key, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(err(key, "must be positive"));
+            }
+        }
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return Err(err(
+                "num_key_value_heads",
+                "must divide num_attention_heads (grouped-query attention)",
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
+            return Err(err("head_dim", "must be even and at most 512"));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(err("rms_norm_eps", "must be a non-negative number"));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(err("rope_theta", "must be a positive number"));
+        }
+        if self.layer_sliding_window.contains(&Some(0)) {
+            return Err(err("sliding_window", "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// The most layers a config may declare (the largest open models have under 200).
+pub const MAX_LAYERS: usize = 1024;
+
+pub(crate) fn max_layers(n: usize, limit: usize) -> Option<usize> {
+    (n <= limit).then_some(n)
+}
+
+pub(crate) fn too_many_layers(limit: usize) -> String {
+    format!("is larger than this file can hold (at most {limit} layers)")
+}

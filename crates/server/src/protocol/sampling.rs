@@ -1,0 +1,193 @@
+//! The sampling fields both endpoints share, and their rules.
+//!
+//! [`SamplingFields`] holds the fields as sent (types checked); [`SamplingFields::options`]
+//! checks ranges and limits and builds the engine's [`SamplingParams`]. Every refusal names
+//! the parameter; a default applies only where the field is absent or `null`.
+
+use super::wire::{Count, Flag, Int, Num, Object, Seed, Strings, Text, TokenIds};
+use super::{Options, MAX_LOGIT_BIAS, MAX_N, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
+use crate::error::{Result, ServerError};
+use ferrum_types::{SamplingParams, TokenId};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The fields of a request body that set up sampling (both endpoints).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(expecting = "an object")]
+pub struct SamplingFields {
+    pub model: Option<Text>,
+    pub n: Option<Count>,
+    pub temperature: Option<Num>,
+    pub top_p: Option<Num>,
+    /// `-1` or `0` disable it.
+    pub top_k: Option<Int>,
+    pub min_p: Option<Num>,
+    pub repetition_penalty: Option<Num>,
+    pub presence_penalty: Option<Num>,
+    pub frequency_penalty: Option<Num>,
+    /// Token id (as a string key) -> bias added to its logit.
+    pub logit_bias: Option<Object>,
+    pub seed: Option<Seed>,
+    pub stream: Option<Flag>,
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and unused (OpenAI's end-user id).
+    pub user: Option<Text>,
+    pub stop: Option<Strings>,
+    pub stop_token_ids: Option<TokenIds>,
+    pub ignore_eos: Option<Flag>,
+    pub skip_special_tokens: Option<Flag>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(expecting = "an object")]
+pub struct StreamOptions {
+    /// A last chunk with the token counts. Its type is checked on admission, after the rule
+    /// that `stream_options` needs `stream`.
+    pub include_usage: Option<Value>,
+}
+
+/// `max_tokens` of 0 is refused so the message names the field the client used.
+pub fn max_tokens(key: &str, v: Option<Count>) -> Result<Option<usize>> {
+    match v {
+        Some(Count(0)) => Err(ServerError::param(
+            key,
+            format!("'{key}' must be at least 1"),
+        )),
+        v => Ok(v.map(|Count(m)| m)),
+    }
+}
+
+impl SamplingFields {
+    /// Checks ranges and limits; `max_tokens` is the endpoint's (already checked) limit.
+    pub fn options(&self, max_tokens: Option<usize>) -> Result<Options> {
+        let n = self.n.map_or(1, |Count(n)| n);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ServerError::param(
+                "n",
+                format!("'n' must be between 1 and {MAX_N}, got {n}"),
+            ));
+        }
+        let top_k = match self.top_k.map(|Int(k)| k) {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k < 0 => {
+                return Err(ServerError::param(
+                    "top_k",
+                    format!("'top_k' must be positive (or -1 to disable), got {k}"),
+                ))
+            }
+            Some(k) => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+        };
+        let logit_bias = self.logit_bias()?;
+        let stream = self.stream.is_some_and(|Flag(b)| b);
+        let include_usage = match &self.stream_options {
+            None => false,
+            Some(_) if !stream => {
+                return Err(ServerError::param(
+                    "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true",
+                ))
+            }
+            Some(o) => match &o.include_usage {
+                None => false,
+                Some(v) => v.as_bool().ok_or_else(|| {
+                    ServerError::param(
+                        "stream_options.include_usage",
+                        "'stream_options.include_usage' must be a boolean",
+                    )
+                })?,
+            },
+        };
+        let stop = self.stop.clone().unwrap_or_default().0;
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ServerError::param(
+                "stop",
+                format!(
+                    "'stop' has {} strings; at most {MAX_STOP_STRINGS} are allowed",
+                    stop.len()
+                ),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ServerError::param("stop", "stop strings must not be empty"));
+        }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ServerError::param(
+                "stop",
+                format!(
+                    "a stop string of {} bytes is longer than the limit of {MAX_STOP_BYTES}",
+                    long.len()
+                ),
+            ));
+        }
+        let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default().0;
+        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ServerError::param(
+                "stop_token_ids",
+                format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed"),
+            ));
+        }
+        let d = SamplingParams::default();
+        let or = |v: Option<Num>, default: f32| v.map_or(default, |Num(x)| x);
+        let params = SamplingParams {
+            n,
+            max_tokens,
+            temperature: or(self.temperature, d.temperature),
+            top_p: or(self.top_p, d.top_p),
+            top_k,
+            min_p: or(self.min_p, d.min_p),
+            repetition_penalty: or(self.repetition_penalty, d.repetition_penalty),
+            presence_penalty: or(self.presence_penalty, d.presence_penalty),
+            frequency_penalty: or(self.frequency_penalty, d.frequency_penalty),
+            logit_bias,
+            seed: self.seed.map(|Seed(s)| s),
+            stop,
+            stop_token_ids,
+            ignore_eos: self.ignore_eos.is_some_and(|Flag(b)| b),
+            logprobs: None,
+            skip_special_tokens: self.skip_special_tokens.is_none_or(|Flag(b)| b),
+        };
+        Ok(Options {
+            model: self.model.as_ref().map(|Text(m)| m.clone()),
+            params,
+            stream,
+            include_usage,
+        })
+    }
+
+    /// `logit_bias` as (token id, bias) pairs, keys in the order the body's object keeps them.
+    fn logit_bias(&self) -> Result<Vec<(TokenId, f32)>> {
+        let Some(Object(map)) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        if map.len() > MAX_LOGIT_BIAS {
+            return Err(ServerError::param(
+                "logit_bias",
+                format!(
+                    "'logit_bias' has {} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                    map.len()
+                ),
+            ));
+        }
+        map.iter()
+            .map(|(k, v)| {
+                let id: TokenId = k.trim().parse().map_err(|_| {
+                    ServerError::param(
+                        "logit_bias",
+                        format!("'logit_bias' keys must be token ids, got {k:?}"),
+                    )
+                })?;
+                let b = v.as_f64().ok_or_else(|| {
+                    ServerError::param(
+                        "logit_bias",
+                        format!(
+                            "'logit_bias' values must be numbers, got {}",
+                            super::wire::kind(v)
+                        ),
+                    )
+                })?;
+                Ok((id, b as f32))
+            })
+            .collect()
+    }
+}
