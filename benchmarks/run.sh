@@ -242,6 +242,7 @@ fi
 
 jsons=$(ls "$out"/serve-*.json | paste -sd, -)
 mkdir -p docs
-"$ferrum" bench serve --compare "$jsons" --plot docs/benchmarks-serve.svg
+"$ferrum" bench serve --compare "$jsons"
+"$(bash scripts/plot-venv.sh)" benchmarks/plot_serve.py --out docs/benchmarks-serve.svg "$out"/serve-*.json
 python3 benchmarks/report.py "$out" > docs/benchmarks.md
 echo "wrote docs/benchmarks.md and docs/benchmarks-serve.svg"

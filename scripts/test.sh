@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
-# (scripts/test-openai.sh, which installs the `openai` package into a venv). Ends with one
-# summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
+# (scripts/test-openai.sh, which installs the `openai` package into a venv) and the benchmark
+# chart's tests (scripts/test-plot.sh, which installs the plotting library into another). Ends
+# with one summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
 # model is absent, except under CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,9 +14,11 @@ echo "== engine fault injection (feature fault-injection)"
 cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
+echo "== benchmark chart tests (scripts/test-plot.sh)"
+bash scripts/test-plot.sh 2>&1 | tee -a "$log" || status=$?
 awk '
   /^test result:/ { p += $4; f += $6 }
-  /^Ran [0-9]+ tests? in/ { py = $2 }
+  /^Ran [0-9]+ tests? in/ { py += $2 }
   /^FAILED \(/ { n = split($0, parts, /[=,)]/); for (i = 2; i <= n; i += 2) pf += parts[i] }
   END { printf "all tests: %d passed, %d failed\n", p + py - pf, f + pf }' "$log"
 exit "$status"

@@ -9,7 +9,8 @@
 //! Servers that do not know a field ignore it (llama-cpp-python's pydantic models do too, and
 //! it honours `min_tokens`). Per level: wall time, completed and failed requests, token and
 //! request rates, and TTFT, inter-token, per-output-token and end-to-end latency percentiles.
-//! `--compare` draws several saved `--json` reports on one `--plot`.
+//! `--compare` prints the table of several saved `--json` reports; `benchmarks/plot_serve.py`
+//! draws them on one chart.
 
 pub(crate) mod prompts;
 mod report;
@@ -17,7 +18,6 @@ pub(crate) mod request;
 pub(crate) mod sse;
 mod stats;
 
-use crate::svg_plot;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_tokenizer::{load_special_tokens, TextAssets, Tokenizer};
@@ -71,22 +71,18 @@ pub struct ServeBenchArgs {
     /// Leave out `ignore_eos` and `min_tokens` (requests may then end early at EOS).
     #[arg(long)]
     no_ignore_eos: bool,
-    /// Name of this server in the JSON report and plots (default: the model name).
+    /// Name of this server in the JSON report and charts (default: the model name).
     #[arg(long, value_name = "NAME")]
     label: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Write an SVG chart: output tok/s, and TTFT p50/p99 and ITL p50, against concurrency.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
-    /// Instead of running, draw these saved `--json` reports on one --plot and print their
-    /// table (each is labelled with its `label`).
+    /// Instead of running, print the table of these saved `--json` reports (each labelled
+    /// with its `label`). `benchmarks/plot_serve.py` draws them on one chart.
     #[arg(
         long,
         value_delimiter = ',',
         value_name = "A.json,B.json",
-        requires = "plot",
         conflicts_with = "json"
     )]
     compare: Vec<PathBuf>,
@@ -112,9 +108,6 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<()> {
             report.model, report.base_url, report.num_prompts, report.input_len, report.output_len
         );
         print!("{}", report::table(std::slice::from_ref(&report)));
-    }
-    if let Some(path) = &args.plot {
-        write_plot(path, std::slice::from_ref(&report))?;
     }
     if report.levels.iter().all(|l| l.completed == 0) {
         let first = report.levels.iter().flat_map(|l| &l.errors).next();
@@ -368,14 +361,7 @@ fn progress(level: &LevelReport, outcomes: &[Result<Outcome, String>], output_le
     }
 }
 
-fn write_plot(path: &Path, reports: &[Report]) -> Result<()> {
-    let svg = svg_plot::render(&report::chart(reports));
-    std::fs::write(path, svg).with_context(|| format!("writing the plot {}", path.display()))?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
-}
-
-/// `--compare`: the saved reports' table, and one plot of them all.
+/// `--compare`: the saved reports' table.
 fn compare(args: &ServeBenchArgs) -> Result<()> {
     let reports = args
         .compare
@@ -383,10 +369,7 @@ fn compare(args: &ServeBenchArgs) -> Result<()> {
         .map(|p| Report::load(p))
         .collect::<Result<Vec<_>>>()?;
     print!("{}", report::table(&reports));
-    match &args.plot {
-        Some(path) => write_plot(path, &reports),
-        None => bail!("--compare needs --plot FILE.svg"),
-    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ mod inspect;
 mod model_path;
 mod run;
 mod serve;
-mod svg_plot;
 mod tokenize;
 
 use clap::{Parser, Subcommand};

@@ -1,5 +1,5 @@
-//! The report of one `ferrum bench serve` run: its JSON form (also the input of `--compare`),
-//! the human table, and the chart drawn by `--plot`.
+//! The report of one `ferrum bench serve` run: its JSON form (the input of `--compare` and of
+//! `benchmarks/plot_serve.py`, which draws the chart), and the human table.
 //!
 //! The JSON form is [`Report`] through serde. Fields are in alphabetical order: the bytes are
 //! those written when the report went through `serde_json::Value` (sorted keys). Reading a
@@ -8,7 +8,6 @@
 //! `ignore_eos` to true.
 
 use super::stats::{LevelReport, Summary};
-use crate::svg_plot::{Chart, Curve, Dash, LegendEntry, Panel};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -125,112 +124,10 @@ pub fn table(reports: &[Report]) -> String {
     out
 }
 
-/// Distinct values, in first-seen order.
-fn distinct<T: ToString>(items: impl Iterator<Item = T>) -> Vec<String> {
-    let mut seen: Vec<String> = Vec::new();
-    for i in items {
-        let s = i.to_string();
-        if !seen.contains(&s) {
-            seen.push(s);
-        }
-    }
-    seen
-}
-
-/// One plotted number of a level.
-type Metric = fn(&LevelReport) -> Option<f64>;
-
-/// Throughput and latency against concurrency; one color per report.
-pub fn chart(reports: &[Report]) -> Chart {
-    let points = |r: &Report, f: &dyn Fn(&LevelReport) -> Option<f64>| {
-        let mut p: Vec<(f64, Option<f64>)> = r
-            .levels
-            .iter()
-            .map(|l| (l.concurrency as f64, f(l)))
-            .collect();
-        p.sort_by(|a, b| a.0.total_cmp(&b.0));
-        p
-    };
-    let mut throughput = Vec::new();
-    let mut latency = Vec::new();
-    let mut legend = Vec::new();
-    for (i, r) in reports.iter().enumerate() {
-        throughput.push(Curve {
-            label: format!("{} output tok/s", r.label),
-            color: i,
-            dash: Dash::Solid,
-            points: points(r, &|l| (l.completed > 0).then_some(l.output_tok_s)),
-        });
-        let lat: [(&str, Dash, Metric); 3] = [
-            ("TTFT p50", Dash::Solid, |l| l.ttft.map(|s| s.p50)),
-            ("TTFT p99", Dash::Dashed, |l| l.ttft.map(|s| s.p99)),
-            ("ITL p50", Dash::Dotted, |l| l.itl.map(|s| s.p50)),
-        ];
-        for (name, dash, f) in lat {
-            latency.push(Curve {
-                label: format!("{} {name}", r.label),
-                color: i,
-                dash,
-                points: points(r, &f),
-            });
-        }
-        legend.push(LegendEntry {
-            label: r.label.clone(),
-            color: Some(i),
-            dash: Dash::Solid,
-        });
-    }
-    for (name, dash) in [
-        ("TTFT p50 (latency)", Dash::Solid),
-        ("TTFT p99 (latency)", Dash::Dashed),
-        ("ITL p50 (latency)", Dash::Dotted),
-    ] {
-        legend.push(LegendEntry {
-            label: name.into(),
-            color: None,
-            dash,
-        });
-    }
-    let labels = distinct(reports.iter().map(|r| &r.label)).join(" vs ");
-    let models = distinct(reports.iter().map(|r| &r.model)).join(", ");
-    let title = if reports.len() > 1 {
-        format!("{labels}: {models}")
-    } else {
-        format!("bench serve: {models}")
-    };
-    let lens = |f: fn(&Report) -> usize| distinct(reports.iter().map(f)).join("/");
-    Chart {
-        title,
-        subtitle: format!(
-            "input {} / output {} tokens per request, {} requests per level",
-            lens(|r| r.input_len),
-            lens(|r| r.output_len),
-            lens(|r| r.num_prompts),
-        ),
-        x_label: "concurrent requests".into(),
-        panels: vec![
-            Panel {
-                title: "Output throughput".into(),
-                y_label: "output tokens/s".into(),
-                log_y: false,
-                curves: throughput,
-            },
-            Panel {
-                title: "Latency".into(),
-                y_label: "ms (log scale)".into(),
-                log_y: true,
-                curves: latency,
-            },
-        ],
-        legend,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bench_serve::request::Outcome;
-    use crate::svg_plot::{render, tests::check_well_formed};
     use serde_json::Value;
 
     fn to_json(r: &Report) -> Value {
@@ -317,21 +214,10 @@ mod tests {
     }
 
     #[test]
-    fn table_and_comparison_chart() {
+    fn table_of_several_reports() {
         let reports = [report("ferrum", 1.0), report("vllm & co", 2.0)];
         let t = table(&reports);
         assert_eq!(t.lines().count(), 1 + 6 + 1);
         assert!(t.contains("vllm & co") && t.contains("out tok/s"));
-        let svg = render(&chart(&reports));
-        check_well_formed(&svg);
-        for s in [
-            "ferrum TTFT p99",
-            "vllm &amp; co ITL p50",
-            "ferrum vs vllm &amp; co: smollm2",
-            "input 16 / output 8 tokens",
-        ] {
-            assert!(svg.contains(s), "{s}");
-        }
-        assert_eq!(svg.matches("<polyline").count(), 8);
     }
 }
