@@ -4,8 +4,6 @@
 
 mod batch;
 mod bench;
-mod bench_serve;
-mod bench_soak;
 mod chat;
 mod common;
 mod inspect;

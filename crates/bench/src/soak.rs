@@ -20,8 +20,8 @@ pub mod check;
 pub mod gauges;
 pub mod mix;
 
-use crate::bench_serve::sse::{SseEvent, SseParser};
-use crate::bench_serve::{base_url, load_tokenizer};
+use crate::serve::sse::{SseEvent, SseParser};
+use crate::serve::{base_url, load_tokenizer};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use gauges::Gauges;
@@ -196,7 +196,7 @@ fn causes(e: &dyn std::error::Error) -> String {
 }
 
 fn clip(s: &str) -> String {
-    crate::bench_serve::request::clip(s, 200)
+    crate::serve::request::clip(s, 200)
 }
 
 /// Runs `plans[range]`, at most `concurrency` at once.

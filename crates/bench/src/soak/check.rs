@@ -8,7 +8,7 @@
 //! usage chunk (asked for with `stream_options.include_usage`) comes with no choices; the
 //! stream ends with `data: [DONE]` and nothing after it.
 
-use crate::bench_serve::sse::SseEvent;
+use crate::serve::sse::SseEvent;
 use serde_json::Value;
 
 /// Which endpoint a response came from.

@@ -11,7 +11,7 @@
 //! mix.
 
 use super::check::Endpoint;
-use crate::bench_serve::prompts::{self, Rng};
+use crate::serve::prompts::{self, Rng};
 use anyhow::Result;
 use ferrum_tokenizer::Tokenizer;
 use serde_json::{json, Value};

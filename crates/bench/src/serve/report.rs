@@ -127,7 +127,7 @@ pub fn table(reports: &[Report]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench_serve::request::Outcome;
+    use crate::serve::request::Outcome;
     use serde_json::Value;
 
     fn to_json(r: &Report) -> Value {

@@ -1,0 +1,116 @@
+//! `bench latency`: the model's raw speed without scheduling or sampling in the way.
+//!
+//! Each iteration prefills `batch_size` prompts of `input_len` tokens (one forward pass per
+//! prompt, as a single long request runs), then decodes `output_len - 1` steps in which all the
+//! sequences advance together in one batch (greedy argmax). Prefill and decode tok/s are the
+//! medians over `num_iters` iterations after `num_iters_warmup` unmeasured ones. The bytes a
+//! decode token reads (weights as the kernels hold them, once per step for the whole batch,
+//! plus its own K/V at the decode's mean context) turn the decode figure into a read rate.
+
+use crate::median;
+use anyhow::{bail, Context, Result};
+use ferrum_engine::sampler::argmax;
+use ferrum_models::{KvCache, Model};
+use ferrum_types::{ForwardBatch, TokenId};
+use std::time::Instant;
+
+const BLOCK_SIZE: usize = 16;
+
+/// What to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct LatencyConfig {
+    /// Prompt tokens per sequence.
+    pub input_len: usize,
+    /// Tokens decoded per sequence (the first comes from the prefill).
+    pub output_len: usize,
+    /// Sequences decoding together.
+    pub batch_size: usize,
+    pub num_iters: usize,
+    pub num_iters_warmup: usize,
+}
+
+/// The medians measured.
+#[derive(Debug, Clone, Copy)]
+pub struct LatencyResult {
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    /// Weight bytes one step reads (shared by the batch).
+    pub weight_bytes_per_step: usize,
+    pub bytes_per_decode_token: f64,
+    /// `decode_tok_s * bytes_per_decode_token`, in GB/s.
+    pub decode_read_gb_s: f64,
+}
+
+/// Measures `model` as the module doc says. Flag names in errors are the command line's.
+pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> {
+    if cfg.input_len == 0 || cfg.output_len < 2 || cfg.batch_size == 0 || cfg.num_iters == 0 {
+        bail!(
+            "--input-len, --batch-size and --num-iters must be at least 1, --output-len at least 2"
+        );
+    }
+    let c = model.config().clone();
+    let len = cfg.input_len + cfg.output_len;
+    if len > c.max_position_embeddings {
+        bail!(
+            "--input-len + --output-len = {len} is more than the model's context of {}",
+            c.max_position_embeddings
+        );
+    }
+    let num_blocks = cfg.batch_size * len.div_ceil(BLOCK_SIZE);
+    let mut kv = KvCache::new(&c, num_blocks, BLOCK_SIZE).context("allocating the KV cache")?;
+    let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
+    for i in 0..cfg.num_iters_warmup + cfg.num_iters {
+        let (p, d) = iteration(model, &mut kv, cfg)?;
+        if i >= cfg.num_iters_warmup {
+            prefills.push((cfg.batch_size * cfg.input_len) as f64 / p);
+            decodes.push((cfg.batch_size * (cfg.output_len - 1)) as f64 / d);
+        }
+    }
+    let (prefill_tok_s, decode_tok_s) = (median(prefills), median(decodes));
+    let weight_bytes_per_step = model.weight_bytes_per_token();
+    let kv_per_pos = KvCache::bytes_per_block(&c, BLOCK_SIZE) / BLOCK_SIZE;
+    let kv_bytes = kv_per_pos as f64 * (cfg.input_len as f64 + cfg.output_len as f64 / 2.0);
+    let bytes_per_decode_token = weight_bytes_per_step as f64 / cfg.batch_size as f64 + kv_bytes;
+    Ok(LatencyResult {
+        prefill_tok_s,
+        decode_tok_s,
+        weight_bytes_per_step,
+        bytes_per_decode_token,
+        decode_read_gb_s: decode_tok_s * bytes_per_decode_token / 1e9,
+    })
+}
+
+/// One iteration: (prefill seconds, decode seconds).
+fn iteration(model: &mut Model, kv: &mut KvCache, cfg: &LatencyConfig) -> Result<(f64, f64)> {
+    let vocab = model.config().vocab_size;
+    let per_seq = (cfg.input_len + cfg.output_len).div_ceil(BLOCK_SIZE);
+    let tables: Vec<Vec<u32>> = (0..cfg.batch_size)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    // A fixed, varied prompt: the speed does not depend on which tokens they are.
+    let prompt: Vec<TokenId> = (0..cfg.input_len)
+        .map(|i| ((i * 7919 + 13) % vocab) as TokenId)
+        .collect();
+    let mut b = ForwardBatch::new();
+    let mut next = vec![0 as TokenId; cfg.batch_size];
+    let t = Instant::now();
+    for (s, table) in tables.iter().enumerate() {
+        b.clear();
+        b.push_seq(&prompt, 0, table, BLOCK_SIZE, 1)?;
+        next[s] = argmax(model.forward(&b, kv)?);
+    }
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for step in 0..cfg.output_len.saturating_sub(1) {
+        b.clear();
+        for (s, table) in tables.iter().enumerate() {
+            b.push_seq(&[next[s]], cfg.input_len + step, table, BLOCK_SIZE, 1)?;
+        }
+        let logits = model.forward(&b, kv)?;
+        // [batch_size, vocab]
+        for (s, row) in logits.chunks_exact(vocab).enumerate() {
+            next[s] = argmax(row);
+        }
+    }
+    Ok((prefill, t.elapsed().as_secs_f64()))
+}

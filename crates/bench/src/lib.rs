@@ -1,0 +1,27 @@
+//! The measurements behind `ferrum bench`, apart from the binary that parses its flags.
+//!
+//! - [`latency`], [`throughput`], [`bandwidth`]: offline figures of a loaded model, the
+//!   batching engine and the machine, as typed configs in and typed results out; the command
+//!   line loads the model and prints.
+//! - [`serve`]: an online load generator for any OpenAI-compatible server; [`soak`]: a
+//!   fault-injecting load that checks a server's responses and recovery. Both are HTTP clients
+//!   and own their flags (clap `Args`), which the command line mounts as subcommands.
+//!
+//! Like the binary, this is tooling at the top of the stack: errors are `anyhow` errors that
+//! name the flag or the server at fault, not a library error type.
+
+pub mod bandwidth;
+pub mod latency;
+pub mod serve;
+pub mod soak;
+pub mod throughput;
+
+pub use bandwidth::{bandwidth, BandwidthResult};
+pub use latency::{latency, LatencyConfig, LatencyResult};
+pub use throughput::{throughput, ThroughputConfig, ThroughputResult};
+
+/// The median of `v` (the upper one of an even count); `v` is not empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
