@@ -4,12 +4,13 @@
 
 use crate::error::{Result, ServerError};
 use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
+use crate::json::json_response;
 use crate::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionObject, Delta,
     TokenLogprobEntry, TopLogprob,
 };
 use crate::protocol::ChatCompletionRequest;
-use crate::sse::{json_response, sse_response, ChunkFormat};
+use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -4,9 +4,10 @@
 
 use crate::error::{Result, ServerError};
 use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
+use crate::json::json_response;
 use crate::protocol::response::{CompletionChoice, CompletionLogprobs, CompletionObject};
 use crate::protocol::{CompletionRequest, Prompt};
-use crate::sse::{json_response, sse_response, ChunkFormat};
+use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -155,7 +155,7 @@ impl From<ferrum_tokenizer::TokenizerError> for ServerError {
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let mut resp = crate::sse::json_response(status, &self.body());
+        let mut resp = crate::json::json_response(status, &self.body());
         if matches!(self, ServerError::Overloaded(_)) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

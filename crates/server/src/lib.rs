@@ -21,6 +21,7 @@ pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod generate;
+pub mod json;
 pub mod metrics;
 pub mod protocol;
 pub mod routes;

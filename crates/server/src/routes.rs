@@ -7,11 +7,11 @@
 use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::{Result, ServerError};
+use crate::json::json_response;
 use crate::protocol::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
 use crate::protocol::tokenize::{DetokenizeRequest, TokenizeRequest};
 use crate::protocol::wire::{from_value, parse_body, Flag, Text, TokenIds};
 use crate::protocol::ChatCompletionRequest;
-use crate::sse::json_response;
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

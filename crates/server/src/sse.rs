@@ -1,4 +1,4 @@
-//! Response bodies: plain JSON, and OpenAI's server-sent events.
+//! Streamed response bodies: OpenAI's server-sent events.
 //!
 //! A streamed response is a sequence of `data: {json}\n\n` frames ending with
 //! `data: [DONE]\n\n`: first what the endpoint sends before any token (the chat role chunk),
@@ -14,24 +14,13 @@ use crate::error::ServerError;
 use crate::generate::{add_usage, Envelope, Merged, TokenLogprob};
 use crate::protocol::response::{to_json_string, CompletionObject};
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use ferrum_engine::{Event, Usage};
 use ferrum_types::FinishReason;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
-
-/// A JSON body with the given status.
-pub fn json_response<T: Serialize>(status: StatusCode, v: &T) -> Response {
-    let mut r = Response::new(Body::from(to_json_string(v)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
 
 /// How one endpoint writes its stream's chunks (chat and completions differ).
 pub trait ChunkFormat: Send + 'static {

@@ -1,7 +1,8 @@
 //! One run of (token, head) pairs against one KV block: scores, the online-softmax step and
 //! the weighted values, in a generic form and unrolled per instruction set and head size.
 
-use super::kernels::{prefetch, prefetch_l2, SoftmaxState};
+use super::prefetch::{prefetch, prefetch_l2};
+use super::softmax::SoftmaxState;
 use super::{LANES, MAX_BLOCK_SIZE};
 use crate::cpu::kv_dtype::sealed::Isa;
 use crate::cpu::kv_dtype::KvElem;

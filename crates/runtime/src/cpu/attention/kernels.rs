@@ -3,6 +3,8 @@
 //! per-block score and value loops for each instruction set; prefetch hints.
 
 use super::block::*;
+use super::prefetch::{prefetch, prefetch_l2};
+use super::softmax::*;
 use super::{AttentionShape, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
 use crate::cpu::kv_dtype::sealed::{Isa, Portable};
 use crate::cpu::kv_dtype::KvElem;
@@ -16,56 +18,6 @@ pub(super) struct Item {
     pub(super) tokens: (usize, usize),
     pub(super) heads: (usize, usize),
     pub(super) parts: (usize, usize),
-}
-
-/// The online-softmax state of one pair over some keys: the running maximum of the scores
-/// and the denominator lanes (the weighted values live beside it, unnormalized).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SoftmaxState {
-    pub(super) max: f32,
-    pub(super) denom: [f32; LANES],
-}
-
-impl SoftmaxState {
-    pub(super) const EMPTY: SoftmaxState = SoftmaxState {
-        max: f32::NEG_INFINITY,
-        denom: [0.0; LANES],
-    };
-}
-
-/// Folds part `(ps, pacc)` into the running `(rs, racc)`, parts in order: both rescaled to the
-/// larger maximum. A part without visible keys changes nothing; into an empty running state a
-/// part is copied.
-pub(super) fn fold(rs: &mut SoftmaxState, racc: &mut [f32], ps: &SoftmaxState, pacc: &[f32]) {
-    if ps.max == f32::NEG_INFINITY {
-        return;
-    }
-    if rs.max == f32::NEG_INFINITY {
-        *rs = *ps;
-        racc.copy_from_slice(pacc);
-        return;
-    }
-    let m = rs.max.max(ps.max);
-    let (c1, c2) = (simd::exp(rs.max - m), simd::exp(ps.max - m));
-    for (r, p) in rs.denom.iter_mut().zip(&ps.denom) {
-        *r = *r * c1 + *p * c2;
-    }
-    for (r, p) in racc.iter_mut().zip(pacc) {
-        *r = *r * c1 + *p * c2;
-    }
-    rs.max = m;
-}
-
-/// Writes `acc / denominator` into `out`.
-pub(super) fn normalize(st: &SoftmaxState, acc: &[f32], out: &mut [f32]) {
-    let d = &st.denom;
-    let r8: [f32; 8] = std::array::from_fn(|i| d[i] + d[i + 8]);
-    let r4: [f32; 4] = std::array::from_fn(|i| r8[i] + r8[i + 4]);
-    let denom = (r4[0] + r4[2]) + (r4[1] + r4[3]);
-    let inv = if denom > 0.0 { 1.0 / denom } else { 0.0 };
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = a * inv;
-    }
 }
 
 /// The first `len` values of `buf`, zeroed; the rest stays untouched (the buffers are sized for
@@ -399,34 +351,5 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
             }
             k0 = k1;
         }
-    }
-}
-
-/// Asks for every cache line of `data` to be brought towards the core (a hint: no effect on
-/// results, none at all off x86-64).
-#[inline(always)]
-pub(super) fn prefetch<E>(data: &[E]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T0 }, E>(data);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
-/// [`prefetch`] into L2 only.
-#[inline(always)]
-pub(super) fn prefetch_l2<E>(data: &[E]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T1 }, E>(data);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
-/// Prefetches every cache line of `data` with hint `HINT`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) fn prefetch_with<const HINT: i32, E>(data: &[E]) {
-    for line in data.chunks(64 / std::mem::size_of::<E>()) {
-        // SAFETY: a prefetch reads nothing architecturally, and the address is inside `data`.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr() as *const i8) };
     }
 }

@@ -17,13 +17,16 @@
 //! are loaded, and everything after that is the same f32 arithmetic.
 //!
 //! Files: [`planner`] cuts the batch into items and folds split parts; [`kernels`] runs an
-//! item; [`block`] runs its pairs against one block; [`kv_write`] writes new keys and values; [`KvLayerMut`] dispatches a layer's cache by
+//! item; [`block`] runs its pairs against one block, updating each pair's [`softmax`] state;
+//! [`prefetch`] hints the blocks read next; [`kv_write`] writes new keys and values; [`KvLayerMut`] dispatches a layer's cache by
 //! its element type.
 
 mod block;
 mod kernels;
 mod kv_write;
 mod planner;
+mod prefetch;
+mod softmax;
 #[cfg(test)]
 mod tests;
 

@@ -3,6 +3,8 @@
 //! their sequence, and the fold of split decodes' parts, in order, after the items ran.
 
 use super::kernels::*;
+use super::prefetch::prefetch_l2;
+use super::softmax::*;
 use super::{AttentionShape, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
 use crate::cpu::kv_dtype::KvElem;
 use crate::cpu::DisjointMut;

@@ -2,8 +2,8 @@
 //! cache type, and independent of batching, chunking and thread counts.
 
 use super::block::*;
-use super::kernels::*;
 use super::planner::*;
+use super::softmax::*;
 use super::*;
 use crate::cpu::kv_dtype::sealed::Portable;
 use crate::cpu::KvElem;
