@@ -1,6 +1,6 @@
 //! The measurements behind `ferrum bench`, apart from the binary that parses its flags.
 //!
-//! - [`latency`], [`throughput`], [`bandwidth`]: offline figures of a loaded model, the
+//! - [`mod@latency`], [`mod@throughput`], [`mod@bandwidth`]: offline figures of a loaded model, the
 //!   batching engine and the machine, as typed configs in and typed results out; the command
 //!   line loads the model and prints.
 //! - [`serve`]: an online load generator for any OpenAI-compatible server; [`soak`]: a

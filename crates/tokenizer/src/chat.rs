@@ -10,7 +10,7 @@
 //! lazily repeated sequences materialized by a filter (`(range(100000) * 30000)|list` asks for
 //! 72 GB) or printed (`messages * 100000000` iterates for seconds after the output cap), and
 //! strings concatenated with themselves step after step; `ferrum serve` therefore renders in
-//! a memory-capped worker process with a timeout (`ferrum_server::sandbox`).
+//! a memory-capped worker process with a timeout ([`crate::sandbox`]).
 
 use crate::sandbox::TemplateWorker;
 use crate::template_fns::{indent, raise_exception, strftime_now, tojson};
