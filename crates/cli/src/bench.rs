@@ -219,6 +219,7 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
         .config(args.model.max_model_len, args.num_prompts)?;
     let engine = EngineHandle::start(model, None, &engine_cfg)?;
     let r = ferrum_bench::throughput(&engine, &cfg);
+    let spec = engine.metrics().spec;
     engine.shutdown();
     let r = r?;
     if args.json {
@@ -234,6 +235,9 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
                 "output_tok_s": r.output_tok_s,
                 "total_tok_s": r.total_tok_s,
                 "requests_per_s": r.requests_per_s,
+                "mean_acceptance_length": spec.mean_acceptance_length(),
+                "spec_draft_tokens": spec.num_draft_tokens,
+                "spec_accepted_tokens": spec.num_accepted_tokens,
             })
         );
     } else {

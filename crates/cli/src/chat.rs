@@ -5,7 +5,9 @@
 //!
 //! Commands: `/reset` starts over, `/exit` (or end of input) quits.
 
-use crate::common::{fresh_seed, load_parts, need_text, single_engine, ModelArgs, SamplingArgs};
+use crate::common::{
+    fresh_seed, load_parts, need_text, single_engine, ModelArgs, SamplingArgs, SpeculativeArgs,
+};
 use anyhow::Result;
 use clap::Args;
 use ferrum_engine::GenerateRequest;
@@ -21,6 +23,8 @@ pub struct ChatArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten, next_help_heading = "Speculative decoding")]
+    speculative: SpeculativeArgs,
 }
 
 pub fn chat(args: &ChatArgs) -> Result<()> {
@@ -36,6 +40,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         Some(text.tokenizer.clone()),
         args.model.max_model_len,
         usize::MAX,
+        &args.speculative,
     )?;
     let max_len = engine.max_model_len();
     let interactive = std::io::stdin().is_terminal();

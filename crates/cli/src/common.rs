@@ -4,7 +4,9 @@
 use crate::model_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{EngineConfig, EngineHandle, KvCacheSize};
+use ferrum_engine::{
+    EngineConfig, EngineHandle, KvCacheSize, NgramProposer, Proposer, SpeculativeConfig,
+};
 use ferrum_models::{load_model, load_text_assets_with, LoadOptions, Model};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use ferrum_tokenizer::{TemplateMode, TextAssets, Tokenizer};
@@ -203,6 +205,7 @@ pub fn single_engine(
     tokenizer: Option<Arc<Tokenizer>>,
     max_model_len: Option<usize>,
     kv_tokens: usize,
+    speculative: &SpeculativeArgs,
 ) -> Result<EngineHandle> {
     const BLOCK_SIZE: usize = 16;
     let context = max_model_len.unwrap_or(model.config().max_position_embeddings);
@@ -216,6 +219,7 @@ pub fn single_engine(
         enable_prefix_caching: true,
         max_waiting: 0,
         prefault_kv_cache: false,
+        speculative: speculative.config(),
     };
     Ok(EngineHandle::start(model, tokenizer, &cfg)?)
 }
@@ -304,6 +308,56 @@ pub struct EngineArgs {
     /// Turn off reuse of cached prompt prefixes.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    #[command(flatten, next_help_heading = "Speculative decoding")]
+    pub speculative: SpeculativeArgs,
+}
+
+/// `--speculative-method` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpeculativeMethod {
+    /// Prompt lookup decoding: tokens that followed an earlier occurrence of the sequence's
+    /// last n-gram in its own prompt and output.
+    Ngram,
+}
+
+/// Flags of speculative decoding (vLLM's names).
+#[derive(Debug, Args)]
+pub struct SpeculativeArgs {
+    /// Propose tokens and verify them in the same step as the sequence's next token (greedy
+    /// output stays exactly the same; sampled output keeps its distribution).
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub speculative_method: Option<SpeculativeMethod>,
+    /// Tokens proposed per sequence and step at most.
+    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    pub num_speculative_tokens: usize,
+    /// ngram: the longest suffix looked up in the sequence (the lookup window).
+    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    pub prompt_lookup_max: usize,
+    /// ngram: the shortest suffix that may match.
+    #[arg(long, default_value_t = 2, requires = "speculative_method")]
+    pub prompt_lookup_min: usize,
+    /// Steps with more decoding sequences than this propose nothing (there the batch already
+    /// fills the step's compute).
+    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    pub speculative_disable_by_batch_size: usize,
+}
+
+impl SpeculativeArgs {
+    /// The engine's setting; `None` without `--speculative-method`.
+    pub fn config(&self) -> Option<SpeculativeConfig> {
+        let method = self.speculative_method?;
+        let proposer = match method {
+            SpeculativeMethod::Ngram => Proposer::Ngram(NgramProposer {
+                min: self.prompt_lookup_min,
+                max: self.prompt_lookup_max,
+            }),
+        };
+        Some(SpeculativeConfig {
+            proposer,
+            num_speculative_tokens: self.num_speculative_tokens,
+            disable_by_batch_size: self.speculative_disable_by_batch_size,
+        })
+    }
 }
 
 impl EngineArgs {
@@ -322,6 +376,7 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_prefix_caching,
             max_waiting,
             prefault_kv_cache: false,
+            speculative: self.speculative.config(),
         })
     }
 }

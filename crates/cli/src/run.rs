@@ -35,6 +35,8 @@ pub struct RunArgs {
     /// Where batch mode writes its results, one JSON line per input line (default: stdout).
     #[arg(long, requires = "prompts_file")]
     output: Option<PathBuf>,
+    // The batching engine's flags apply with --prompts-file; the speculative decoding flags
+    // apply to every prompt.
     #[command(flatten, next_help_heading = "Batching engine (with --prompts-file)")]
     engine: EngineArgs,
     /// Print one JSON object at the end ({"text", "token_ids", "finish_reason", ...}) instead
@@ -85,7 +87,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let room = context.saturating_sub(prompt.len());
     let kv_tokens = prompt.len() + params.max_tokens.map_or(room, |m| m.min(room));
     let tokenizer = text.as_ref().ok().map(|t| t.tokenizer.clone());
-    let engine = single_engine(model, tokenizer, args.model.max_model_len, kv_tokens)?;
+    let engine = single_engine(
+        model,
+        tokenizer,
+        args.model.max_model_len,
+        kv_tokens,
+        &args.engine.speculative,
+    )?;
     let stream = !args.json && has_tokenizer;
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
@@ -117,6 +125,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "finish_detail": gen.finish.to_string(),
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.token_ids.len(),
+            "mean_acceptance_length": gen.usage.mean_acceptance_length(),
+            "spec_draft_tokens": gen.usage.spec_draft_tokens,
+            "spec_accepted_tokens": gen.usage.spec_accepted_tokens,
         });
         writeln!(stdout, "{v}")?;
     } else if stream {
@@ -125,8 +136,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let ids: Vec<String> = gen.token_ids.iter().map(ToString::to_string).collect();
         writeln!(stdout, "{}", ids.join(","))?;
     }
+    let speculation = if args.engine.speculative.speculative_method.is_some() {
+        let u = &gen.usage;
+        format!(
+            " | speculation: {:.2} tokens per verifying step, {} of {} proposed accepted",
+            u.mean_acceptance_length(),
+            u.spec_accepted_tokens,
+            u.spec_draft_tokens
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "[load {:.2}s | prompt {} tokens | first token {:.0} ms | {} tokens at {:.1} tok/s | finish: {}]",
+        "[load {:.2}s | prompt {} tokens | first token {:.0} ms | {} tokens at {:.1} tok/s{speculation} | finish: {}]",
         load_time.as_secs_f64(),
         gen.prompt_tokens,
         gen.time_to_first_token.as_secs_f64() * 1e3,

@@ -160,6 +160,32 @@ fn bad_flags_get_clear_errors() {
             "max model length",
         ),
         (
+            vec![
+                "run",
+                "--model",
+                s,
+                "--prompt",
+                "hi",
+                "--speculative-method",
+                "ngram",
+                "--num-speculative-tokens",
+                "0",
+            ],
+            "--num-speculative-tokens 0 is outside 1..=16",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                s,
+                "--prompt",
+                "hi",
+                "--prompt-lookup-max",
+                "3",
+            ],
+            "--speculative-method",
+        ),
+        (
             vec!["tokenize", "--model", m, "--text", "hi"],
             "tokenizer.json",
         ),

@@ -29,6 +29,8 @@ pub struct EngineConfig {
     /// a slice at a time between checks for requests (see `KvCache::populate`); off, pages
     /// become resident as blocks are first used.
     pub prefault_kv_cache: bool,
+    /// Speculative decoding; `None` is off.
+    pub speculative: Option<crate::SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +44,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             max_waiting: 1024,
             prefault_kv_cache: false,
+            speculative: None,
         }
     }
 }
@@ -72,6 +75,9 @@ impl EngineConfig {
         }
         if self.max_num_batched_tokens == 0 {
             return bad("--max-num-batched-tokens must be at least 1".into());
+        }
+        if let Some(spec) = &self.speculative {
+            spec.validate()?;
         }
         if !(1..=256).contains(&self.block_size) {
             return bad(format!(

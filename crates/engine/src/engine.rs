@@ -9,10 +9,11 @@
 //! - `n > 1`: sample 0 is scheduled first; the other samples join once its prompt is
 //!   computed, so they reuse its full prompt blocks from the prefix cache.
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SpecCounters};
 use crate::output::OutputProcessor;
 use crate::request::{Event, GenerateRequest, Usage};
 use crate::sampler::Sampler;
+use crate::spec::SpeculativeConfig;
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model};
 use ferrum_scheduler::Scheduler;
@@ -88,6 +89,12 @@ pub(crate) struct EngineCore {
     failed: Vec<(RequestId, String)>,
     /// Steps run so far.
     steps: u64,
+    /// Speculative decoding, when on.
+    spec: Option<SpeculativeConfig>,
+    /// This step's speculative counters, added to the metrics once per step.
+    spec_step: SpecCounters,
+    /// Scratch for one sequence's proposals.
+    proposal: Vec<TokenId>,
     /// Where the KV cache's next slice to make resident starts, while idle
     /// ([`KvCache::populate`]); `None`: nothing (more) to do.
     populate_at: Option<usize>,
@@ -154,6 +161,9 @@ impl EngineCore {
             shutting_down: false,
             failed: Vec::new(),
             steps: 0,
+            spec: None,
+            spec_step: SpecCounters::default(),
+            proposal: Vec::new(),
             populate_at: None,
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
@@ -205,6 +215,46 @@ impl EngineCore {
         if let Ok(mut m) = self.metrics.lock() {
             m.healthy = false;
         }
+    }
+
+    /// Turns speculative decoding on.
+    pub(crate) fn set_speculative(&mut self, spec: SpeculativeConfig) {
+        self.spec = Some(spec);
+    }
+
+    /// Sets each decoding sequence's proposals for the coming step (speculative decoding),
+    /// unless more sequences decode than `disable_by_batch_size`; clears the others'. A
+    /// sequence proposes at most one token fewer than it may still generate.
+    fn propose(&mut self) -> Result<()> {
+        let Some(spec) = self.spec else {
+            return Ok(());
+        };
+        let is_decoding = |sched: &Scheduler, id: RequestId| {
+            matches!(
+                (sched.num_computed(id), sched.tokens(id)),
+                (Some(c), Some(t)) if c + 1 == t.len()
+            )
+        };
+        let decoding = self
+            .seqs
+            .keys()
+            .filter(|&&id| is_decoding(&self.sched, id))
+            .count();
+        let enabled = decoding <= spec.disable_by_batch_size;
+        for (&id, seq) in &self.seqs {
+            let k = if enabled && is_decoding(&self.sched, id) {
+                spec.num_speculative_tokens
+                    .min(seq.output.remaining().saturating_sub(1))
+            } else {
+                0
+            };
+            let tokens = self.sched.tokens(id).unwrap_or(&[]);
+            spec.proposer.propose(tokens, k, &mut self.proposal);
+            self.sched
+                .propose(id, &self.proposal)
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        }
+        Ok(())
     }
 
     /// Makes the KV cache resident while the engine is idle (a server's setting), a slice at a
@@ -353,6 +403,7 @@ impl EngineCore {
         if self.faults.panic_at_step == Some(self.steps) {
             panic!("injected fault: panic at step {}", self.steps);
         }
+        self.propose()?;
         let out = self.sched.schedule();
         if out.seqs.is_empty() {
             return Err(EngineError::Invalid(
@@ -370,25 +421,23 @@ impl EngineCore {
         let mut new_tokens = 0u64;
         let mut child_starts: Vec<RequestId> = Vec::new();
         let mut rows = 0;
-        for s in &out.seqs {
-            // A sequence's logits rows are consecutive; the engine proposes no tokens, so a
-            // sampled sequence has one.
+        for (s, slice) in out.seqs.iter().zip(&self.batch.seqs) {
+            // A sequence's logits rows are consecutive: its last final token's, then one per
+            // proposal.
             let num_rows = s.num_logits();
             if num_rows == 0 {
                 continue;
             }
+            let first_row = rows;
             rows += num_rows;
-            let row = rows - 1;
-            let l = &logits[row * vocab..(row + 1) * vocab];
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
             let Some(r) = self.reqs.get_mut(&seq.request) else {
                 continue;
             };
-            let sample = seq.sampler.sample(l);
-            self.sampled.push((s.id, sample.token));
-            new_tokens += 1;
+            let run_end = slice.query_start + slice.query_len;
+            let proposals = &self.batch.token_ids[run_end - s.num_proposed..run_end];
             match seq.last_token_at {
                 None if seq.index == 0 => self.latencies.push(Latency::FirstToken(now - r.arrived)),
                 Some(t) => self.latencies.push(Latency::InterToken(now - t)),
@@ -401,42 +450,67 @@ impl EngineCore {
                 }
             }
             seq.last_token_at = Some(now);
-            r.usage.completion_tokens += 1;
-            let step = match seq.output.push(tok, sample.token) {
-                Ok(step) => step,
-                Err(e) => {
-                    // This request's output cannot go on (say the model sampled an id the
-                    // tokenizer does not have); the others in the batch are unaffected.
-                    self.failed
-                        .push((seq.request, format!("request failed: {e}")));
-                    continue;
+            let mut accepted = 0;
+            for i in 0..num_rows {
+                let row = first_row + i;
+                let l = &logits[row * vocab..(row + 1) * vocab];
+                let (sample, is_proposal) = match proposals.get(i) {
+                    Some(&p) => seq.sampler.verify(l, p),
+                    None => (seq.sampler.sample(l), false),
+                };
+                accepted += usize::from(is_proposal);
+                self.sampled.push((s.id, sample.token));
+                new_tokens += 1;
+                r.usage.completion_tokens += 1;
+                let step = match seq.output.push(tok, sample.token) {
+                    Ok(step) => step,
+                    Err(e) => {
+                        // This request's output cannot go on (say the model sampled an id the
+                        // tokenizer does not have); the others in the batch are unaffected.
+                        self.failed
+                            .push((seq.request, format!("request failed: {e}")));
+                        break;
+                    }
+                };
+                let send_ok =
+                    r.tx.send(Event::Token {
+                        index: seq.index,
+                        token: sample.token,
+                        text: step.text,
+                        logprob: sample.logprob,
+                        top_logprobs: sample.top_logprobs,
+                    })
+                    .is_ok();
+                if let Some(reason) = step.finish {
+                    let _ = r.tx.send(Event::Finished {
+                        index: seq.index,
+                        reason,
+                        text: String::new(),
+                    });
+                    self.finished.push(s.id);
+                    break;
+                } else if !send_ok {
+                    // The caller is gone; its stream's drop sends an abort as well.
+                    self.finished.push(s.id);
+                    break;
                 }
-            };
-            let send_ok =
-                r.tx.send(Event::Token {
-                    index: seq.index,
-                    token: sample.token,
-                    text: step.text,
-                    logprob: sample.logprob,
-                    top_logprobs: sample.top_logprobs,
-                })
-                .is_ok();
-            if let Some(reason) = step.finish {
-                let _ = r.tx.send(Event::Finished {
-                    index: seq.index,
-                    reason,
-                    text: String::new(),
-                });
-                self.finished.push(s.id);
-            } else if !send_ok {
-                // The caller is gone; its stream's drop sends an abort as well.
-                self.finished.push(s.id);
+                if !is_proposal {
+                    // The target's own token ends the run.
+                    break;
+                }
+            }
+            if s.num_proposed > 0 {
+                r.usage.spec_drafts += 1;
+                r.usage.spec_draft_tokens += s.num_proposed;
+                r.usage.spec_accepted_tokens += accepted;
+                self.spec_step.record(s.num_proposed, accepted);
             }
         }
         self.sched.update(&out, &self.sampled);
         // One lock per step, not per token.
         if let Ok(mut m) = self.metrics.lock() {
             m.generation_tokens += new_tokens;
+            self.spec_step.drain_into(&mut m.spec);
             for l in &self.latencies {
                 match l {
                     Latency::FirstToken(d) => m.time_to_first_token.observe(d.as_secs_f64()),

@@ -180,6 +180,9 @@ impl EngineHandle {
         if cfg.prefault_kv_cache {
             core.prefault_kv_cache();
         }
+        if let Some(spec) = cfg.speculative {
+            core.set_speculative(spec);
+        }
         setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())

@@ -2,7 +2,7 @@
 //! stop conditions), the continuous-batching engine loop on its own thread behind
 //! [`EngineHandle`] (streams of [`Event`]s, abort, graceful shutdown, [`Metrics`]), and
 //! [`EngineHandle::generate_one`], which runs one request through that same loop for the
-//! command line.
+//! command line; speculative decoding ([`spec`]) verifies proposed tokens inside that loop.
 
 mod config;
 mod engine;
@@ -14,15 +14,17 @@ mod request;
 mod rng;
 pub mod sampler;
 mod single;
+pub mod spec;
 
 #[cfg(feature = "fault-injection")]
 pub use config::FaultInjection;
 pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
 pub use handle::{EngineHandle, EventStream};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, SpecCounters};
 pub use output::{OutputProcessor, TokenOutput};
 pub use request::{Event, GenerateRequest, Usage};
 pub use rng::Rng;
 pub use sampler::{SampleOutput, Sampler};
 pub use single::{Generation, TokenEvent};
+pub use spec::{NgramProposer, Proposer, SpeculativeConfig};

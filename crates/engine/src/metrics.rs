@@ -1,6 +1,7 @@
 //! Engine metrics, kept by the engine thread and read by anyone holding the handle:
 //! latency histograms (TTFT, inter-token, end to end), queue and KV gauges, prefix-cache and
-//! preemption counters, token counters. The server exports them as Prometheus text.
+//! preemption counters, token counters, speculative decoding's counters. The server exports
+//! them as Prometheus text.
 
 /// A cumulative histogram over fixed bucket bounds (seconds), Prometheus style.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +42,59 @@ impl Histogram {
     }
 }
 
+/// Speculative decoding's counters (vLLM's `spec_decode_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecCounters {
+    /// Runs that verified at least one proposal.
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// `accepted_per_pos[i]`: runs whose proposal `i` (0-based) was accepted.
+    pub accepted_per_pos: Vec<u64>,
+}
+
+impl SpecCounters {
+    /// Counts one run that verified `proposed` tokens and accepted the first `accepted`.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        self.num_drafts += 1;
+        self.num_draft_tokens += proposed as u64;
+        self.num_accepted_tokens += accepted as u64;
+        if self.accepted_per_pos.len() < accepted {
+            self.accepted_per_pos.resize(accepted, 0);
+        }
+        for c in &mut self.accepted_per_pos[..accepted] {
+            *c += 1;
+        }
+    }
+
+    /// Adds these counts to `into` and zeroes them.
+    pub fn drain_into(&mut self, into: &mut SpecCounters) {
+        into.num_drafts += self.num_drafts;
+        into.num_draft_tokens += self.num_draft_tokens;
+        into.num_accepted_tokens += self.num_accepted_tokens;
+        if into.accepted_per_pos.len() < self.accepted_per_pos.len() {
+            into.accepted_per_pos.resize(self.accepted_per_pos.len(), 0);
+        }
+        for (a, b) in into.accepted_per_pos.iter_mut().zip(&self.accepted_per_pos) {
+            *a += b;
+        }
+        self.num_drafts = 0;
+        self.num_draft_tokens = 0;
+        self.num_accepted_tokens = 0;
+        self.accepted_per_pos.iter_mut().for_each(|c| *c = 0);
+    }
+
+    /// Tokens a verifying run produced on average: its accepted proposals and the target's
+    /// own token (1.0 without speculation).
+    pub fn mean_acceptance_length(&self) -> f64 {
+        if self.num_drafts == 0 {
+            1.0
+        } else {
+            1.0 + self.num_accepted_tokens as f64 / self.num_drafts as f64
+        }
+    }
+}
+
 /// Everything the engine measures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Metrics {
@@ -61,6 +115,7 @@ pub struct Metrics {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub requests_finished: u64,
+    pub spec: SpecCounters,
     /// False once the engine loop has stopped (after an error or a shutdown).
     pub healthy: bool,
 }
@@ -83,6 +138,7 @@ impl Default for Metrics {
             prompt_tokens: 0,
             generation_tokens: 0,
             requests_finished: 0,
+            spec: SpecCounters::default(),
             healthy: true,
         }
     }

@@ -29,6 +29,22 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose K/V came from the prefix cache (first sample).
     pub cached_tokens: usize,
+    /// Speculative decoding, over all samples: runs that verified proposals, tokens proposed
+    /// and tokens accepted.
+    pub spec_drafts: usize,
+    pub spec_draft_tokens: usize,
+    pub spec_accepted_tokens: usize,
+}
+
+impl Usage {
+    /// Tokens a verifying run produced on average (1.0 without speculation).
+    pub fn mean_acceptance_length(&self) -> f64 {
+        if self.spec_drafts == 0 {
+            1.0
+        } else {
+            1.0 + self.spec_accepted_tokens as f64 / self.spec_drafts as f64
+        }
+    }
 }
 
 /// What a request's stream yields, in order: `Token`s (interleaved across samples when

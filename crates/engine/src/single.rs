@@ -8,7 +8,7 @@
 //! to stop, tokens the engine produced before the abort reached it are dropped.
 
 use crate::handle::EngineHandle;
-use crate::request::{Event, GenerateRequest};
+use crate::request::{Event, GenerateRequest, Usage};
 use crate::{EngineError, Result};
 use ferrum_types::{FinishReason, TokenId};
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ pub struct Generation {
     /// From the submission to the first sampled token.
     pub time_to_first_token: Duration,
     pub elapsed: Duration,
+    /// The request's usage (speculative decoding's counts included).
+    pub usage: Usage,
 }
 
 impl Generation {
@@ -112,6 +114,7 @@ impl EngineHandle {
                         finish: finish.unwrap_or(FinishReason::Abort),
                         time_to_first_token: ttft.unwrap_or_else(|| start.elapsed()),
                         elapsed: start.elapsed(),
+                        usage,
                     });
                 }
                 Event::Error(e) => return Err(EngineError::Invalid(e)),

@@ -283,7 +283,8 @@ fn parallel_samples_share_the_prompt_and_differ() {
         Usage {
             prompt_tokens: 30,
             completion_tokens: 30,
-            cached_tokens: 0
+            cached_tokens: 0,
+            ..Usage::default()
         }
     );
     // Samples 1 and 2 reused sample 0's 7 full prompt blocks.

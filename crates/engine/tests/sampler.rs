@@ -59,11 +59,31 @@ const CRITICAL: [f64; 9] = [
 ];
 
 fn check(name: &str, p: SamplingParams) {
-    let want = analytic(&p);
-    let mut s = Sampler::new(&p, &[], LOGITS.len(), 12345);
+    check_draws(name, &p, None);
+}
+
+/// Draws `DRAWS` tokens (with `proposal`: through `Sampler::verify`, whatever it accepts) and
+/// tests them against the analytic distribution.
+fn check_draws(name: &str, p: &SamplingParams, proposal: Option<u32>) {
+    let want = analytic(p);
+    let mut s = Sampler::new(p, &[], LOGITS.len(), 12345);
     let mut counts = [0usize; 8];
+    let mut accepted = 0usize;
     for _ in 0..DRAWS {
-        counts[s.sample(&LOGITS).token as usize] += 1;
+        let token = match proposal {
+            None => s.sample(&LOGITS).token,
+            Some(x) => {
+                let (out, ok) = s.verify(&LOGITS, x);
+                assert_eq!(ok, out.token == x, "{name}: accepted means the proposal");
+                accepted += usize::from(ok);
+                out.token
+            }
+        };
+        counts[token as usize] += 1;
+    }
+    if let Some(x) = proposal {
+        // The proposal is accepted exactly as often as the target draws it.
+        assert_eq!(accepted, counts[x as usize], "{name}");
     }
     let mut chi2 = 0.0;
     let mut cells = 0;
@@ -91,6 +111,29 @@ fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
     let mut p = SamplingParams::default();
     f(&mut p);
     p
+}
+
+#[test]
+fn verified_proposals_keep_the_target_distribution() {
+    let chain = params(|p| {
+        p.temperature = 0.8;
+        p.top_k = Some(6);
+        p.top_p = 0.9;
+        p.logit_bias = vec![(5, 1.0)];
+    });
+    // A likely proposal, an unlikely one, and one the filters drop (rank 8 of 8).
+    for x in [0, 4, 7] {
+        check_draws(&format!("proposal {x}, t=1"), &params(|_| {}), Some(x));
+        check_draws(&format!("proposal {x}, chain"), &chain, Some(x));
+    }
+}
+
+#[test]
+fn greedy_verification_accepts_exactly_the_argmax() {
+    let mut s = Sampler::new(&SamplingParams::greedy(), &[], LOGITS.len(), 0);
+    assert_eq!(s.verify(&LOGITS, 0), (s.clone().sample(&LOGITS), true));
+    let (out, ok) = s.verify(&LOGITS, 3);
+    assert_eq!((out.token, ok), (0, false));
 }
 
 #[test]

@@ -1,10 +1,13 @@
 //! The batching engine on the real SmolLM2-135M-Instruct GGUF: a second request that shares a
-//! long prefix hits the prefix cache, gives identical output and reaches its first token much
-//! sooner. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
+//! long prefix hits the prefix cache and gives identical output; n-gram speculative decoding
+//! gives the same greedy tokens as decoding without it, accepting most proposals on a rewrite. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
 //! without it, except under CI (`CI` set).
 #![allow(clippy::unwrap_used)]
 
-use ferrum_engine::{EngineConfig, EngineHandle, Event, GenerateRequest, Usage};
+use ferrum_engine::{
+    EngineConfig, EngineHandle, Event, GenerateRequest, NgramProposer, Proposer, SpeculativeConfig,
+    Usage,
+};
 use ferrum_models::{load_model, load_text_assets, LoadOptions};
 use ferrum_types::{SamplingParams, TokenId};
 use std::path::PathBuf;
@@ -90,4 +93,59 @@ fn shared_prefix_hits_the_cache_and_gives_the_same_tokens() {
         u2.cached_tokens + u3.cached_tokens
     );
     e.shutdown();
+}
+
+#[test]
+fn ngram_speculation_keeps_greedy_output() {
+    let Some(path) = model_path() else { return };
+    let text = load_text_assets(&path).unwrap();
+    let msgs = [ferrum_tokenizer::ChatMessage::new(
+        "user",
+        "Repeat this sentence exactly, twice: The Rhine flows from the Swiss Alps through \
+         Germany and the Netherlands to the North Sea.",
+    )];
+    let prompt = text.encode_chat(&msgs).unwrap();
+    let p = SamplingParams {
+        max_tokens: Some(48),
+        ..SamplingParams::greedy()
+    };
+    let generate = |spec: Option<SpeculativeConfig>| {
+        let model = load_model(&path, &LoadOptions::default()).unwrap();
+        let cfg = EngineConfig {
+            speculative: spec,
+            ..EngineConfig::default()
+        };
+        let e = EngineHandle::start(model, Some(text.tokenizer.clone()), &cfg).unwrap();
+        let mut s = e
+            .generate(GenerateRequest::new(prompt.clone(), p.clone()))
+            .unwrap();
+        let mut ids = Vec::new();
+        let usage = loop {
+            match s.blocking_next().unwrap() {
+                Event::Token { token, .. } => ids.push(token),
+                Event::Done { usage } => break usage,
+                Event::Error(e) => panic!("{e}"),
+                Event::Finished { .. } => {}
+            }
+        };
+        e.shutdown();
+        (ids, usage)
+    };
+    let (want, _) = generate(None);
+    let (got, usage) = generate(Some(SpeculativeConfig {
+        proposer: Proposer::Ngram(NgramProposer { min: 2, max: 4 }),
+        num_speculative_tokens: 4,
+        disable_by_batch_size: 4,
+    }));
+    assert_eq!(got, want);
+    eprintln!(
+        "{} of {} proposed tokens accepted, {:.2} tokens per verifying step",
+        usage.spec_accepted_tokens,
+        usage.spec_draft_tokens,
+        usage.mean_acceptance_length()
+    );
+    assert!(
+        usage.spec_accepted_tokens * 2 > usage.spec_draft_tokens,
+        "a repeated sentence is mostly guessed: {usage:?}"
+    );
 }

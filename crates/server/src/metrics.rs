@@ -131,9 +131,33 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
             "Requests finished (aborted ones included).",
             m.requests_finished,
         ),
+        (
+            "ferrum_spec_decode_num_drafts_total",
+            "Speculative decoding: runs that verified proposed tokens.",
+            m.spec.num_drafts,
+        ),
+        (
+            "ferrum_spec_decode_num_draft_tokens_total",
+            "Speculative decoding: tokens proposed and verified.",
+            m.spec.num_draft_tokens,
+        ),
+        (
+            "ferrum_spec_decode_num_accepted_tokens_total",
+            "Speculative decoding: proposed tokens accepted.",
+            m.spec.num_accepted_tokens,
+        ),
     ];
     for (name, help, v) in counters {
         o.metric(name, "counter", help, v as f64);
+    }
+    let per_pos = "ferrum_spec_decode_num_accepted_tokens_per_pos_total";
+    let _ = writeln!(
+        o.text,
+        "# HELP {per_pos} Speculative decoding: runs whose proposal at this position (0-based) was accepted."
+    );
+    let _ = writeln!(o.text, "# TYPE {per_pos} counter");
+    for (i, c) in m.spec.accepted_per_pos.iter().enumerate() {
+        let _ = writeln!(o.text, "{per_pos}{{{},position=\"{i}\"}} {c}", o.labels);
     }
     o.histogram(
         "ferrum_time_to_first_token_seconds",
@@ -202,7 +226,14 @@ mod tests {
         };
         m.time_to_first_token.observe(0.003);
         m.time_to_first_token.observe(100.0);
+        m.spec.record(4, 2);
+        m.spec.record(3, 0);
         let t = render(&m, "a\"b");
+        assert!(t.contains("ferrum_spec_decode_num_drafts_total{model_name=\"a\\\"b\"} 2\n"));
+        assert!(t.contains("ferrum_spec_decode_num_draft_tokens_total{model_name=\"a\\\"b\"} 7\n"));
+        assert!(t.contains(
+            "ferrum_spec_decode_num_accepted_tokens_per_pos_total{model_name=\"a\\\"b\",position=\"1\"} 1\n"
+        ));
         assert!(t.contains("ferrum_kv_blocks_total{model_name=\"a\\\"b\"} 10\n"));
         assert!(t.contains("ferrum_kv_blocks_free{model_name=\"a\\\"b\"} 7\n"));
         assert!(t.contains("ferrum_kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.3\n"));

@@ -213,6 +213,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             cached_tokens: 1,
+            ..ferrum_engine::Usage::default()
         });
         let top = TopLogprob {
             bytes: b"a".to_vec(),

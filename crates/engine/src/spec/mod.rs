@@ -1,0 +1,75 @@
+//! Speculative decoding: guessed tokens verified in the ordinary batch.
+//!
+//! Before a step, a [`Proposer`] guesses up to `num_speculative_tokens` tokens for each
+//! decoding sequence; the scheduler runs them as extra query tokens after the sequence's last
+//! token ([`ferrum_scheduler::Scheduler::propose`]), and the step returns logits for each.
+//! The sampler verifies them in order ([`crate::Sampler::verify`]): greedy requests accept a
+//! proposal that is the argmax, sampled ones by rejection sampling against the request's whole
+//! sampling chain, with its own seeded generator; the first rejection ends the run with the
+//! target's own token, and an all-accepted run adds the token after the last proposal. So
+//! greedy output equals non-speculative output token for token, and sampled output has the
+//! target's distribution. Rejected positions are rolled back by the scheduler; only accepted
+//! tokens enter the prefix cache.
+//!
+//! A step with more decoding sequences than `disable_by_batch_size` proposes nothing: there the
+//! batch already fills the step's compute, and extra query rows would cost more than they save.
+//!
+//! Proposers: the n-gram lookup over the sequence itself ([`NgramProposer`]). A draft model
+//! would be a second variant (its own KV cache following the scheduler's block decisions), and
+//! heads inside the target (EAGLE, MTP) a third, proposing from the target's hidden states.
+
+mod ngram;
+
+pub use ngram::NgramProposer;
+
+use crate::{EngineError, Result};
+use ferrum_types::TokenId;
+
+/// Where proposals come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposer {
+    /// Prompt lookup decoding: `--speculative-method ngram`.
+    Ngram(NgramProposer),
+}
+
+impl Proposer {
+    /// Up to `k` proposed tokens to follow `tokens`, into `out`.
+    pub fn propose(&self, tokens: &[TokenId], k: usize, out: &mut Vec<TokenId>) {
+        match self {
+            Proposer::Ngram(p) => p.propose(tokens, k, out),
+        }
+    }
+}
+
+/// Settings of speculative decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub proposer: Proposer,
+    /// Tokens proposed per sequence and step at most.
+    pub num_speculative_tokens: usize,
+    /// Steps with more decoding sequences than this propose nothing.
+    pub disable_by_batch_size: usize,
+}
+
+impl SpeculativeConfig {
+    /// The most tokens one step proposes for a sequence.
+    pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Invalid(m));
+        if !(1..=Self::MAX_SPECULATIVE_TOKENS).contains(&self.num_speculative_tokens) {
+            return bad(format!(
+                "--num-speculative-tokens {} is outside 1..={}",
+                self.num_speculative_tokens,
+                Self::MAX_SPECULATIVE_TOKENS
+            ));
+        }
+        match self.proposer {
+            Proposer::Ngram(p) if p.min == 0 || p.max < p.min => bad(format!(
+                "--prompt-lookup-min {} and --prompt-lookup-max {} must satisfy 1 <= min <= max",
+                p.min, p.max
+            )),
+            Proposer::Ngram(_) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Speculative decoding (n-gram proposals verified in the batch) on the tiny fixtures: greedy
+//! output equals the output without speculation token for token, alone and in a batch with
+//! chunked prefill and preemption; seeded sampling is reproducible; proposals are made and
+//! accepted; no block leaks.
+#![allow(clippy::unwrap_used)]
+
+use ferrum_engine::{
+    EngineConfig, EngineHandle, Event, GenerateRequest, KvCacheSize, NgramProposer, Proposer,
+    SpeculativeConfig, Usage,
+};
+use ferrum_models::{load_model, LoadOptions};
+use ferrum_types::{SamplingParams, TokenId};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    let model = load_model(
+        &path,
+        &LoadOptions {
+            num_threads: Some(2),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    EngineHandle::start(model, None, &cfg).unwrap()
+}
+
+fn ngram(k: usize, disable_by_batch_size: usize) -> SpeculativeConfig {
+    SpeculativeConfig {
+        proposer: Proposer::Ngram(NgramProposer { min: 1, max: 3 }),
+        num_speculative_tokens: k,
+        disable_by_batch_size,
+    }
+}
+
+fn collect(mut s: ferrum_engine::EventStream) -> (Vec<TokenId>, Usage) {
+    let mut ids = Vec::new();
+    loop {
+        match s.blocking_next() {
+            Some(Event::Token { token, .. }) => ids.push(token),
+            Some(Event::Done { usage }) => return (ids, usage),
+            Some(Event::Error(e)) => panic!("engine error: {e}"),
+            Some(_) => {}
+            None => panic!("stream ended without Done"),
+        }
+    }
+}
+
+/// Prompts that repeat themselves, so the n-gram lookup finds matches.
+fn prompts() -> Vec<Vec<TokenId>> {
+    (0..12u32)
+        .map(|i| {
+            let motif: Vec<TokenId> = (0..3 + i % 4)
+                .map(|j| (i * 37 + j * 11) % 200 + 3)
+                .collect();
+            motif
+                .iter()
+                .cycle()
+                .take(8 + (i as usize * 5) % 23)
+                .copied()
+                .collect()
+        })
+        .collect()
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn wait_for_idle(e: &EngineHandle) {
+    let t = Instant::now();
+    loop {
+        let m = e.metrics();
+        if m.kv_blocks_free == m.kv_blocks_total && m.num_running == 0 && m.num_waiting == 0 {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never idle: {m:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn greedy_output_is_unchanged_alone_and_batched() {
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
+        let plain = engine(name, EngineConfig::default());
+        let want: Vec<Vec<TokenId>> = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                collect(
+                    plain
+                        .generate(GenerateRequest::new(p, greedy(20 + i)))
+                        .unwrap(),
+                )
+                .0
+            })
+            .collect();
+        plain.shutdown();
+        // Alone: one request at a time.
+        let alone = engine(
+            name,
+            EngineConfig {
+                speculative: Some(ngram(4, 64)),
+                ..EngineConfig::default()
+            },
+        );
+        for (i, p) in prompts().into_iter().enumerate() {
+            let (got, _) = collect(
+                alone
+                    .generate(GenerateRequest::new(p, greedy(20 + i)))
+                    .unwrap(),
+            );
+            assert_eq!(got, want[i], "{name} prompt {i} alone");
+        }
+        let m = alone.metrics().spec;
+        assert!(m.num_draft_tokens > 0, "{name}: nothing was proposed");
+        assert!(m.num_accepted_tokens > 0, "{name}: nothing was accepted");
+        assert!(m.num_accepted_tokens <= m.num_draft_tokens);
+        assert!(m.accepted_per_pos.first().is_some_and(|&c| c > 0));
+        alone.shutdown();
+        // Together: a small token budget chunks prefills and cuts proposals short; 40 blocks
+        // of 4 tokens cannot hold all twelve, so some are preempted and recomputed.
+        let batched = engine(
+            name,
+            EngineConfig {
+                max_num_seqs: 12,
+                max_num_batched_tokens: 24,
+                block_size: 4,
+                kv_cache: KvCacheSize::Blocks(40),
+                speculative: Some(ngram(5, 64)),
+                ..EngineConfig::default()
+            },
+        );
+        let streams: Vec<_> = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                batched
+                    .generate(GenerateRequest::new(p, greedy(20 + i)))
+                    .unwrap()
+            })
+            .collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            let (got, usage) = collect(s);
+            assert_eq!(got, want[i], "{name} prompt {i} batched");
+            assert_eq!(usage.completion_tokens, 20 + i);
+        }
+        let m = batched.metrics();
+        assert!(m.preemptions > 0, "{name}: meant to preempt: {m:?}");
+        assert!(m.spec.num_accepted_tokens > 0);
+        wait_for_idle(&batched);
+        batched.shutdown();
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_aborts_free_everything() {
+    let e = engine(
+        "tiny-llama",
+        EngineConfig {
+            block_size: 4,
+            speculative: Some(ngram(4, 64)),
+            ..EngineConfig::default()
+        },
+    );
+    let p = SamplingParams {
+        max_tokens: Some(24),
+        ignore_eos: true,
+        seed: Some(7),
+        temperature: 0.7,
+        top_k: Some(20),
+        ..SamplingParams::default()
+    };
+    let prompt = prompts().swap_remove(5);
+    let (a, _) = collect(
+        e.generate(GenerateRequest::new(prompt.clone(), p.clone()))
+            .unwrap(),
+    );
+    let (b, _) = collect(
+        e.generate(GenerateRequest::new(prompt.clone(), p.clone()))
+            .unwrap(),
+    );
+    assert_eq!(a, b, "same seed, same tokens");
+    assert_eq!(a.len(), 24);
+    // Dropped mid-generation: aborted, blocks back.
+    for _ in 0..4 {
+        let mut s = e
+            .generate(GenerateRequest::new(prompt.clone(), greedy(200)))
+            .unwrap();
+        while !matches!(s.blocking_next(), Some(Event::Token { .. })) {}
+        drop(s);
+    }
+    wait_for_idle(&e);
+    e.shutdown();
+}
+
+#[test]
+fn large_batches_step_aside() {
+    // Twelve sequences that decode in lockstep (same output length): with a limit of two no
+    // step proposes; with a limit of 64 they do.
+    let drafts = |limit| {
+        let e = engine(
+            "tiny-qwen2",
+            EngineConfig {
+                speculative: Some(ngram(4, limit)),
+                ..EngineConfig::default()
+            },
+        );
+        let streams: Vec<_> = prompts()
+            .into_iter()
+            .map(|p| e.generate(GenerateRequest::new(p, greedy(12))).unwrap())
+            .collect();
+        let per_request: usize = streams
+            .into_iter()
+            .map(|s| collect(s).1.spec_draft_tokens)
+            .sum();
+        let m = e.metrics().spec;
+        assert_eq!(per_request as u64, m.num_draft_tokens);
+        e.shutdown();
+        m.num_drafts
+    };
+    assert_eq!(drafts(2), 0);
+    assert!(drafts(64) > 0);
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
+    let start = |spec| {
+        let model = load_model(&path, &LoadOptions::default()).unwrap();
+        let cfg = EngineConfig {
+            speculative: Some(spec),
+            ..EngineConfig::default()
+        };
+        EngineHandle::start(model, None, &cfg)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(start(ngram(0, 4)).contains("--num-speculative-tokens 0"));
+    assert!(start(ngram(17, 4)).contains("outside 1..=16"));
+    let bad = SpeculativeConfig {
+        proposer: Proposer::Ngram(NgramProposer { min: 3, max: 2 }),
+        ..ngram(4, 4)
+    };
+    assert!(start(bad).contains("--prompt-lookup-min 3"));
+}
