@@ -121,6 +121,26 @@ def real_files(d: pathlib.Path) -> None:
               f"{m['ferrum_run_mib']} MiB, llama.cpp (`llama-batched-bench -c 256`) {m['llamacpp_mib']} "
               f"MiB; the file is {m['file_mib']} MiB.")
         p("")
+    spec_rows = []
+    for name, label in REAL:
+        off, ng = load(d / f"spec-{name}-off.json"), load(d / f"spec-{name}-ngram.json")
+        if not (off and ng):
+            continue
+        same = "yes" if off["token_ids"] == ng["token_ids"] else "**no**"
+        spec_rows.append(
+            f"| {label} | {off['decode_tok_s']:.1f} | {ng['decode_tok_s']:.1f} | "
+            f"{ratio(ng['decode_tok_s'], off['decode_tok_s'])} | {ng['spec_accepted_tokens']} of "
+            f"{ng['spec_draft_tokens']} | {ng['mean_acceptance_length']:.2f} | {same} |")
+    if spec_rows:
+        p("### Speculative decoding by prompt lookup (`--speculative-method ngram`)\n")
+        p("One stream, greedy, 300 tokens at most, on an input-grounded prompt (rename a function in a")
+        p("given file: `benchmarks/prompts/edit-code.txt`), with the default 4 proposed tokens and")
+        p("2..4-token lookups.\n")
+        p("| model | decode tok/s, off | with n-gram | ratio | proposals accepted | tokens per verifying step | same tokens |")
+        p("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in spec_rows:
+            p(r)
+        p("")
     serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:

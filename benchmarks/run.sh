@@ -109,6 +109,16 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
   echo "{\"file_mib\": $(( $(stat -c %s "$model") >> 20 )), \"ferrum_run_mib\": $fr, \"llamacpp_mib\": $lr}" \
     > "$out/mem-run-$name.json"
   echo "  peak RSS: $(cat "$out/mem-run-$name.json")"
+  # Speculative decoding by prompt lookup on an input-grounded prompt (rename a function in a
+  # given file): greedy, single stream, with and without; the outputs must be the same tokens.
+  for spec in off ngram; do
+    flags=(); [ "$spec" = ngram ] && flags=(--speculative-method ngram)
+    "$ferrum" run --model "$model" --chat --prompt "$(cat benchmarks/prompts/edit-code.txt)" \
+      --max-tokens 300 --temperature 0 --threads "$threads" --json "${flags[@]}" \
+      > "$out/spec-$name-$spec.json" 2>/dev/null || rm -f "$out/spec-$name-$spec.json"
+  done
+  echo "  speculation: $(python3 -c 'import json,sys; print([round(json.load(open(f))["decode_tok_s"], 1) for f in sys.argv[1:]])' \
+    "$out/spec-$name-off.json" "$out/spec-$name-ngram.json" 2>/dev/null) tok/s (off, ngram)"
 done
 model="$smol"
 

@@ -125,6 +125,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "finish_detail": gen.finish.to_string(),
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.token_ids.len(),
+            "time_to_first_token_ms": gen.time_to_first_token.as_secs_f64() * 1e3,
+            "decode_tok_s": gen.decode_tokens_per_s(),
             "mean_acceptance_length": gen.usage.mean_acceptance_length(),
             "spec_draft_tokens": gen.usage.spec_draft_tokens,
             "spec_accepted_tokens": gen.usage.spec_accepted_tokens,
