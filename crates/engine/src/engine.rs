@@ -444,18 +444,21 @@ impl EngineCore {
                 None => {}
             }
             if seq.index == 0 && seq.last_token_at.is_none() {
-                r.usage.cached_tokens = s.start.min(r.request.prompt.len());
+                r.usage.cached_tokens = self.sched.prefix_hits(s.id).unwrap_or(0);
                 if r.request.params.n > 1 && !r.children_started {
                     child_starts.push(seq.request);
                 }
             }
             seq.last_token_at = Some(now);
-            let mut accepted = 0;
+            let (mut verified, mut accepted) = (0, 0);
             for i in 0..num_rows {
                 let row = first_row + i;
                 let l = &logits[row * vocab..(row + 1) * vocab];
                 let (sample, is_proposal) = match proposals.get(i) {
-                    Some(&p) => seq.sampler.verify(l, p),
+                    Some(&p) => {
+                        verified += 1;
+                        seq.sampler.verify(l, p)
+                    }
                     None => (seq.sampler.sample(l), false),
                 };
                 accepted += usize::from(is_proposal);
@@ -499,11 +502,12 @@ impl EngineCore {
                     break;
                 }
             }
-            if s.num_proposed > 0 {
+            // Proposals after a stop were never verified: they count neither way.
+            if verified > 0 {
                 r.usage.spec_drafts += 1;
-                r.usage.spec_draft_tokens += s.num_proposed;
+                r.usage.spec_draft_tokens += verified;
                 r.usage.spec_accepted_tokens += accepted;
-                self.spec_step.record(s.num_proposed, accepted);
+                self.spec_step.record(verified, accepted);
             }
         }
         self.sched.update(&out, &self.sampled);

@@ -149,6 +149,11 @@ impl EngineHandle {
             None => model_len,
         }
         .min(sched_cfg.capacity_tokens());
+        if let Some(l @ 0..=1) = cfg.max_model_len {
+            return Err(EngineError::Invalid(format!(
+                "--max-model-len {l} leaves no room to generate: it must be at least 2"
+            )));
+        }
         if max_model_len < 2 {
             return Err(EngineError::Invalid(format!(
                 "the KV cache holds {} tokens: too small to generate",

@@ -101,22 +101,6 @@ impl Sampler {
 
     /// Picks the next token from one row of logits and records it for the penalties.
     pub fn sample(&mut self, logits: &[f32]) -> SampleOutput {
-        self.pick(logits, None).0
-    }
-
-    /// Verifies a proposed token (speculative decoding) against one row of logits: the
-    /// target's distribution after the whole chain (penalties, bias, temperature, min-p,
-    /// top-k, top-p), exactly as [`Sampler::sample`] would draw from it. Greedy requests
-    /// accept the proposal when it is the argmax. Sampled requests accept it with probability
-    /// `p(proposal)` (a proposal is a point mass: `min(1, p/q)` with `q = 1`), else draw from
-    /// `p` without it, renormalized; so the token returned has exactly the distribution `p`.
-    /// Returns the token (recorded for the penalties, as by `sample`) and whether it is the
-    /// proposal.
-    pub fn verify(&mut self, logits: &[f32], proposal: TokenId) -> (SampleOutput, bool) {
-        self.pick(logits, Some(proposal))
-    }
-
-    fn pick(&mut self, logits: &[f32], proposal: Option<TokenId>) -> (SampleOutput, bool) {
         let transformed = self.has_penalties() || !self.logit_bias.is_empty();
         let token = if self.temperature == 0.0 && !transformed {
             argmax(logits)
@@ -129,7 +113,7 @@ impl Sampler {
             let t = if self.temperature == 0.0 {
                 argmax(&work)
             } else {
-                self.draw(&mut work, proposal)
+                self.draw(&mut work)
             };
             self.work = work;
             t
@@ -142,12 +126,25 @@ impl Sampler {
             None => (None, Vec::new()),
         };
         self.record(token);
-        let out = SampleOutput {
+        SampleOutput {
             token,
             logprob,
             top_logprobs,
-        };
-        (out, proposal == Some(token))
+        }
+    }
+
+    /// Verifies a proposed token (speculative decoding) against one row of logits: draws the
+    /// token exactly as [`Sampler::sample`] would (the same generator state, the same draw)
+    /// and accepts the proposal when the draw is it. For a proposal that is one fixed token
+    /// this is rejection sampling: the proposal is accepted with probability `p(proposal)`,
+    /// and on rejection the token comes from `p` without it, renormalized. So the output has
+    /// exactly the target's distribution, and a seeded request gives the same tokens with
+    /// speculation as without, whatever its batch mates. Returns the token (recorded for the
+    /// penalties) and whether it is the proposal.
+    pub fn verify(&mut self, logits: &[f32], proposal: TokenId) -> (SampleOutput, bool) {
+        let out = self.sample(logits);
+        let accepted = out.token == proposal;
+        (out, accepted)
     }
 
     /// The logits after penalties and logit bias (steps 1 and 2), for inspection.
@@ -211,9 +208,8 @@ impl Sampler {
         }
     }
 
-    /// Temperature, min-p, top-k, top-p, then a draw; with a `proposal`, the accept-or-redraw
-    /// of [`Sampler::verify`].
-    fn draw(&mut self, logits: &mut [f32], proposal: Option<TokenId>) -> TokenId {
+    /// Temperature, min-p, top-k, top-p, then a draw.
+    fn draw(&mut self, logits: &mut [f32]) -> TokenId {
         let inv_t = 1.0 / self.temperature;
         let mut max = f32::NEG_INFINITY;
         for l in logits.iter_mut() {
@@ -251,33 +247,16 @@ impl Sampler {
         if self.top_p < 1.0 {
             total = truncate_top_p(cand, total, self.top_p as f64);
         }
-        let Some(x) = proposal else {
-            return pick_mass(cand, self.rng.next_f64() * total, None);
-        };
-        let px = cand
-            .iter()
-            .find(|c| c.1 == x)
-            .map_or(0.0, |c| f64::from(c.0));
-        if self.rng.next_f64() * total < px {
-            return x;
+        let mut u = self.rng.next_f64() * total;
+        for &(p, t) in cand.iter() {
+            u -= p as f64;
+            if u < 0.0 {
+                return t;
+            }
         }
-        // Rejected: the rest of the distribution, renormalized.
-        pick_mass(cand, self.rng.next_f64() * (total - px), Some(x))
+        // Rounding left a sliver: the last candidate takes it.
+        cand.last().map_or(0, |c| c.1)
     }
-}
-
-/// The candidate where mass `u` (in `0..total`, the total of `cand` without `skip`) falls.
-fn pick_mass(cand: &[(f32, TokenId)], mut u: f64, skip: Option<TokenId>) -> TokenId {
-    let mut last = None;
-    for &(p, t) in cand.iter().filter(|c| Some(c.1) != skip) {
-        u -= p as f64;
-        last = Some(t);
-        if u < 0.0 {
-            return t;
-        }
-    }
-    // Rounding left a sliver: the last candidate takes it.
-    last.or(cand.last().map(|c| c.1)).unwrap_or(0)
 }
 
 /// Keeps the most likely candidates whose mass before each reaches less than `top_p` of the

@@ -1,7 +1,7 @@
 //! Speculative decoding (n-gram proposals verified in the batch) on the tiny fixtures: greedy
 //! output equals the output without speculation token for token, alone and in a batch with
-//! chunked prefill and preemption; seeded sampling is reproducible; proposals are made and
-//! accepted; no block leaks.
+//! chunked prefill and preemption; seeded sampling gives the same tokens with speculation as
+//! without; proposals are made and accepted; no block leaks.
 #![allow(clippy::unwrap_used)]
 
 use ferrum_engine::{
@@ -179,7 +179,7 @@ fn seeded_sampling_is_reproducible_and_aborts_free_everything() {
         ..SamplingParams::default()
     };
     let prompt = prompts().swap_remove(5);
-    let (a, _) = collect(
+    let (a, ua) = collect(
         e.generate(GenerateRequest::new(prompt.clone(), p.clone()))
             .unwrap(),
     );
@@ -189,6 +189,16 @@ fn seeded_sampling_is_reproducible_and_aborts_free_everything() {
     );
     assert_eq!(a, b, "same seed, same tokens");
     assert_eq!(a.len(), 24);
+    assert!(ua.spec_draft_tokens > 0, "proposals were verified: {ua:?}");
+    // The same draws as without speculation: a seeded request's tokens do not depend on it.
+    let plain = engine("tiny-llama", EngineConfig::default());
+    let (c, _) = collect(
+        plain
+            .generate(GenerateRequest::new(prompt.clone(), p.clone()))
+            .unwrap(),
+    );
+    plain.shutdown();
+    assert_eq!(a, c, "speculation changed a seeded request's tokens");
     // Dropped mid-generation: aborted, blocks back.
     for _ in 0..4 {
         let mut s = e

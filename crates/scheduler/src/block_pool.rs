@@ -3,9 +3,10 @@
 //!
 //! Invariants:
 //! - every block is either in use (`ref_count > 0`) or in the free queue, never both;
-//! - the free queue is in eviction order: the least recently freed block is taken first, and a
-//!   block that still holds cached K/V is only overwritten (and forgotten by the cache map) when
-//!   it is taken;
+//! - the free queue is in eviction order: blocks that hold nothing reusable (no hash) come
+//!   first, most recently freed first (their pages are warm, and untouched blocks stay
+//!   untouched), then blocks holding cached K/V, least recently freed first; a cached block is
+//!   only overwritten (and forgotten by the cache map) when it is taken;
 //! - `cached[h] == b` implies `hash[b] == Some(h)`; a block's hash is set once its tokens are
 //!   all computed and cleared when the block is reused for other tokens;
 //! - when no sequence holds blocks, `num_free() == num_blocks()` (nothing leaks).
@@ -76,6 +77,18 @@ impl BlockPool {
         self.ref_count[b as usize]
     }
 
+    fn push_front(&mut self, b: u32) {
+        self.prev[b as usize] = NONE;
+        self.next[b as usize] = self.head;
+        if self.head == NONE {
+            self.tail = b;
+        } else {
+            self.prev[self.head as usize] = b;
+        }
+        self.head = b;
+        self.num_free += 1;
+    }
+
     fn push_back(&mut self, b: u32) {
         self.prev[b as usize] = self.tail;
         self.next[b as usize] = NONE;
@@ -134,8 +147,9 @@ impl BlockPool {
         self.ref_count[b as usize] += 1;
     }
 
-    /// Drops one reference; a block with none left joins the back of the free queue, keeping
-    /// its cached K/V until it is reused.
+    /// Drops one reference. A block with none left joins the free queue: at the back, keeping
+    /// its cached K/V until it is reused, when it holds any; else at the front, to be reused
+    /// first.
     pub fn free(&mut self, b: BlockId) {
         let rc = &mut self.ref_count[b as usize];
         debug_assert!(*rc > 0, "block {b} freed twice");
@@ -144,7 +158,11 @@ impl BlockPool {
         }
         *rc -= 1;
         if *rc == 0 {
-            self.push_back(b);
+            if self.hash[b as usize].is_some() {
+                self.push_back(b);
+            } else {
+                self.push_front(b);
+            }
         }
     }
 
@@ -237,6 +255,20 @@ mod tests {
         assert_eq!(p.allocate(), Some(b));
         assert_eq!(p.lookup(hb), None, "b was evicted");
         assert_eq!(p.lookup(ha), Some(a));
+        p.check().unwrap();
+    }
+
+    #[test]
+    fn blocks_without_cached_kv_are_reused_first() {
+        let mut p = BlockPool::new(4);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        p.cache(a, hash_block(None, &[1]));
+        p.free(a);
+        p.free(b);
+        // b (nothing cached, warm) first, then the untouched blocks, then a (cached) last.
+        let order: Vec<_> = (0..4).map(|_| p.allocate().unwrap()).collect();
+        assert_eq!(order, vec![b, 2, 3, a]);
         p.check().unwrap();
     }
 }

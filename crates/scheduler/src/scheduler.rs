@@ -124,6 +124,8 @@ struct Seq {
     tokens: Vec<TokenId>,
     num_final: usize,
     num_computed: usize,
+    /// Tokens found in the prefix cache at the latest admission.
+    prefix_hits: usize,
     running: bool,
 }
 
@@ -220,6 +222,7 @@ impl Scheduler {
                 tokens: prompt.to_vec(),
                 num_final: prompt.len(),
                 num_computed: 0,
+                prefix_hits: 0,
                 running: false,
             },
         );
@@ -228,8 +231,9 @@ impl Scheduler {
     }
 
     /// Sets the tokens proposed to follow sequence `id` (speculative decoding), replacing any
-    /// earlier proposals. They are verified in the step that reaches the sequence's last
-    /// final token, as far as the token budget allows, then dropped. Proposals beyond the
+    /// earlier proposals. The next step that schedules the sequence verifies them, as far as
+    /// the token budget and free blocks allow, if its run reaches the last final token; then
+    /// they are dropped. Proposals beyond the
     /// cache's capacity are cut; returns how many are kept.
     pub fn propose(&mut self, id: RequestId, proposals: &[TokenId]) -> Result<usize> {
         let capacity = self.cfg.capacity_tokens();
@@ -260,6 +264,11 @@ impl Scheduler {
     /// A sequence's tokens with K/V in the cache.
     pub fn num_computed(&self, id: RequestId) -> Option<usize> {
         self.seqs.get(&id).map(|s| s.num_computed)
+    }
+
+    /// Prompt tokens a sequence found in the prefix cache when it was (last) admitted.
+    pub fn prefix_hits(&self, id: RequestId) -> Option<usize> {
+        self.seqs.get(&id).map(|s| s.prefix_hits)
     }
 
     /// A sequence's block table.
@@ -315,7 +324,7 @@ impl Scheduler {
                     continue;
                 }
                 let (n, k) = seq.run(budget);
-                if let Reserve::Done = self.reserve(id, n, &mut out, &mut budget) {
+                if let Some((n, k)) = self.reserve(id, n, k, &mut out, &mut budget) {
                     let seq = &self.seqs[&id];
                     out.seqs.push(ScheduledSeq {
                         id,
@@ -358,24 +367,31 @@ impl Scheduler {
         out
     }
 
-    /// Gets blocks for `n` more tokens of running sequence `id`, preempting others (or `id`
-    /// itself) when the pool is empty.
+    /// Gets blocks for a run of `n` more tokens of running sequence `id`, the last `k` of them
+    /// proposals. Proposals never cost a preemption: when the pool cannot take them they are
+    /// dropped first; then others (or `id` itself) are preempted. Returns the run that fits,
+    /// or `None` when `id` was preempted.
     fn reserve(
         &mut self,
         id: RequestId,
         n: usize,
+        k: usize,
         out: &mut SchedulerOutput,
         budget: &mut usize,
-    ) -> Reserve {
+    ) -> Option<(usize, usize)> {
+        let computed = self.seqs[&id].num_computed;
+        if self.kv.allocate_slots(id, computed, n, 0, None) {
+            return Some((n, k));
+        }
+        let n = n - k;
         loop {
-            let computed = self.seqs[&id].num_computed;
             if self.kv.allocate_slots(id, computed, n, 0, None) {
-                return Reserve::Done;
+                return Some((n, 0));
             }
             let victim = self.pick_victim();
             self.preempt(victim, out, budget);
             if victim == id {
-                return Reserve::SelfPreempted;
+                return None;
             }
         }
     }
@@ -419,11 +435,16 @@ impl Scheduler {
         let computed = hits.num_tokens;
         let seq = self.seqs.get_mut(&id)?;
         seq.num_computed = computed;
-        let (n, k) = seq.run(budget);
+        let (mut n, mut k) = seq.run(budget);
         if !self.kv.allocate_slots(id, computed, n, 0, Some(&hits)) {
-            seq.num_computed = 0;
-            return None;
+            // Proposals never keep a sequence waiting: try without them.
+            if k == 0 || !self.kv.allocate_slots(id, computed, n - k, 0, Some(&hits)) {
+                seq.num_computed = 0;
+                return None;
+            }
+            (n, k) = (n - k, 0);
         }
+        seq.prefix_hits = computed;
         if self.cfg.enable_prefix_caching {
             self.stats.prefix_queries += reusable as u64;
             self.stats.prefix_hits += computed as u64;
@@ -440,36 +461,47 @@ impl Scheduler {
         let mut cursor = 0;
         for s in &out.seqs {
             self.new_tokens.clear();
-            if sampled.get(cursor).is_some_and(|&(id, _)| id == s.id) {
-                while let Some(&(_, t)) = sampled.get(cursor).filter(|(id, _)| *id == s.id) {
-                    self.new_tokens.push(t);
-                    cursor += 1;
+            if s.samples {
+                if sampled.get(cursor).is_some_and(|&(id, _)| id == s.id) {
+                    while let Some(&(_, t)) = sampled.get(cursor).filter(|(id, _)| *id == s.id) {
+                        self.new_tokens.push(t);
+                        cursor += 1;
+                    }
+                } else {
+                    // Out of the step's order: find this sequence's tokens wherever they are.
+                    self.new_tokens.extend(
+                        sampled
+                            .iter()
+                            .filter(|(id, _)| *id == s.id)
+                            .map(|&(_, t)| t),
+                    );
                 }
-            } else if s.samples {
-                // Out of the step's order: find this sequence's tokens wherever they are.
-                self.new_tokens.extend(
-                    sampled
-                        .iter()
-                        .filter(|(id, _)| *id == s.id)
-                        .map(|&(_, t)| t),
-                );
             }
             let Some(seq) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
             let final_end = s.start + s.num_tokens - s.num_proposed;
-            let proposals = &seq.tokens[seq.num_final..seq.num_final + s.num_proposed];
+            let proposals = seq
+                .tokens
+                .get(seq.num_final..seq.num_final + s.num_proposed)
+                .unwrap_or(&[]);
             let accepted = proposals
                 .iter()
                 .zip(&self.new_tokens)
                 .take(self.new_tokens.len().saturating_sub(1))
                 .take_while(|(p, t)| p == t)
                 .count();
-            seq.num_computed = final_end + accepted;
+            seq.num_computed = if s.samples && self.new_tokens.is_empty() {
+                // Nothing sampled (the caller dropped the sequence's logits): its last token
+                // is computed again next step.
+                final_end - 1
+            } else {
+                final_end + accepted
+            };
             seq.tokens.truncate(seq.num_final);
             seq.tokens.extend_from_slice(&self.new_tokens);
             seq.num_final = seq.tokens.len();
-            if accepted < s.num_proposed {
+            if accepted < s.num_proposed || self.new_tokens.is_empty() {
                 self.kv.truncate(s.id, seq.num_computed);
             }
             self.kv.cache_blocks(s.id, &seq.tokens, seq.num_computed);
@@ -521,9 +553,4 @@ impl Scheduler {
         }
         Ok(())
     }
-}
-
-enum Reserve {
-    Done,
-    SelfPreempted,
 }

@@ -383,3 +383,32 @@ fn proposals_are_verified_in_one_run_and_rejected_ones_roll_back() {
     assert_eq!(s.pool().num_free(), 8);
     assert!(s.propose(1, &[1]).is_err(), "an unknown sequence");
 }
+
+#[test]
+fn proposals_never_cost_a_preemption() {
+    let cfg = SchedulerConfig {
+        num_blocks: 3,
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(1, &[1, 2, 3, 4, 5, 6], 0).unwrap();
+    s.add(2, &[1, 2, 3], 0).unwrap();
+    let out = s.schedule();
+    s.update(&out, &[(1, 7), (2, 7)]);
+    // Sequence 1 holds two blocks (7 tokens), sequence 2 the third (4 tokens): room for each
+    // one's next token, not for four proposals of sequence 1.
+    assert_eq!(s.propose(1, &[8, 9, 10, 11]).unwrap(), 4);
+    let out = s.schedule();
+    assert!(out.preempted.is_empty(), "{out:?}");
+    let x = &out.seqs[0];
+    assert_eq!(
+        (x.id, x.start, x.num_tokens, x.num_proposed, x.samples),
+        (1, 6, 1, 0, true)
+    );
+    s.update(&out, &[(1, 8), (2, 9)]);
+    assert_eq!(s.num_computed(1), Some(7));
+    s.check().unwrap();
+}

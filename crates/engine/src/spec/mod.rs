@@ -3,12 +3,13 @@
 //! Before a step, a [`Proposer`] guesses up to `num_speculative_tokens` tokens for each
 //! decoding sequence; the scheduler runs them as extra query tokens after the sequence's last
 //! token ([`ferrum_scheduler::Scheduler::propose`]), and the step returns logits for each.
-//! The sampler verifies them in order ([`crate::Sampler::verify`]): greedy requests accept a
-//! proposal that is the argmax, sampled ones by rejection sampling against the request's whole
-//! sampling chain, with its own seeded generator; the first rejection ends the run with the
-//! target's own token, and an all-accepted run adds the token after the last proposal. So
-//! greedy output equals non-speculative output token for token, and sampled output has the
-//! target's distribution. Rejected positions are rolled back by the scheduler; only accepted
+//! The sampler verifies them in order ([`crate::Sampler::verify`]): at each row it draws the
+//! token exactly as it would without speculation (the argmax for greedy requests; a draw from
+//! the whole sampling chain with the request's own seeded generator otherwise) and accepts the
+//! proposal when the draw is it, which for a fixed-token proposal is rejection sampling. The
+//! first rejection ends the run with the drawn token, and an all-accepted run adds the token
+//! after the last proposal. So every request, greedy or seeded, gives the same tokens with
+//! speculation as without, token for token. Rejected positions are rolled back by the scheduler; only accepted
 //! tokens enter the prefix cache.
 //!
 //! A step with more decoding sequences than `disable_by_batch_size` proposes nothing: there the
