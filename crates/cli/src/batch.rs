@@ -9,7 +9,7 @@
 
 use crate::common::{load_parts, EngineArgs, ModelArgs, SamplingArgs};
 use anyhow::{bail, Context, Result};
-use ferrum_engine::{EngineHandle, Event, GenerateRequest};
+use ferrum_engine::{Event, GenerateRequest};
 use ferrum_tokenizer::{ChatMessage, TextAssets};
 use ferrum_types::{SamplingParams, TokenId};
 use serde_json::{json, Value};
@@ -55,7 +55,7 @@ pub fn run_batch(
         requests.push(req);
     }
     let cfg = engine.config(model.max_model_len, requests.len())?;
-    let handle = EngineHandle::start(m, tokenizer, &cfg)?;
+    let handle = crate::common::start_engine(m, tokenizer, &cfg, &engine.speculative, model)?;
     let start = Instant::now();
     let mut streams = Vec::with_capacity(requests.len());
     for (i, r) in requests.into_iter().enumerate() {

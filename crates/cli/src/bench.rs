@@ -6,7 +6,6 @@ use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ferrum_bench::{LatencyConfig, ThroughputConfig};
-use ferrum_engine::EngineHandle;
 use ferrum_runtime::ThreadPool;
 use serde_json::json;
 
@@ -217,7 +216,13 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
     let engine_cfg = args
         .engine
         .config(args.model.max_model_len, args.num_prompts)?;
-    let engine = EngineHandle::start(model, None, &engine_cfg)?;
+    let engine = crate::common::start_engine(
+        model,
+        None,
+        &engine_cfg,
+        &args.engine.speculative,
+        &args.model,
+    )?;
     let r = ferrum_bench::throughput(&engine, &cfg);
     let spec = engine.metrics().spec;
     engine.shutdown();

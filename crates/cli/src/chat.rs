@@ -38,7 +38,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     let engine = single_engine(
         model,
         Some(text.tokenizer.clone()),
-        args.model.max_model_len,
+        &args.model,
         usize::MAX,
         &args.speculative,
     )?;

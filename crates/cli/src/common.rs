@@ -203,10 +203,11 @@ const SINGLE_MIN_KV_TOKENS: usize = 256;
 pub fn single_engine(
     model: Model,
     tokenizer: Option<Arc<Tokenizer>>,
-    max_model_len: Option<usize>,
+    model_args: &ModelArgs,
     kv_tokens: usize,
     speculative: &SpeculativeArgs,
 ) -> Result<EngineHandle> {
+    let max_model_len = model_args.max_model_len;
     const BLOCK_SIZE: usize = 16;
     let context = max_model_len.unwrap_or(model.config().max_position_embeddings);
     let tokens = kv_tokens.max(SINGLE_MIN_KV_TOKENS).min(context).max(2);
@@ -221,7 +222,7 @@ pub fn single_engine(
         prefault_kv_cache: false,
         speculative: speculative.config(),
     };
-    Ok(EngineHandle::start(model, tokenizer, &cfg)?)
+    start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
 
 /// A seed for requests that set none: different every run.
@@ -318,39 +319,93 @@ pub enum SpeculativeMethod {
     /// Prompt lookup decoding: tokens that followed an earlier occurrence of the sequence's
     /// last n-gram in its own prompt and output.
     Ngram,
+    /// A smaller draft model with the same vocabulary (--speculative-model), on the same
+    /// threads.
+    Draft,
 }
 
 /// Flags of speculative decoding (vLLM's names).
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("speculation")
+        .args(["speculative_method", "speculative_model"])
+        .multiple(true)
+))]
 pub struct SpeculativeArgs {
     /// Propose tokens and verify them in the same step as the sequence's next token (greedy
     /// output stays exactly the same; sampled output keeps its distribution).
     #[arg(long, value_enum, value_name = "METHOD")]
     pub speculative_method: Option<SpeculativeMethod>,
+    /// The draft model (a folder, .gguf file or Hub id) for `--speculative-method draft`,
+    /// which it implies.
+    #[arg(long, value_name = "M")]
+    pub speculative_model: Option<String>,
     /// Tokens proposed per sequence and step at most.
-    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    #[arg(long, default_value_t = 4, requires = "speculation")]
     pub num_speculative_tokens: usize,
     /// ngram: the longest suffix looked up in the sequence (the lookup window).
-    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    #[arg(long, default_value_t = 4, requires = "speculation")]
     pub prompt_lookup_max: usize,
     /// ngram: the shortest suffix that may match.
-    #[arg(long, default_value_t = 2, requires = "speculative_method")]
+    #[arg(long, default_value_t = 2, requires = "speculation")]
     pub prompt_lookup_min: usize,
     /// Steps with more decoding sequences than this propose nothing (there the batch already
     /// fills the step's compute).
-    #[arg(long, default_value_t = 4, requires = "speculative_method")]
+    #[arg(long, default_value_t = 4, requires = "speculation")]
     pub speculative_disable_by_batch_size: usize,
 }
 
+/// Starts the engine for `model` with `cfg`, loading the draft model `spec` names (onto the
+/// target's compute threads, with the target's precision and KV type) when there is one.
+pub fn start_engine(
+    model: Model,
+    tokenizer: Option<Arc<Tokenizer>>,
+    cfg: &EngineConfig,
+    spec: &SpeculativeArgs,
+    model_args: &ModelArgs,
+) -> Result<EngineHandle> {
+    let draft = match (spec.method(), &spec.speculative_model) {
+        (Some(SpeculativeMethod::Draft), Some(m)) => m,
+        (Some(SpeculativeMethod::Draft), None) => {
+            bail!("--speculative-method draft needs --speculative-model M")
+        }
+        (_, Some(_)) => bail!("--speculative-model goes with --speculative-method draft"),
+        (_, None) => return Ok(EngineHandle::start(model, tokenizer, cfg)?),
+    };
+    let path = model_path::resolve(draft)?;
+    let draft = load_model(
+        &path,
+        &LoadOptions {
+            num_threads: None,
+            pool: Some(Arc::clone(model.compute_pool())),
+            precision: model_args.matmul_precision.into(),
+            kv_cache_dtype: model_args.kv_cache_dtype.fixed(),
+        },
+    )
+    .with_context(|| format!("loading the draft model {}", path.display()))?;
+    Ok(EngineHandle::start_with_draft(
+        model, draft, tokenizer, cfg,
+    )?)
+}
+
 impl SpeculativeArgs {
-    /// The engine's setting; `None` without `--speculative-method`.
+    /// The method asked for: `--speculative-method`, or draft when only
+    /// `--speculative-model` is given.
+    fn method(&self) -> Option<SpeculativeMethod> {
+        self.speculative_method.or(self
+            .speculative_model
+            .as_ref()
+            .map(|_| SpeculativeMethod::Draft))
+    }
+
+    /// The engine's setting; `None` without speculation.
     pub fn config(&self) -> Option<SpeculativeConfig> {
-        let method = self.speculative_method?;
-        let proposer = match method {
+        let proposer = match self.method()? {
             SpeculativeMethod::Ngram => Proposer::Ngram(NgramProposer {
                 min: self.prompt_lookup_min,
                 max: self.prompt_lookup_max,
             }),
+            SpeculativeMethod::Draft => Proposer::Draft,
         };
         Some(SpeculativeConfig {
             proposer,

@@ -90,7 +90,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let engine = single_engine(
         model,
         tokenizer,
-        args.model.max_model_len,
+        &args.model,
         kv_tokens,
         &args.engine.speculative,
     )?;
@@ -138,7 +138,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let ids: Vec<String> = gen.token_ids.iter().map(ToString::to_string).collect();
         writeln!(stdout, "{}", ids.join(","))?;
     }
-    let speculation = if args.engine.speculative.speculative_method.is_some() {
+    let speculation = if args.engine.speculative.config().is_some() {
         let u = &gen.usage;
         format!(
             " | speculation: {:.2} tokens per verifying step, {} of {} proposed accepted",

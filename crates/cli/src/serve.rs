@@ -3,7 +3,6 @@
 use crate::common::{load_parts, EngineArgs, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrum_engine::EngineHandle;
 use ferrum_server::ServerConfig;
 use ferrum_tokenizer::TextAssets;
 use std::time::Duration;
@@ -69,7 +68,13 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
     let kv_dtype = model.config().kv_cache_dtype;
-    let engine = EngineHandle::start(model, Some(tokenizer), &cfg)?;
+    let engine = crate::common::start_engine(
+        model,
+        Some(tokenizer),
+        &cfg,
+        &args.engine.speculative,
+        &args.model,
+    )?;
     let max_model_len = engine.max_model_len();
     let kv_tokens = engine.metrics().kv_blocks_total * cfg.block_size;
     let server = ServerConfig {

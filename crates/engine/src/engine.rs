@@ -13,7 +13,7 @@ use crate::metrics::{Metrics, SpecCounters};
 use crate::output::OutputProcessor;
 use crate::request::{Event, GenerateRequest, Usage};
 use crate::sampler::Sampler;
-use crate::spec::SpeculativeConfig;
+use crate::spec::{DraftModel, Proposer, SpeculativeConfig};
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model};
 use ferrum_scheduler::Scheduler;
@@ -95,6 +95,10 @@ pub(crate) struct EngineCore {
     spec_step: SpecCounters,
     /// Scratch for one sequence's proposals.
     proposal: Vec<TokenId>,
+    /// The draft model, with `Proposer::Draft`.
+    draft: Option<DraftModel>,
+    /// Scratch: decoding sequences and how many tokens each may propose.
+    proposing: Vec<(RequestId, usize)>,
     /// Where the KV cache's next slice to make resident starts, while idle
     /// ([`KvCache::populate`]); `None`: nothing (more) to do.
     populate_at: Option<usize>,
@@ -164,6 +168,8 @@ impl EngineCore {
             spec: None,
             spec_step: SpecCounters::default(),
             proposal: Vec::new(),
+            draft: None,
+            proposing: Vec::new(),
             populate_at: None,
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
@@ -217,9 +223,77 @@ impl EngineCore {
         }
     }
 
-    /// Turns speculative decoding on.
-    pub(crate) fn set_speculative(&mut self, spec: SpeculativeConfig) {
+    /// Turns speculative decoding on; `Proposer::Draft` needs the draft model.
+    pub(crate) fn set_speculative(
+        &mut self,
+        spec: SpeculativeConfig,
+        draft: Option<Model>,
+    ) -> Result<()> {
+        self.draft = match (spec.proposer, draft) {
+            (Proposer::Draft, Some(model)) => Some(DraftModel::new(
+                model,
+                self.model.config().vocab_size,
+                self.kv.num_blocks(),
+                self.sched.config().block_size,
+            )?),
+            (Proposer::Draft, None) => {
+                return Err(EngineError::Invalid(
+                    "speculative decoding with a draft model needs the draft model (--speculative-model)".into(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(EngineError::Invalid(
+                    "a draft model was given, but the speculative method is not draft".into(),
+                ))
+            }
+            (_, None) => None,
+        };
         self.spec = Some(spec);
+        Ok(())
+    }
+
+    /// Whether sequence `id` decodes: every final token but the last computed.
+    fn is_decoding(sched: &Scheduler, id: RequestId) -> bool {
+        matches!(
+            (sched.num_computed(id), sched.tokens(id)),
+            (Some(c), Some(t)) if c + 1 == t.len()
+        )
+    }
+
+    /// The decoding sequences with the most tokens each may propose (one fewer than it may
+    /// still generate, at most `num_speculative_tokens`), into `self.proposing`; empty when
+    /// more sequences decode than `disable_by_batch_size`.
+    fn collect_proposing(&mut self, spec: &SpeculativeConfig) {
+        self.proposing.clear();
+        for (&id, seq) in &self.seqs {
+            if Self::is_decoding(&self.sched, id) {
+                let k = spec
+                    .num_speculative_tokens
+                    .min(seq.output.remaining().saturating_sub(1));
+                self.proposing.push((id, k));
+            }
+        }
+        if self.proposing.len() > spec.disable_by_batch_size {
+            self.proposing.clear();
+        }
+    }
+
+    /// The draft model's proposals for the next step (end of a step).
+    fn draft_propose(&mut self) -> Result<()> {
+        let Some(spec) = self.spec else {
+            return Ok(());
+        };
+        if self.draft.is_none() {
+            return Ok(());
+        }
+        self.collect_proposing(&spec);
+        let proposing = std::mem::take(&mut self.proposing);
+        let result = match self.draft.as_mut() {
+            Some(d) => d.propose(&mut self.sched, &proposing),
+            None => Ok(()),
+        };
+        self.proposing = proposing;
+        result
     }
 
     /// Sets each decoding sequence's proposals for the coming step (speculative decoding),
@@ -229,30 +303,30 @@ impl EngineCore {
         let Some(spec) = self.spec else {
             return Ok(());
         };
-        let is_decoding = |sched: &Scheduler, id: RequestId| {
-            matches!(
-                (sched.num_computed(id), sched.tokens(id)),
-                (Some(c), Some(t)) if c + 1 == t.len()
-            )
-        };
-        let decoding = self
-            .seqs
-            .keys()
-            .filter(|&&id| is_decoding(&self.sched, id))
-            .count();
-        let enabled = decoding <= spec.disable_by_batch_size;
-        for (&id, seq) in &self.seqs {
-            let k = if enabled && is_decoding(&self.sched, id) {
-                spec.num_speculative_tokens
-                    .min(seq.output.remaining().saturating_sub(1))
-            } else {
-                0
-            };
-            let tokens = self.sched.tokens(id).unwrap_or(&[]);
-            spec.proposer.propose(tokens, k, &mut self.proposal);
+        self.collect_proposing(&spec);
+        for &(id, k) in &self.proposing {
+            match (&spec.proposer, self.draft.as_mut()) {
+                (Proposer::Ngram(p), _) => {
+                    let tokens = self.sched.tokens(id).unwrap_or(&[]);
+                    p.propose(tokens, k, &mut self.proposal);
+                }
+                (Proposer::Draft, Some(d)) => {
+                    d.take(id, &mut self.proposal);
+                    self.proposal.truncate(k);
+                }
+                (Proposer::Draft, None) => self.proposal.clear(),
+            }
             self.sched
                 .propose(id, &self.proposal)
                 .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        }
+        // Everyone else proposes nothing this step.
+        for &id in self.seqs.keys() {
+            if !self.proposing.iter().any(|&(p, _)| p == id) {
+                self.sched
+                    .propose(id, &[])
+                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            }
         }
         Ok(())
     }
@@ -413,6 +487,10 @@ impl EngineCore {
         self.sched.fill_batch(&out, &mut self.batch)?;
         let vocab = self.model.config().vocab_size;
         let logits = self.model.forward(&self.batch, &mut self.kv)?;
+        if let Some(d) = self.draft.as_mut() {
+            // Before any rollback frees a block the batch wrote.
+            d.follow(&self.batch)?;
+        }
         let now = Instant::now();
         self.sampled.clear();
         self.finished.clear();
@@ -546,7 +624,7 @@ impl EngineCore {
             self.finish_seq(seq, now);
         }
         self.finished = finished;
-        Ok(())
+        self.draft_propose()
     }
 
     /// Ends a request with an error: its sequences and blocks are released.

@@ -102,7 +102,19 @@ impl EngineHandle {
         tokenizer: Option<Arc<Tokenizer>>,
         cfg: &EngineConfig,
     ) -> Result<EngineHandle> {
-        Self::start_inner(model, tokenizer, cfg, |_| {})
+        Self::start_inner(model, None, tokenizer, cfg, |_| {})
+    }
+
+    /// [`EngineHandle::start`] with a draft model for speculative decoding
+    /// (`cfg.speculative`'s proposer must be `Proposer::Draft`). Load it onto the target's
+    /// compute pool (`LoadOptions::pool` with `Model::compute_pool`), so the two share threads.
+    pub fn start_with_draft(
+        model: Model,
+        draft: Model,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: &EngineConfig,
+    ) -> Result<EngineHandle> {
+        Self::start_inner(model, Some(draft), tokenizer, cfg, |_| {})
     }
 
     /// [`EngineHandle::start`] with faults the engine loop injects into itself.
@@ -113,11 +125,14 @@ impl EngineHandle {
         cfg: &EngineConfig,
         faults: crate::config::FaultInjection,
     ) -> Result<EngineHandle> {
-        Self::start_inner(model, tokenizer, cfg, move |core| core.faults = faults)
+        Self::start_inner(model, None, tokenizer, cfg, move |core| {
+            core.faults = faults
+        })
     }
 
     fn start_inner(
         model: Model,
+        draft: Option<Model>,
         tokenizer: Option<Arc<Tokenizer>>,
         cfg: &EngineConfig,
         setup: impl FnOnce(&mut EngineCore),
@@ -186,7 +201,11 @@ impl EngineHandle {
             core.prefault_kv_cache();
         }
         if let Some(spec) = cfg.speculative {
-            core.set_speculative(spec);
+            core.set_speculative(spec, draft)?;
+        } else if draft.is_some() {
+            return Err(EngineError::Invalid(
+                "a draft model was given without speculative decoding".into(),
+            ));
         }
         setup(&mut core);
         let thread = std::thread::Builder::new()

@@ -13,12 +13,15 @@ use ferrum_types::{SamplingParams, TokenId};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
-        .join(name);
+        .join(name)
+}
+
+fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
     let model = load_model(
-        &path,
+        &fixture(name),
         &LoadOptions {
             num_threads: Some(2),
             ..LoadOptions::default()
@@ -26,6 +29,37 @@ fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
     )
     .unwrap();
     EngineHandle::start(model, None, &cfg).unwrap()
+}
+
+/// An engine whose draft model is the target itself, on the target's threads: every
+/// proposal of a greedy request must then be accepted, which checks that the draft's KV
+/// cache follows the target's through chunking, preemption and rollbacks.
+fn self_drafted(name: &str, cfg: EngineConfig) -> EngineHandle {
+    let model = load_model(
+        &fixture(name),
+        &LoadOptions {
+            num_threads: Some(2),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let draft = load_model(
+        &fixture(name),
+        &LoadOptions {
+            pool: Some(model.compute_pool().clone()),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    EngineHandle::start_with_draft(model, draft, None, &cfg).unwrap()
+}
+
+fn drafted(k: usize, disable_by_batch_size: usize) -> SpeculativeConfig {
+    SpeculativeConfig {
+        proposer: Proposer::Draft,
+        num_speculative_tokens: k,
+        disable_by_batch_size,
+    }
 }
 
 fn ngram(k: usize, disable_by_batch_size: usize) -> SpeculativeConfig {
@@ -158,6 +192,88 @@ fn greedy_output_is_unchanged_alone_and_batched() {
         wait_for_idle(&batched);
         batched.shutdown();
     }
+}
+
+#[test]
+fn a_draft_model_proposes_and_greedy_output_is_unchanged() {
+    let name = "tiny-qwen2";
+    let plain = engine(name, EngineConfig::default());
+    let want: Vec<Vec<TokenId>> = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            collect(
+                plain
+                    .generate(GenerateRequest::new(p, greedy(20 + i)))
+                    .unwrap(),
+            )
+            .0
+        })
+        .collect();
+    plain.shutdown();
+    for cfg in [
+        EngineConfig {
+            speculative: Some(drafted(4, 64)),
+            ..EngineConfig::default()
+        },
+        // Chunked prefill, proposals cut by the budget, preemption.
+        EngineConfig {
+            max_num_seqs: 12,
+            max_num_batched_tokens: 24,
+            block_size: 4,
+            kv_cache: KvCacheSize::Blocks(24),
+            speculative: Some(drafted(5, 64)),
+            ..EngineConfig::default()
+        },
+    ] {
+        let e = self_drafted(name, cfg.clone());
+        let streams: Vec<_> = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| e.generate(GenerateRequest::new(p, greedy(20 + i))).unwrap())
+            .collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            assert_eq!(collect(s).0, want[i], "prompt {i}");
+        }
+        let m = e.metrics();
+        assert!(m.spec.num_draft_tokens > 0, "{m:?}");
+        if cfg.block_size == 4 {
+            assert!(m.preemptions > 0, "meant to preempt: {m:?}");
+        }
+        assert_eq!(
+            m.spec.num_accepted_tokens, m.spec.num_draft_tokens,
+            "a draft equal to the target is always right: {m:?}"
+        );
+        wait_for_idle(&e);
+        e.shutdown();
+    }
+    // A draft with another vocabulary is refused.
+    let model = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();
+    let other = load_model(&fixture("tiny-smollm"), &LoadOptions::default()).unwrap();
+    assert_ne!(model.config().vocab_size, other.config().vocab_size);
+    let cfg = EngineConfig {
+        speculative: Some(drafted(4, 4)),
+        ..EngineConfig::default()
+    };
+    let err = EngineHandle::start_with_draft(model, other, None, &cfg)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+    // The draft method needs a draft; a draft needs the draft method.
+    let model = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();
+    let err = EngineHandle::start(model, None, &cfg)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--speculative-model"), "{err}");
+    let model = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();
+    let draft = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();
+    let cfg = EngineConfig {
+        speculative: Some(ngram(4, 4)),
+        ..EngineConfig::default()
+    };
+    assert!(EngineHandle::start_with_draft(model, draft, None, &cfg).is_err());
 }
 
 #[test]

@@ -266,6 +266,16 @@ impl Scheduler {
         self.seqs.get(&id).map(|s| s.num_computed)
     }
 
+    /// Holds slots for `n` tokens after running sequence `id`'s computed ones (a draft model
+    /// writes its proposals there before the step that verifies them), without preempting
+    /// anything: `false`, and nothing changed, when the pool lacks the blocks.
+    pub fn reserve_lookahead(&mut self, id: RequestId, n: usize) -> bool {
+        let Some(seq) = self.seqs.get(&id).filter(|s| s.running) else {
+            return false;
+        };
+        self.kv.allocate_slots(id, seq.num_computed, 0, n, None)
+    }
+
     /// Prompt tokens a sequence found in the prefix cache when it was (last) admitted.
     pub fn prefix_hits(&self, id: RequestId) -> Option<usize> {
         self.seqs.get(&id).map(|s| s.prefix_hits)

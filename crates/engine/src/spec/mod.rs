@@ -15,31 +15,31 @@
 //! A step with more decoding sequences than `disable_by_batch_size` proposes nothing: there the
 //! batch already fills the step's compute, and extra query rows would cost more than they save.
 //!
-//! Proposers: the n-gram lookup over the sequence itself ([`NgramProposer`]). A draft model
-//! would be a second variant (its own KV cache following the scheduler's block decisions), and
-//! heads inside the target (EAGLE, MTP) a third, proposing from the target's hidden states.
+//! Proposers: the n-gram lookup over the sequence itself ([`NgramProposer`]), and a draft model
+//! ([`crate::EngineHandle::start_with_draft`]): a smaller model with the target's vocabulary,
+//! on the target's compute pool, with its own KV cache over the same block ids. The draft runs
+//! every step's batch after the target (so its cache follows chunked prefill, preemption,
+//! rollbacks and prefix reuse exactly as the target's does), then, for each sequence that goes
+//! on decoding, `k` greedy steps from the sequence's new last token into look-ahead slots the
+//! scheduler holds for it; those are the next step's proposals. Heads inside the target
+//! (EAGLE, MTP) would be a third variant, proposing from the target's hidden states.
 
+mod draft;
 mod ngram;
 
+pub use draft::DraftModel;
 pub use ngram::NgramProposer;
 
 use crate::{EngineError, Result};
-use ferrum_types::TokenId;
 
 /// Where proposals come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proposer {
     /// Prompt lookup decoding: `--speculative-method ngram`.
     Ngram(NgramProposer),
-}
-
-impl Proposer {
-    /// Up to `k` proposed tokens to follow `tokens`, into `out`.
-    pub fn propose(&self, tokens: &[TokenId], k: usize, out: &mut Vec<TokenId>) {
-        match self {
-            Proposer::Ngram(p) => p.propose(tokens, k, out),
-        }
-    }
+    /// A draft model, given to [`crate::EngineHandle::start_with_draft`]:
+    /// `--speculative-model M`.
+    Draft,
 }
 
 /// Settings of speculative decoding.
@@ -70,7 +70,7 @@ impl SpeculativeConfig {
                 "--prompt-lookup-min {} and --prompt-lookup-max {} must satisfy 1 <= min <= max",
                 p.min, p.max
             )),
-            Proposer::Ngram(_) => Ok(()),
+            Proposer::Ngram(_) | Proposer::Draft => Ok(()),
         }
     }
 }
