@@ -1,6 +1,7 @@
 //! The batching engine on the real SmolLM2-135M-Instruct GGUF: a second request that shares a
 //! long prefix hits the prefix cache and gives identical output; n-gram speculative decoding
-//! gives the same greedy tokens as decoding without it, accepting most proposals on a rewrite. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
+//! and draft-model speculative decoding (the model as its own draft) give the same greedy tokens
+//! as decoding without them. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
 //! without it, except under CI (`CI` set).
 #![allow(clippy::unwrap_used)]
 
@@ -115,7 +116,19 @@ fn ngram_speculation_keeps_greedy_output() {
             speculative: spec,
             ..EngineConfig::default()
         };
-        let e = EngineHandle::start(model, Some(text.tokenizer.clone()), &cfg).unwrap();
+        let tok = Some(text.tokenizer.clone());
+        let e = match spec.map(|s| s.proposer) {
+            Some(Proposer::Draft) => {
+                // The model as its own draft, on its threads: every proposal is right.
+                let opts = LoadOptions {
+                    pool: Some(model.compute_pool().clone()),
+                    ..LoadOptions::default()
+                };
+                let draft = load_model(&path, &opts).unwrap();
+                EngineHandle::start_with_draft(model, draft, tok, &cfg).unwrap()
+            }
+            _ => EngineHandle::start(model, tok, &cfg).unwrap(),
+        };
         let mut s = e
             .generate(GenerateRequest::new(prompt.clone(), p.clone()))
             .unwrap();
@@ -147,5 +160,16 @@ fn ngram_speculation_keeps_greedy_output() {
     assert!(
         usage.spec_accepted_tokens * 2 > usage.spec_draft_tokens,
         "a repeated sentence is mostly guessed: {usage:?}"
+    );
+    let (got, usage) = generate(Some(SpeculativeConfig {
+        proposer: Proposer::Draft,
+        num_speculative_tokens: 4,
+        disable_by_batch_size: 4,
+    }));
+    assert_eq!(got, want);
+    assert!(usage.spec_draft_tokens > 0);
+    assert_eq!(
+        usage.spec_accepted_tokens, usage.spec_draft_tokens,
+        "{usage:?}"
     );
 }
