@@ -109,10 +109,14 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
   echo "{\"file_mib\": $(( $(stat -c %s "$model") >> 20 )), \"ferrum_run_mib\": $fr, \"llamacpp_mib\": $lr}" \
     > "$out/mem-run-$name.json"
   echo "  peak RSS: $(cat "$out/mem-run-$name.json")"
-  # Speculative decoding by prompt lookup on an input-grounded prompt (rename a function in a
-  # given file): greedy, single stream, with and without; the outputs must be the same tokens.
-  for spec in off ngram; do
-    flags=(); [ "$spec" = ngram ] && flags=(--speculative-method ngram)
+  # Speculative decoding on an input-grounded prompt (rename a function in a given file):
+  # greedy, single stream, with and without; the outputs must be the same tokens.
+  # On the 1.5B also with the 0.5B as a draft model.
+  specs="off ngram"; [ "$name" = qwen2.5-coder-1.5b ] && specs="off ngram draft"
+  for spec in $specs; do
+    flags=()
+    [ "$spec" = ngram ] && flags=(--speculative-method ngram)
+    [ "$spec" = draft ] && flags=(--speculative-model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)")
     "$ferrum" run --model "$model" --chat --prompt "$(cat benchmarks/prompts/edit-code.txt)" \
       --max-tokens 300 --temperature 0 --threads "$threads" --json "${flags[@]}" \
       > "$out/spec-$name-$spec.json" 2>/dev/null || rm -f "$out/spec-$name-$spec.json"
