@@ -2,32 +2,12 @@
 //! preemption, prefix reuse, parallel sampling, abort on drop, overload and shutdown.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{engine, model, wait_for_idle};
 use ferrum_engine::{EngineConfig, EngineHandle, Event, GenerateRequest, KvCacheSize, Usage};
-use ferrum_models::{load_model, LoadOptions};
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
-
-fn model(name: &str) -> ferrum_models::Model {
-    load_model(
-        &fixture(name),
-        &LoadOptions {
-            num_threads: Some(2),
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
-    EngineHandle::start(model(name), None, &cfg).unwrap()
-}
 
 /// Collects a request's outputs: token ids per sample, finish reasons, usage.
 fn collect(
@@ -64,21 +44,6 @@ fn prompts() -> Vec<Vec<TokenId>> {
                 .collect()
         })
         .collect()
-}
-
-fn wait_for_idle(e: &EngineHandle) {
-    let t = Instant::now();
-    loop {
-        let m = e.metrics();
-        if m.kv_blocks_free == m.kv_blocks_total && m.num_running == 0 && m.num_waiting == 0 {
-            return;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "engine never went idle: {m:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -3,34 +3,21 @@
 //! change nothing, seeds reproduce, early stop aborts, bad requests are refused.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{engine, fixture};
 use ferrum_engine::{EngineConfig, EngineHandle, GenerateRequest, Generation, KvCacheSize};
-use ferrum_models::{load_model, LoadOptions};
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
 use serde_json::Value;
-use std::path::PathBuf;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 /// An engine for one request at a time, as the command line starts it.
 fn single(name: &str, cfg: EngineConfig) -> EngineHandle {
-    let model = load_model(
-        &fixture(name),
-        &LoadOptions {
-            num_threads: Some(2),
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
     let cfg = EngineConfig {
         max_num_seqs: 1,
         max_waiting: 0,
         ..cfg
     };
-    EngineHandle::start(model, None, &cfg).unwrap()
+    engine(name, cfg)
 }
 
 fn run(

@@ -1,8 +1,8 @@
 //! The batching engine on the real SmolLM2-135M-Instruct GGUF: a second request that shares a
 //! long prefix hits the prefix cache and gives identical output; n-gram speculative decoding
-//! and draft-model speculative decoding (the model as its own draft) give the same greedy tokens
-//! as decoding without them. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh); skips
-//! without it, except under CI (`CI` set).
+//! and draft-model speculative decoding (the model as its own draft) give the same greedy
+//! tokens as decoding without them. Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf`
+//! (scripts/fetch-smollm2.sh); skips without it, except under CI (`CI` set).
 #![allow(clippy::unwrap_used)]
 
 use ferrum_engine::{

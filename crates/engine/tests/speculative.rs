@@ -4,45 +4,21 @@
 //! without; proposals are made and accepted; no block leaks.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{engine, fixture, model, wait_for_idle};
 use ferrum_engine::{
     EngineConfig, EngineHandle, Event, GenerateRequest, KvCacheSize, NgramProposer, Proposer,
     SpeculativeConfig, Usage,
 };
 use ferrum_models::{load_model, LoadOptions};
 use ferrum_types::{SamplingParams, TokenId};
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
-
-fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
-    let model = load_model(
-        &fixture(name),
-        &LoadOptions {
-            num_threads: Some(2),
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
-    EngineHandle::start(model, None, &cfg).unwrap()
-}
 
 /// An engine whose draft model is the target itself, on the target's threads: every
 /// proposal of a greedy request must then be accepted, which checks that the draft's KV
 /// cache follows the target's through chunking, preemption and rollbacks.
 fn self_drafted(name: &str, cfg: EngineConfig) -> EngineHandle {
-    let model = load_model(
-        &fixture(name),
-        &LoadOptions {
-            num_threads: Some(2),
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
+    let model = model(name);
     let draft = load_model(
         &fixture(name),
         &LoadOptions {
@@ -108,35 +84,29 @@ fn greedy(n: usize) -> SamplingParams {
     }
 }
 
-fn wait_for_idle(e: &EngineHandle) {
-    let t = Instant::now();
-    loop {
-        let m = e.metrics();
-        if m.kv_blocks_free == m.kv_blocks_total && m.num_running == 0 && m.num_waiting == 0 {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "never idle: {m:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Each prompt's greedy output (`20 + i` tokens for prompt `i`) without speculation.
+fn plain_outputs(name: &str) -> Vec<Vec<TokenId>> {
+    let plain = engine(name, EngineConfig::default());
+    let want = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            collect(
+                plain
+                    .generate(GenerateRequest::new(p, greedy(20 + i)))
+                    .unwrap(),
+            )
+            .0
+        })
+        .collect();
+    plain.shutdown();
+    want
 }
 
 #[test]
 fn greedy_output_is_unchanged_alone_and_batched() {
     for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
-        let plain = engine(name, EngineConfig::default());
-        let want: Vec<Vec<TokenId>> = prompts()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                collect(
-                    plain
-                        .generate(GenerateRequest::new(p, greedy(20 + i)))
-                        .unwrap(),
-                )
-                .0
-            })
-            .collect();
-        plain.shutdown();
+        let want = plain_outputs(name);
         // Alone: one request at a time.
         let alone = engine(
             name,
@@ -197,20 +167,7 @@ fn greedy_output_is_unchanged_alone_and_batched() {
 #[test]
 fn a_draft_model_proposes_and_greedy_output_is_unchanged() {
     let name = "tiny-qwen2";
-    let plain = engine(name, EngineConfig::default());
-    let want: Vec<Vec<TokenId>> = prompts()
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            collect(
-                plain
-                    .generate(GenerateRequest::new(p, greedy(20 + i)))
-                    .unwrap(),
-            )
-            .0
-        })
-        .collect();
-    plain.shutdown();
+    let want = plain_outputs(name);
     for cfg in [
         EngineConfig {
             speculative: Some(drafted(4, 64)),
@@ -358,7 +315,7 @@ fn large_batches_step_aside() {
 
 #[test]
 fn bad_settings_are_refused() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
+    let path = fixture("tiny-llama");
     let start = |spec| {
         let model = load_model(&path, &LoadOptions::default()).unwrap();
         let cfg = EngineConfig {

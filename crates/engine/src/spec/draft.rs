@@ -21,8 +21,10 @@ pub struct DraftModel {
     batch: ForwardBatch,
     /// Proposals made at the end of a step, for the next.
     pending: HashMap<RequestId, Vec<TokenId>>,
-    /// Sequences proposing this round, and their tokens so far.
+    /// Sequences proposing at the end of this step, with their `k`.
     active: Vec<(RequestId, usize)>,
+    /// Scratch: the sequences of one draft round, in batch order.
+    round_ids: Vec<RequestId>,
 }
 
 impl DraftModel {
@@ -48,6 +50,7 @@ impl DraftModel {
             batch: ForwardBatch::new(),
             pending: HashMap::new(),
             active: Vec::new(),
+            round_ids: Vec::new(),
         })
     }
 
@@ -85,7 +88,7 @@ impl DraftModel {
         let vocab = self.model.config().vocab_size;
         for round in 0..rounds {
             self.batch.clear();
-            let mut ids = Vec::with_capacity(self.active.len());
+            self.round_ids.clear();
             for &(id, k) in &self.active {
                 if round >= k {
                     continue;
@@ -106,14 +109,14 @@ impl DraftModel {
                     continue;
                 };
                 self.batch.push_seq(&[input], start + round, table, bs, 1)?;
-                ids.push(id);
+                self.round_ids.push(id);
             }
-            if ids.is_empty() {
+            if self.round_ids.is_empty() {
                 break;
             }
             let logits = self.model.forward(&self.batch, &mut self.kv)?;
-            // [ids.len(), vocab]
-            for (id, row) in ids.iter().zip(logits.chunks_exact(vocab)) {
+            // [round_ids.len(), vocab]
+            for (id, row) in self.round_ids.iter().zip(logits.chunks_exact(vocab)) {
                 if let Some(p) = self.pending.get_mut(id) {
                     p.push(crate::sampler::argmax(row));
                 }
