@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
+# Runs every test: the GPU kernels and the CUDA backend's device layer on the interpreted
+# device (scripts/test-cuda-interpret.sh, which installs the pinned Triton into a venv), the
+# workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
 # (scripts/test-openai.sh, which installs the `openai` package into a venv) and the benchmark
 # chart's tests (scripts/test-plot.sh, which installs the plotting library into another). Ends
 # with one summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
@@ -9,7 +11,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+echo "== CUDA backend on the interpreted device (scripts/test-cuda-interpret.sh)"
+bash scripts/test-cuda-interpret.sh 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== engine fault injection (feature fault-injection)"
 cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"

@@ -23,6 +23,13 @@ pub enum RuntimeError {
     /// Shapes of kernel operands disagree.
     #[error("shape mismatch: {0}")]
     Shape(String),
+    /// The embedded GPU kernels or their manifest are unusable, or a launch does not match
+    /// its kernel.
+    #[error("GPU kernels: {0}")]
+    Kernels(String),
+    /// A CUDA driver call (or the interpreted device standing in for it) failed.
+    #[error("CUDA, {step}: {detail}")]
+    Cuda { step: String, detail: String },
     /// Element count overflows the address space.
     #[error("tensor shape {0:?} is too large")]
     TooLarge(Vec<usize>),

@@ -5,6 +5,7 @@
 //! faster kernel (or a CUDA one behind a feature) replaces one function without touching callers.
 
 pub mod cpu;
+pub mod cuda;
 mod device;
 mod dtype;
 mod error;

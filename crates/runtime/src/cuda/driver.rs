@@ -1,0 +1,253 @@
+//! The CUDA driver: device memory, module loads and launches through `libcuda`, loaded at run
+//! time by cudarc.
+//!
+//! cudarc panics when a symbol or the library is missing, so [`CudaDriver::new`] first checks
+//! that `libcuda` can be opened, then initializes the driver and checks the device before any
+//! other call. All work goes to the primary context's default stream, in issue order; copies
+//! to the host are synchronous.
+
+use std::ffi::{c_void, CString};
+
+use cudarc::driver::{result, sys};
+
+use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims};
+use super::manifest::KernelSpec;
+use crate::{Result, RuntimeError};
+
+/// Shared memory a block may use without opting in.
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+
+fn cuda_err(step: &str, e: result::DriverError) -> RuntimeError {
+    let name = e.error_name().map(|c| c.to_string_lossy().into_owned());
+    let text = e.error_string().map(|c| c.to_string_lossy().into_owned());
+    RuntimeError::Cuda {
+        step: step.to_string(),
+        detail: match (name, text) {
+            (Ok(n), Ok(t)) => format!("{n}: {t}"),
+            _ => format!("{:?}", e.0),
+        },
+    }
+}
+
+/// A CUDA device's primary context and the kernels loaded into it.
+#[derive(Debug)]
+pub(crate) struct CudaDriver {
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    name: String,
+    arch: String,
+    cc: (i32, i32),
+    shared_optin: i32,
+    modules: Vec<sys::CUmodule>,
+    functions: Vec<sys::CUfunction>,
+}
+
+// SAFETY: the driver API's handles may be used from any thread once the context is made
+// current on it; every method does that first.
+unsafe impl Send for CudaDriver {}
+
+impl CudaDriver {
+    /// Opens device `ordinal`, naming what is missing when it cannot.
+    pub(crate) fn new(ordinal: usize) -> Result<CudaDriver> {
+        // SAFETY: only tries to open the library; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(RuntimeError::Cuda {
+                step: "loading the CUDA driver".into(),
+                detail: "libcuda.so was not found: no NVIDIA driver is installed, or it is not on \
+                         the library path"
+                    .into(),
+            });
+        }
+        result::init().map_err(|e| cuda_err("cuInit", e))?;
+        let count = result::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))?;
+        if count <= 0 {
+            return Err(RuntimeError::Cuda {
+                step: "finding a GPU".into(),
+                detail: "the CUDA driver sees no device".into(),
+            });
+        }
+        if ordinal >= count as usize {
+            return Err(RuntimeError::Cuda {
+                step: "finding a GPU".into(),
+                detail: format!("cuda:{ordinal} asked for, but the driver sees {count} device(s)"),
+            });
+        }
+        let device = result::device::get(ordinal as i32).map_err(|e| cuda_err("cuDeviceGet", e))?;
+        let attr = |a| {
+            // SAFETY: `device` came from cuDeviceGet.
+            unsafe { result::device::get_attribute(device, a) }
+                .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+        };
+        use sys::CUdevice_attribute::*;
+        let cc = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let shared_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let name = result::device::get_name(device).map_err(|e| cuda_err("cuDeviceGetName", e))?;
+        let arch = match cc.0 {
+            8 => "sm80",
+            9 => "sm90",
+            _ => {
+                return Err(RuntimeError::Cuda {
+                    step: "choosing kernel binaries".into(),
+                    detail: format!(
+                        "{name} is compute capability {}.{}; this build embeds kernels for \
+                         sm_80 (8.x) and sm_90 (9.x)",
+                        cc.0, cc.1
+                    ),
+                })
+            }
+        };
+        // SAFETY: `device` is valid; the context is released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(device) }
+            .map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
+        let driver = CudaDriver {
+            device,
+            ctx,
+            name,
+            arch: arch.to_string(),
+            cc,
+            shared_optin,
+            modules: Vec::new(),
+            functions: Vec::new(),
+        };
+        driver.bind()?;
+        Ok(driver)
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is the retained primary context, alive until Drop.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
+    }
+}
+
+impl Driver for CudaDriver {
+    fn describe(&self) -> String {
+        format!("{} (sm_{}{})", self.name, self.cc.0, self.cc.1)
+    }
+
+    fn arch(&self) -> Option<&str> {
+        Some(&self.arch)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        // SAFETY: a plain allocation in the current context.
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| cuda_err(&format!("allocating {bytes} bytes (cuMemAlloc)"), e))?;
+        Ok(DevicePtr(ptr))
+    }
+
+    fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller frees only what alloc returned, once.
+        unsafe { result::free_sync(ptr.0) }.map_err(|e| cuda_err("cuMemFree", e))
+    }
+
+    fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD).
+        unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+    }
+
+    fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `src` holds at least `dst.len()` bytes.
+        unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+    }
+
+    fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle> {
+        self.bind()?;
+        let image =
+            image.ok_or_else(|| RuntimeError::Kernels(format!("{}: no cubin", spec.name)))?;
+        let bin = &spec.binaries[&self.arch];
+        let step = |s: &str| format!("loading kernel {} ({}): {s}", spec.name, self.arch);
+        // SAFETY: `image` is a whole, 8-byte-aligned cubin checked by the manifest.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| cuda_err(&step("cuModuleLoadData"), e))?;
+        self.modules.push(module);
+        let symbol = CString::new(bin.symbol.as_str())
+            .map_err(|_| RuntimeError::Kernels(step("symbol has a NUL")))?;
+        // SAFETY: `module` was just loaded.
+        let function = unsafe { result::module::get_function(module, symbol) }
+            .map_err(|e| cuda_err(&step("cuModuleGetFunction"), e))?;
+        if bin.shared > DEFAULT_SHARED_LIMIT {
+            if bin.shared as i32 > self.shared_optin {
+                return Err(RuntimeError::Kernels(step(&format!(
+                    "needs {} bytes of shared memory, the device allows {}",
+                    bin.shared, self.shared_optin
+                ))));
+            }
+            // SAFETY: `function` is valid; the value is within the device's opt-in limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bin.shared as i32,
+                )
+            }
+            .map_err(|e| cuda_err(&step("cuFuncSetAttribute"), e))?;
+        }
+        self.functions.push(function);
+        Ok(KernelHandle(self.functions.len() - 1))
+    }
+
+    fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()> {
+        self.bind()?;
+        let function = *self
+            .functions
+            .get(kernel.0)
+            .ok_or_else(|| RuntimeError::Kernels(format!("no loaded kernel {}", kernel.0)))?;
+        // One 8-byte cell per parameter (the kernel's own, then the two scratch pointers);
+        // the driver reads each parameter's size from the cubin, little-endian.
+        let mut cells: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => p.0,
+                KernelArg::I32(v) => v as u32 as u64,
+                KernelArg::U32(v) => v as u64,
+                KernelArg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        cells.push(dims.scratch.0);
+        cells.push(0);
+        let mut params: Vec<*mut c_void> = cells
+            .iter_mut()
+            .map(|c| c as *mut u64 as *mut c_void)
+            .collect();
+        let [gx, gy, gz] = dims.grid;
+        // SAFETY: `function` is loaded; `params` points at one live cell per parameter in the
+        // compiled order (checked against the manifest by the caller).
+        unsafe {
+            result::launch_kernel(
+                function,
+                (gx, gy, gz),
+                (dims.block, 1, 1),
+                dims.shared,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(|e| cuda_err("cuLaunchKernel", e))
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.bind()?;
+        result::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize (a kernel failed)", e))
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            let _ = result::ctx::synchronize();
+            for &m in &self.modules {
+                // SAFETY: each module was loaded once and is unloaded once.
+                let _ = unsafe { result::module::unload(m) };
+            }
+            // SAFETY: balances the retain in `new`.
+            let _ = unsafe { result::primary_ctx::release(self.device) };
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! [`Gpu`]: one device (real or interpreted), its kernels, and checked launches.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::driver::CudaDriver;
+use super::interpreted::{InterpretedDriver, InterpreterConfig};
+use super::manifest::{ArgKind, KernelSpec, Manifest};
+use crate::{Result, RuntimeError};
+
+/// An address in a [`Gpu`]'s memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null pointer (for parameters a specialization does not read).
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes as u64)
+    }
+}
+
+/// One launch argument; its kind must match the kernel's parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer.
+    Ptr(DevicePtr),
+    /// A 32-bit signed integer.
+    I32(i32),
+    /// A 32-bit unsigned integer.
+    U32(u32),
+    /// A 32-bit float.
+    F32(f32),
+}
+
+impl KernelArg {
+    fn kind(&self) -> ArgKind {
+        match self {
+            KernelArg::Ptr(_) => ArgKind::Ptr,
+            KernelArg::I32(_) => ArgKind::I32,
+            KernelArg::U32(_) => ArgKind::U32,
+            KernelArg::F32(_) => ArgKind::F32,
+        }
+    }
+}
+
+/// A loaded kernel: an index into the driver's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KernelHandle(pub usize);
+
+/// What a launch needs beyond the arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaunchDims {
+    /// Programs in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block (`num_warps x 32`).
+    pub block: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared: u32,
+    /// Triton's global scratch (null when the kernel needs none); the profile scratch that
+    /// follows it in the ABI is always null.
+    pub scratch: DevicePtr,
+}
+
+/// The operations a device offers the backend. Two implementations: the CUDA driver and the
+/// Triton interpreter in a worker process.
+pub(crate) trait Driver: fmt::Debug + Send {
+    /// The device in words (`NVIDIA H100 80GB HBM3 (sm_90)`, `interpreted`).
+    fn describe(&self) -> String;
+    /// The architecture whose binaries this device runs (`sm90`); `None` runs the sources.
+    fn arch(&self) -> Option<&str>;
+    /// Allocates `bytes` (at least 256-byte aligned).
+    fn alloc(&mut self, bytes: usize) -> Result<DevicePtr>;
+    /// Frees an allocation.
+    fn free(&mut self, ptr: DevicePtr) -> Result<()>;
+    /// Copies host bytes to the device.
+    fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    /// Copies device bytes to the host, after all earlier work.
+    fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
+    /// Loads one kernel (its cubin for [`Driver::arch`], or its spec for the interpreter).
+    fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle>;
+    /// Launches a loaded kernel.
+    fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()>;
+    /// Waits for all issued work.
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+struct Loaded {
+    spec: KernelSpec,
+    kinds: Vec<ArgKind>,
+    handle: KernelHandle,
+    block: u32,
+    shared: u32,
+    global_scratch: u64,
+}
+
+/// A device with every embedded kernel loaded.
+pub struct Gpu {
+    driver: Box<dyn Driver>,
+    kernels: Vec<Loaded>,
+    load_time: Duration,
+    scratch: Option<(DevicePtr, usize)>,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gpu")
+            .field("device", &self.driver.describe())
+            .field("kernels", &self.kernels.len())
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// CUDA device `ordinal`: probes for the driver library and the device, then loads the
+    /// kernels for its architecture. Each missing piece is an error that names it.
+    pub fn cuda(ordinal: usize) -> Result<Gpu> {
+        Gpu::with_driver(Box::new(CudaDriver::new(ordinal)?))
+    }
+
+    /// The interpreted device: a worker process running the Triton interpreter.
+    pub fn interpreted(config: &InterpreterConfig) -> Result<Gpu> {
+        Gpu::with_driver(Box::new(InterpretedDriver::start(config)?))
+    }
+
+    fn with_driver(mut driver: Box<dyn Driver>) -> Result<Gpu> {
+        let manifest = Manifest::embedded()?;
+        let start = Instant::now();
+        let arch = driver.arch().map(str::to_owned);
+        let mut kernels = Vec::with_capacity(manifest.kernels.len());
+        for spec in &manifest.kernels {
+            let (image, bin) = match &arch {
+                Some(arch) => (
+                    Some(manifest.cubin(spec, arch)?),
+                    Some(&spec.binaries[arch]),
+                ),
+                None => (None, None),
+            };
+            if bin.is_some_and(|b| b.profile_scratch_size > 0) {
+                return Err(RuntimeError::Kernels(format!(
+                    "kernel {} was compiled with profiling scratch; rebuild without it",
+                    spec.name
+                )));
+            }
+            let handle = driver.load(spec, image)?;
+            let kinds = spec
+                .params
+                .iter()
+                .map(|(_, ty)| ArgKind::of(ty))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| RuntimeError::Kernels(format!("kernel {}: bad types", spec.name)))?;
+            kernels.push(Loaded {
+                spec: spec.clone(),
+                kinds,
+                handle,
+                block: spec.num_warps * 32,
+                shared: bin.map_or(0, |b| b.shared),
+                global_scratch: bin.map_or(0, |b| b.global_scratch_size),
+            });
+        }
+        Ok(Gpu {
+            driver,
+            kernels,
+            load_time: start.elapsed(),
+            scratch: None,
+        })
+    }
+
+    /// The device in words.
+    pub fn describe(&self) -> String {
+        self.driver.describe()
+    }
+
+    /// How long loading the kernels took.
+    pub fn kernel_load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// The spec of kernel `name`.
+    pub fn spec(&self, name: &str) -> Option<&KernelSpec> {
+        self.kernels
+            .iter()
+            .find(|k| k.spec.name == name)
+            .map(|k| &k.spec)
+    }
+
+    /// A constexpr of kernel `name` (block sizes the grid depends on).
+    pub fn constexpr(&self, name: &str, key: &str) -> Result<i64> {
+        self.spec(name)
+            .and_then(|s| s.constexprs.get(key).copied())
+            .ok_or_else(|| RuntimeError::Kernels(format!("kernel {name} has no constexpr {key}")))
+    }
+
+    /// Allocates `bytes` of device memory.
+    pub fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
+        self.driver.alloc(bytes.max(1))
+    }
+
+    /// Frees memory from [`Gpu::alloc`].
+    pub fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+        self.driver.free(ptr)
+    }
+
+    /// Copies `src` to `dst`.
+    pub fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.driver.write(dst, src)
+    }
+
+    /// Copies device bytes into `dst` once all earlier work has finished.
+    pub fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.driver.read(src, dst)
+    }
+
+    /// Allocates and fills a buffer of f32.
+    pub fn upload_f32(&mut self, data: &[f32]) -> Result<DevicePtr> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let ptr = self.alloc(bytes.len())?;
+        self.write(ptr, &bytes)?;
+        Ok(ptr)
+    }
+
+    /// Allocates and fills a buffer of u32.
+    pub fn upload_u32(&mut self, data: &[u32]) -> Result<DevicePtr> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let ptr = self.alloc(bytes.len())?;
+        self.write(ptr, &bytes)?;
+        Ok(ptr)
+    }
+
+    /// Reads `len` f32 values.
+    pub fn download_f32(&mut self, src: DevicePtr, len: usize) -> Result<Vec<f32>> {
+        let mut bytes = vec![0u8; len * 4];
+        self.read(src, &mut bytes)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Waits for all issued work; a failed launch surfaces here at the latest.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.driver.synchronize()
+    }
+
+    /// Launches kernel `name` over `grid` with `args`, checked against the manifest: the
+    /// kernel must exist, the arguments must match its parameters in number and kind, and no
+    /// grid dimension may be zero or over the hardware's limits.
+    pub fn launch(&mut self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
+        let k = self
+            .kernels
+            .iter()
+            .find(|k| k.spec.name == name)
+            .ok_or_else(|| RuntimeError::Kernels(format!("no kernel named {name}")))?;
+        if args.len() != k.kinds.len() {
+            return Err(RuntimeError::Kernels(format!(
+                "kernel {name} takes {} arguments, got {}",
+                k.kinds.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, kind)) in args.iter().zip(&k.kinds).enumerate() {
+            if arg.kind() != *kind {
+                return Err(RuntimeError::Kernels(format!(
+                    "kernel {name}: argument {} ({}) must be {:?}, got {arg:?}",
+                    i, k.spec.params[i].0, kind
+                )));
+            }
+        }
+        if grid.contains(&0) || grid[1] > 65_535 || grid[2] > 65_535 || grid[0] > i32::MAX as u32 {
+            return Err(RuntimeError::Kernels(format!(
+                "kernel {name}: grid {grid:?} is empty or over the device's limits"
+            )));
+        }
+        let (handle, block, shared) = (k.handle, k.block, k.shared);
+        let programs = grid.iter().map(|&g| g as usize).product::<usize>();
+        let scratch = k.global_scratch as usize * programs;
+        let dims = LaunchDims {
+            grid,
+            block,
+            shared,
+            scratch: self.scratch(scratch)?,
+        };
+        self.driver.launch(handle, dims, args)
+    }
+
+    /// A global scratch area of at least `bytes` (null when none is needed), grown on demand.
+    fn scratch(&mut self, bytes: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        if let Some((ptr, len)) = self.scratch {
+            if len >= bytes {
+                return Ok(ptr);
+            }
+            self.driver.synchronize()?;
+            self.driver.free(ptr)?;
+            self.scratch = None;
+        }
+        let ptr = self.driver.alloc(bytes)?;
+        self.scratch = Some((ptr, bytes));
+        Ok(ptr)
+    }
+}

@@ -1,0 +1,205 @@
+//! The interpreted device: buffers in a worker process's host memory, launches run by the
+//! Triton interpreter (`kernels/ferrum_kernels/worker.py`).
+//!
+//! The worker gets exactly what the CUDA driver would: the kernel's spec from the embedded
+//! manifest at load, then per launch the grid and the arguments the Rust code computed, with
+//! device pointers as addresses in its memory. Protocol over the worker's stdin and stdout:
+//! one JSON line per request and per reply, raw bytes after a `write` request and after a
+//! `read` reply. A reply `{"error": ...}` becomes an error naming the operation; a worker that
+//! dies is an error too, never a hang (its pipes close).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::{json, Value};
+
+use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims};
+use super::manifest::KernelSpec;
+use crate::{Result, RuntimeError};
+
+/// Where the interpreter and the kernel sources are.
+#[derive(Debug, Clone)]
+pub struct InterpreterConfig {
+    /// A Python with the pinned Triton and numpy (`kernels/requirements.txt`).
+    pub python: PathBuf,
+    /// The `kernels/` folder of the source tree.
+    pub kernels_dir: PathBuf,
+}
+
+impl InterpreterConfig {
+    /// `FERRUM_TRITON_PYTHON` and `FERRUM_KERNELS_DIR`, defaulting to the source tree this
+    /// crate was built from (`target/triton-venv/bin/python`, made by
+    /// `scripts/test-cuda-interpret.sh`, and `kernels/`).
+    pub fn from_env() -> InterpreterConfig {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        InterpreterConfig {
+            python: std::env::var_os("FERRUM_TRITON_PYTHON")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("target/triton-venv/bin/python")),
+            kernels_dir: std::env::var_os("FERRUM_KERNELS_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("kernels")),
+        }
+    }
+
+    /// Whether the interpreter's Python exists.
+    pub fn is_available(&self) -> bool {
+        self.python.is_file() && self.kernels_dir.join("ferrum_kernels/worker.py").is_file()
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub(crate) struct InterpretedDriver {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+fn worker_err(step: &str, detail: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Cuda {
+        step: format!("interpreted device: {step}"),
+        detail: detail.to_string(),
+    }
+}
+
+impl InterpretedDriver {
+    pub(crate) fn start(config: &InterpreterConfig) -> Result<InterpretedDriver> {
+        if !config.is_available() {
+            return Err(worker_err(
+                "starting the worker",
+                format!(
+                    "{} or {} is missing (bash scripts/test-cuda-interpret.sh makes the venv)",
+                    config.python.display(),
+                    config
+                        .kernels_dir
+                        .join("ferrum_kernels/worker.py")
+                        .display()
+                ),
+            ));
+        }
+        let mut child = Command::new(&config.python)
+            .arg("-m")
+            .arg("ferrum_kernels.worker")
+            .current_dir(&config.kernels_dir)
+            .env("TRITON_INTERPRET", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| worker_err("starting the worker", e))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(worker_err("starting the worker", "no pipes"));
+        };
+        let mut driver = InterpretedDriver {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        };
+        driver.call("hello", &json!({"op": "hello"}), None)?;
+        Ok(driver)
+    }
+
+    /// Sends one request (and its payload), returns the reply.
+    fn call(&mut self, step: &str, req: &Value, payload: Option<&[u8]>) -> Result<Value> {
+        let mut line = serde_json::to_vec(req).map_err(|e| worker_err(step, e))?;
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .and_then(|_| payload.map_or(Ok(()), |p| self.stdin.write_all(p)))
+            .and_then(|_| self.stdin.flush())
+            .map_err(|e| worker_err(step, format!("the worker is gone ({e})")))?;
+        let mut reply = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut reply)
+            .map_err(|e| worker_err(step, e))?;
+        if n == 0 {
+            return Err(worker_err(step, "the worker exited (see its stderr above)"));
+        }
+        let v: Value = serde_json::from_str(&reply).map_err(|e| worker_err(step, e))?;
+        if let Some(e) = v.get("error") {
+            return Err(worker_err(step, e.as_str().unwrap_or("unknown error")));
+        }
+        Ok(v)
+    }
+}
+
+impl Driver for InterpretedDriver {
+    fn describe(&self) -> String {
+        "interpreted (Triton interpreter on the host)".to_string()
+    }
+
+    fn arch(&self) -> Option<&str> {
+        None
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
+        let step = format!("allocating {bytes} bytes");
+        let v = self.call(&step, &json!({"op": "alloc", "bytes": bytes}), None)?;
+        v.get("ptr")
+            .and_then(Value::as_u64)
+            .map(DevicePtr)
+            .ok_or_else(|| worker_err("alloc", "reply has no pointer"))
+    }
+
+    fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+        self.call("free", &json!({"op": "free", "ptr": ptr.0}), None)
+            .map(drop)
+    }
+
+    fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let req = json!({"op": "write", "ptr": dst.0, "bytes": src.len()});
+        self.call("write", &req, Some(src)).map(drop)
+    }
+
+    fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        let req = json!({"op": "read", "ptr": src.0, "bytes": dst.len()});
+        self.call("read", &req, None)?;
+        self.stdout
+            .read_exact(dst)
+            .map_err(|e| worker_err("read", e))
+    }
+
+    fn load(&mut self, spec: &KernelSpec, _image: Option<&'static [u8]>) -> Result<KernelHandle> {
+        let req = json!({
+            "op": "load",
+            "name": spec.name,
+            "module": spec.module,
+            "function": spec.function,
+            "params": spec.params,
+            "constexprs": spec.constexprs,
+        });
+        let v = self.call(&format!("loading kernel {}", spec.name), &req, None)?;
+        v.get("handle")
+            .and_then(Value::as_u64)
+            .map(|h| KernelHandle(h as usize))
+            .ok_or_else(|| worker_err("load", "reply has no handle"))
+    }
+
+    fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()> {
+        let args: Vec<Value> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => json!(p.0),
+                KernelArg::I32(v) => json!(v),
+                KernelArg::U32(v) => json!(v),
+                KernelArg::F32(v) => json!(v),
+            })
+            .collect();
+        let req = json!({"op": "launch", "handle": kernel.0, "grid": dims.grid, "args": args});
+        self.call("launch", &req, None).map(drop)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for InterpretedDriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,649 @@
+//! Every embedded GPU kernel, launched through the backend's device layer ([`Gpu`]) with the
+//! grids and arguments a caller computes, against a host reference in f64.
+//!
+//! Each test runs on every device present: the interpreted device (the Triton interpreter in
+//! a worker; `scripts/test-cuda-interpret.sh` makes its venv; skipped when absent, a failure
+//! under CI) and CUDA device 0 ("skipped: no GPU" without one; a failure when
+//! `FERRUM_REQUIRE_GPU` is set, as `scripts/test-gpu.sh` does). Outputs are poisoned with NaN
+//! before each launch, so an unwritten element fails.
+//!
+//! Bound: every element within `TOL` x max |reference| (f32 arithmetic in another order; the
+//! f16/bf16 operands are rounded on the host exactly as the kernels round them).
+
+// The references index like the kernels' math does.
+#![allow(clippy::needless_range_loop)]
+
+use ferrum_runtime::cuda::{DevicePtr, Gpu, InterpreterConfig, KernelArg};
+use ferrum_types::splitmix::SplitMix64;
+use half::{bf16, f16};
+
+const TOL: f64 = 2e-5;
+
+fn devices() -> Vec<Gpu> {
+    let mut out = Vec::new();
+    let config = InterpreterConfig::from_env();
+    if config.is_available() {
+        out.push(Gpu::interpreted(&config).expect("interpreted device"));
+    } else if std::env::var_os("CI").is_some() {
+        panic!(
+            "CI: the Triton venv is missing ({})",
+            config.python.display()
+        );
+    } else {
+        eprintln!("interpreted device skipped: run scripts/test-cuda-interpret.sh");
+    }
+    match Gpu::cuda(0) {
+        Ok(gpu) => {
+            eprintln!(
+                "{}: kernels loaded in {:?}",
+                gpu.describe(),
+                gpu.kernel_load_time()
+            );
+            out.push(gpu);
+        }
+        Err(e) if std::env::var_os("FERRUM_REQUIRE_GPU").is_some() => {
+            panic!("FERRUM_REQUIRE_GPU is set but CUDA is unusable: {e}")
+        }
+        Err(e) => eprintln!("skipped: no GPU ({e})"),
+    }
+    out
+}
+
+struct Rng(SplitMix64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(SplitMix64::new(seed))
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.0.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0.next_u64() % n
+    }
+}
+
+/// A float element type as the kernels see it.
+#[derive(Debug, Clone, Copy)]
+enum Float {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Float {
+    const ALL: [Float; 3] = [Float::F32, Float::F16, Float::Bf16];
+    fn short(self) -> &'static str {
+        match self {
+            Float::F32 => "f32",
+            Float::F16 => "f16",
+            Float::Bf16 => "bf16",
+        }
+    }
+    fn round(self, v: f32) -> f32 {
+        match self {
+            Float::F32 => v,
+            Float::F16 => f16::from_f32(v).to_f32(),
+            Float::Bf16 => bf16::from_f32(v).to_f32(),
+        }
+    }
+    fn bytes(self, data: &[f32]) -> Vec<u8> {
+        match self {
+            Float::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Float::F16 => data
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            Float::Bf16 => data
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        }
+    }
+    fn size(self) -> usize {
+        match self {
+            Float::F32 => 4,
+            _ => 2,
+        }
+    }
+    fn decode(self, bytes: &[u8]) -> Vec<f32> {
+        match self {
+            Float::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Float::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Float::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        }
+    }
+}
+
+fn upload_as(gpu: &mut Gpu, ty: Float, data: &[f32]) -> DevicePtr {
+    let bytes = ty.bytes(data);
+    let ptr = gpu.alloc(bytes.len()).expect("alloc");
+    gpu.write(ptr, &bytes).expect("write");
+    ptr
+}
+
+fn poisoned(gpu: &mut Gpu, n: usize) -> DevicePtr {
+    gpu.upload_f32(&vec![f32::NAN; n]).expect("upload")
+}
+
+#[track_caller]
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs() / scale;
+        assert!(
+            err <= TOL,
+            "{what}: element {i} is {g}, reference {w} (error {err:.2e} of max |ref| {scale:.3e})"
+        );
+    }
+}
+
+fn p(ptr: DevicePtr) -> KernelArg {
+    KernelArg::Ptr(ptr)
+}
+fn i(v: usize) -> KernelArg {
+    KernelArg::I32(v as i32)
+}
+fn cdiv(a: usize, b: i64) -> u32 {
+    a.div_ceil(b as usize) as u32
+}
+
+#[test]
+fn rms_norm_with_and_without_residual_and_per_head() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(1);
+        // Rows longer than the kernel's block (1024) with a partial last block.
+        let (rows, n, stride) = (3usize, 1100usize, 1104usize);
+        let x = rng.vec(rows * stride);
+        let res = rng.vec(rows * stride);
+        let w = rng.vec(n);
+        for has_res in [false, true] {
+            let name = format!("rms_norm_res{}", has_res as u8);
+            let (dx, dr, dw) = (
+                gpu.upload_f32(&x).unwrap(),
+                gpu.upload_f32(&res).unwrap(),
+                gpu.upload_f32(&w).unwrap(),
+            );
+            let out = poisoned(&mut gpu, rows * n);
+            let args = [
+                p(dx),
+                p(dr),
+                p(out),
+                p(dw),
+                i(n),
+                i(stride),
+                i(stride),
+                i(n),
+                KernelArg::F32(1e-5),
+            ];
+            gpu.launch(&name, [rows as u32, 1, 1], &args).unwrap();
+            let got = gpu.download_f32(out, rows * n).unwrap();
+            let got_res = gpu.download_f32(dr, rows * stride).unwrap();
+            let mut want = Vec::new();
+            let mut want_res = res.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            for r in 0..rows {
+                let row: Vec<f64> = (0..n)
+                    .map(|c| {
+                        let v = x[r * stride + c] as f64;
+                        if has_res {
+                            v + res[r * stride + c] as f64
+                        } else {
+                            v
+                        }
+                    })
+                    .collect();
+                if has_res {
+                    want_res[r * stride..r * stride + n].copy_from_slice(&row);
+                }
+                let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
+                let rstd = 1.0 / (ms + 1e-5).sqrt();
+                want.extend(row.iter().zip(&w).map(|(v, &w)| v * rstd * w as f64));
+            }
+            assert_close(&format!("{dev} {name}"), &got, &want);
+            assert_close(&format!("{dev} {name} residual"), &got_res, &want_res);
+        }
+        // Per-head norm of the q heads inside fused qkv rows, in place.
+        let (t, heads, hd, stride) = (4usize, 3usize, 32usize, 160usize);
+        let qkv = rng.vec(t * stride);
+        let w = rng.vec(hd);
+        let (dq, dw) = (gpu.upload_f32(&qkv).unwrap(), gpu.upload_f32(&w).unwrap());
+        let args = [
+            p(dq),
+            p(dq),
+            p(dq),
+            p(dw),
+            i(hd),
+            i(stride),
+            i(stride),
+            i(stride),
+            KernelArg::F32(1e-6),
+        ];
+        gpu.launch("rms_norm_res0", [t as u32, heads as u32, 1], &args)
+            .unwrap();
+        let got = gpu.download_f32(dq, t * stride).unwrap();
+        let mut want: Vec<f64> = qkv.iter().map(|&v| v as f64).collect();
+        for r in 0..t {
+            for h in 0..heads {
+                let o = r * stride + h * hd;
+                let ms = (0..hd).map(|c| (qkv[o + c] as f64).powi(2)).sum::<f64>() / hd as f64;
+                let rstd = 1.0 / (ms + 1e-6).sqrt();
+                for c in 0..hd {
+                    want[o + c] = qkv[o + c] as f64 * rstd * w[c] as f64;
+                }
+            }
+        }
+        assert_close(&format!("{dev} per-head rms_norm"), &got, &want);
+    }
+}
+
+#[test]
+fn rope_rotates_q_and_k_heads_in_place_and_leaves_the_rest() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(2);
+        // (head_dim, rot_half): full rotary, and partial rotary (Phi-3 style).
+        for (hd, rot_half) in [(64usize, 32usize), (32, 8)] {
+            let (t, heads) = (5usize, 6usize);
+            let stride = heads * hd + 2 * hd; // q+k heads, then v heads the kernel must not touch
+            let x = rng.vec(t * stride);
+            let pos: Vec<u32> = (0..t).map(|_| rng.below(5000) as u32).collect();
+            let inv_freq: Vec<f32> = (0..rot_half)
+                .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / (2 * rot_half) as f32))
+                .collect();
+            let dx = gpu.upload_f32(&x).unwrap();
+            let dpos = gpu.upload_u32(&pos).unwrap();
+            let dfreq = gpu.upload_f32(&inv_freq).unwrap();
+            let args = [p(dx), p(dpos), p(dfreq), i(stride), i(hd), i(rot_half)];
+            gpu.launch("rope", [t as u32, heads as u32, 1], &args)
+                .unwrap();
+            let got = gpu.download_f32(dx, t * stride).unwrap();
+            let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            for r in 0..t {
+                for h in 0..heads {
+                    let o = r * stride + h * hd;
+                    for j in 0..rot_half {
+                        // The angle in f32, as the kernel and transformers compute it.
+                        let a = (pos[r] as f32 * inv_freq[j]) as f64;
+                        let (x1, x2) = (x[o + j] as f64, x[o + rot_half + j] as f64);
+                        want[o + j] = x1 * a.cos() - x2 * a.sin();
+                        want[o + rot_half + j] = x2 * a.cos() + x1 * a.sin();
+                    }
+                }
+            }
+            assert_close(&format!("{dev} rope hd {hd} rot {rot_half}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn gated_activations() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(3);
+        let (t, n) = (3usize, 1500usize);
+        // One fused [gate | up] row per token, as a gate/up product writes it.
+        let gu: Vec<f32> = rng.vec(t * 2 * n).iter().map(|v| v * 4.0).collect();
+        for (name, gelu) in [("gated_silu", false), ("gated_gelu_tanh", true)] {
+            let dgu = gpu.upload_f32(&gu).unwrap();
+            let out = poisoned(&mut gpu, t * n);
+            let args = [
+                p(dgu),
+                p(dgu.offset(n * 4)),
+                p(out),
+                i(n),
+                i(2 * n),
+                i(2 * n),
+                i(n),
+            ];
+            let grid = [t as u32, cdiv(n, gpu.constexpr(name, "BLOCK").unwrap()), 1];
+            gpu.launch(name, grid, &args).unwrap();
+            let got = gpu.download_f32(out, t * n).unwrap();
+            let mut want = Vec::new();
+            for r in 0..t {
+                for c in 0..n {
+                    let g = gu[r * 2 * n + c] as f64;
+                    let u = gu[r * 2 * n + n + c] as f64;
+                    let a = if gelu {
+                        0.5 * g
+                            * (1.0
+                                + ((2.0 / std::f64::consts::PI).sqrt()
+                                    * (g + 0.044715 * g.powi(3)))
+                                .tanh())
+                    } else {
+                        g / (1.0 + (-g).exp())
+                    };
+                    want.push(a * u);
+                }
+            }
+            assert_close(&format!("{dev} {name}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn gather_rows_of_every_float_type() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(4);
+        let (vocab, n, t) = (50usize, 1030usize, 4usize);
+        let table = rng.vec(vocab * n);
+        let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab as u64) as u32).collect();
+        for ty in Float::ALL {
+            let name = format!("gather_rows_{}", ty.short());
+            let dt = upload_as(&mut gpu, ty, &table);
+            let dids = gpu.upload_u32(&ids).unwrap();
+            let out = poisoned(&mut gpu, t * n);
+            let args = [
+                p(dt),
+                p(dids),
+                p(out),
+                i(n),
+                i(n),
+                i(n),
+                KernelArg::F32(8.0),
+            ];
+            let grid = [t as u32, cdiv(n, gpu.constexpr(&name, "BLOCK").unwrap()), 1];
+            gpu.launch(&name, grid, &args).unwrap();
+            let got = gpu.download_f32(out, t * n).unwrap();
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&id| {
+                    let row = &table[id as usize * n..(id as usize + 1) * n];
+                    row.iter().map(move |&v| ty.round(v) as f64 * 8.0)
+                })
+                .collect();
+            assert_close(&format!("{dev} {name}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn gemm_of_every_float_type_with_and_without_bias() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(5);
+        // Partial tiles in every dimension; x rows strided.
+        let (m, n, k, x_stride) = (37usize, 70usize, 100usize, 104usize);
+        let x = rng.vec(m * x_stride);
+        let w = rng.vec(n * k);
+        let bias = rng.vec(n);
+        for ty in Float::ALL {
+            for has_bias in [false, true] {
+                let name = format!("gemm_{}_bias{}", ty.short(), has_bias as u8);
+                let dx = gpu.upload_f32(&x).unwrap();
+                let dw = upload_as(&mut gpu, ty, &w);
+                let db = gpu.upload_f32(&bias).unwrap();
+                let y = poisoned(&mut gpu, m * n);
+                let bias_arg = if has_bias { db } else { DevicePtr::NULL };
+                let args = [
+                    p(dx),
+                    p(dw),
+                    p(bias_arg),
+                    p(y),
+                    i(m),
+                    i(n),
+                    i(k),
+                    i(x_stride),
+                    i(n),
+                ];
+                let grid = [
+                    cdiv(m, gpu.constexpr(&name, "BLOCK_M").unwrap()),
+                    cdiv(n, gpu.constexpr(&name, "BLOCK_N").unwrap()),
+                    1,
+                ];
+                gpu.launch(&name, grid, &args).unwrap();
+                let got = gpu.download_f32(y, m * n).unwrap();
+                let mut want = Vec::with_capacity(m * n);
+                for r in 0..m {
+                    for c in 0..n {
+                        let mut acc: f64 = (0..k)
+                            .map(|j| {
+                                ty.round(x[r * x_stride + j]) as f64 * ty.round(w[c * k + j]) as f64
+                            })
+                            .sum();
+                        if has_bias {
+                            acc += bias[c] as f64;
+                        }
+                        want.push(acc);
+                    }
+                }
+                assert_close(&format!("{dev} {name}"), &got, &want);
+            }
+        }
+    }
+}
+
+/// One sequence of an attention batch.
+struct Seq {
+    /// Positions of its query tokens in this step.
+    positions: std::ops::Range<usize>,
+    /// Its blocks, scattered over the cache.
+    blocks: Vec<u32>,
+}
+
+#[test]
+fn kv_write_then_paged_attention_over_scattered_blocks() {
+    let block_size = 16usize;
+    let num_blocks = 24usize;
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(6);
+        // head_dim 64 uses its own block; 48 exercises a partial head block (d64 spec);
+        // 32 is the tiny fixtures' size.
+        for (hd, spec_d) in [(64usize, 64usize), (48, 64), (32, 32)] {
+            for ty in Float::ALL {
+                for (window, softcap) in [(0usize, 0f32), (7, 0.0), (0, 5.0)] {
+                    let (nh, nkv) = (4usize, 2usize);
+                    // A prefill chunk with prior context, a decode, and a fresh prefill.
+                    let seqs = [
+                        Seq {
+                            positions: 20..27,
+                            blocks: vec![5, 17, 2],
+                        },
+                        Seq {
+                            positions: 40..41,
+                            blocks: vec![9, 0, 23],
+                        },
+                        Seq {
+                            positions: 0..5,
+                            blocks: vec![11],
+                        },
+                    ];
+                    let slots = num_blocks * block_size;
+                    // The cache already holds every earlier position of every sequence.
+                    let mut k_cache = rng.vec(slots * nkv * hd);
+                    let mut v_cache = rng.vec(slots * nkv * hd);
+                    let mut tokens = Vec::new(); // (seq, pos)
+                    let mut block_tables = Vec::new();
+                    let mut bt_start = Vec::new();
+                    let mut slot_mapping = Vec::new();
+                    for (s, seq) in seqs.iter().enumerate() {
+                        let start = block_tables.len() as u32;
+                        block_tables.extend(&seq.blocks);
+                        for pos in seq.positions.clone() {
+                            tokens.push((s, pos));
+                            bt_start.push(start);
+                            let slot = seq.blocks[pos / block_size] as usize * block_size
+                                + pos % block_size;
+                            slot_mapping.push(slot as u32);
+                        }
+                    }
+                    let t = tokens.len();
+                    let q_stride = (nh + 2 * nkv) * hd; // fused qkv rows
+                    let qkv = rng.vec(t * q_stride);
+                    let write = format!("kv_write_{}_d{spec_d}", ty.short());
+                    let attn = format!("paged_attention_{}_d{spec_d}", ty.short());
+                    let dk = upload_as(&mut gpu, ty, &k_cache);
+                    let dv = upload_as(&mut gpu, ty, &v_cache);
+                    let dqkv = gpu.upload_f32(&qkv).unwrap();
+                    let dslots = gpu.upload_u32(&slot_mapping).unwrap();
+                    let dbt = gpu.upload_u32(&block_tables).unwrap();
+                    let dbts = gpu.upload_u32(&bt_start).unwrap();
+                    let pos: Vec<u32> = tokens.iter().map(|&(_, p)| p as u32).collect();
+                    let dpos = gpu.upload_u32(&pos).unwrap();
+                    let kq = dqkv.offset(nh * hd * 4);
+                    let vq = dqkv.offset((nh + nkv) * hd * 4);
+                    let args = [
+                        p(kq),
+                        p(vq),
+                        p(dk),
+                        p(dv),
+                        p(dslots),
+                        i(q_stride),
+                        i(nkv),
+                        i(hd),
+                    ];
+                    gpu.launch(&write, [t as u32, nkv as u32, 1], &args)
+                        .unwrap();
+                    // The host's cache after the write.
+                    for (r, &slot) in slot_mapping.iter().enumerate() {
+                        for h in 0..nkv {
+                            for d in 0..hd {
+                                let dst = (slot as usize * nkv + h) * hd + d;
+                                k_cache[dst] = qkv[r * q_stride + (nh + h) * hd + d];
+                                v_cache[dst] = qkv[r * q_stride + (nh + nkv + h) * hd + d];
+                            }
+                        }
+                    }
+                    let k_round: Vec<f32> = k_cache.iter().map(|&v| ty.round(v)).collect();
+                    let v_round: Vec<f32> = v_cache.iter().map(|&v| ty.round(v)).collect();
+                    let mut kb = vec![0u8; k_cache.len() * ty.size()];
+                    gpu.read(dk, &mut kb).unwrap();
+                    let what = format!("{dev} {write} hd {hd}");
+                    let want: Vec<f64> = k_round.iter().map(|&v| v as f64).collect();
+                    assert_close(&what, &ty.decode(&kb), &want);
+                    gpu.read(dv, &mut kb).unwrap();
+                    let want: Vec<f64> = v_round.iter().map(|&v| v as f64).collect();
+                    assert_close(&what, &ty.decode(&kb), &want);
+
+                    let out = poisoned(&mut gpu, t * nh * hd);
+                    let scale = 1.0 / (hd as f32).sqrt();
+                    let args = [
+                        p(dqkv),
+                        p(dk),
+                        p(dv),
+                        p(dbt),
+                        p(dbts),
+                        p(dpos),
+                        p(out),
+                        i(q_stride),
+                        i(nh * hd),
+                        i(nh / nkv),
+                        i(nkv),
+                        i(hd),
+                        i(block_size),
+                        i(window),
+                        KernelArg::F32(scale),
+                        KernelArg::F32(softcap),
+                    ];
+                    gpu.launch(&attn, [t as u32, nh as u32, 1], &args).unwrap();
+                    let got = gpu.download_f32(out, t * nh * hd).unwrap();
+                    let mut want = Vec::new();
+                    for (r, &(s, pos)) in tokens.iter().enumerate() {
+                        let lo = if window > 0 {
+                            (pos + 1).saturating_sub(window)
+                        } else {
+                            0
+                        };
+                        for h in 0..nh {
+                            let kvh = h / (nh / nkv);
+                            let q = &qkv[r * q_stride + h * hd..r * q_stride + (h + 1) * hd];
+                            let keys: Vec<usize> = (lo..=pos)
+                                .map(|kp| {
+                                    seqs[s].blocks[kp / block_size] as usize * block_size
+                                        + kp % block_size
+                                })
+                                .collect();
+                            let scores: Vec<f64> = keys
+                                .iter()
+                                .map(|&slot| {
+                                    let o = (slot * nkv + kvh) * hd;
+                                    let dot: f64 =
+                                        (0..hd).map(|d| q[d] as f64 * k_round[o + d] as f64).sum();
+                                    let sc = dot * scale as f64;
+                                    if softcap > 0.0 {
+                                        softcap as f64 * (sc / softcap as f64).tanh()
+                                    } else {
+                                        sc
+                                    }
+                                })
+                                .collect();
+                            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                            let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                            let sum: f64 = e.iter().sum();
+                            for d in 0..hd {
+                                let o: f64 = keys
+                                    .iter()
+                                    .zip(&e)
+                                    .map(|(&slot, p)| {
+                                        p * v_round[(slot * nkv + kvh) * hd + d] as f64
+                                    })
+                                    .sum();
+                                want.push(o / sum);
+                            }
+                        }
+                    }
+                    let what = format!("{dev} {attn} hd {hd} window {window} softcap {softcap}");
+                    assert_close(&what, &got, &want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_launches_and_allocations_are_errors() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let e = gpu.launch("no_such_kernel", [1, 1, 1], &[]).unwrap_err();
+        assert!(
+            e.to_string().contains("no kernel named no_such_kernel"),
+            "{dev}: {e}"
+        );
+        let e = gpu
+            .launch("rope", [1, 1, 1], &[KernelArg::I32(1)])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("takes 6 arguments, got 1"),
+            "{dev}: {e}"
+        );
+        let args = [KernelArg::I32(0); 6];
+        let e = gpu.launch("rope", [1, 1, 1], &args).unwrap_err();
+        assert!(e.to_string().contains("x_ptr"), "{dev}: {e}");
+        let buf = gpu.alloc(64).unwrap();
+        let args = [
+            KernelArg::Ptr(buf),
+            KernelArg::Ptr(buf),
+            KernelArg::Ptr(buf),
+            KernelArg::I32(4),
+            KernelArg::I32(4),
+            KernelArg::I32(2),
+        ];
+        let e = gpu.launch("rope", [0, 1, 1], &args).unwrap_err();
+        assert!(e.to_string().contains("grid"), "{dev}: {e}");
+        // Far more memory than any device has.
+        let e = gpu.alloc(1 << 52).unwrap_err();
+        assert!(
+            e.to_string().contains("allocating 4503599627370496 bytes"),
+            "{dev}: {e}"
+        );
+        // The device still works after the failures.
+        let x = gpu.upload_f32(&[1.0, 2.0]).unwrap();
+        assert_eq!(gpu.download_f32(x, 2).unwrap(), vec![1.0, 2.0]);
+    }
+}

@@ -1,0 +1,59 @@
+"""Paged attention over block tables, for any mix of prefill chunks and decodes.
+
+Grid ``(num_tokens, num_heads)``: program ``(t, h)`` computes the attention output of query
+token ``t``, head ``h``. The token sits at position ``positions[t]`` of its sequence, whose
+block table starts at ``block_tables[bt_start[t]]``; it attends to the keys at positions
+``lo ..= positions[t]`` of the same sequence (causal), with ``lo = positions[t] - window + 1``
+under a sliding window (``window > 0``) and 0 otherwise. Keys of position ``p`` live in slot
+``block_tables[bt_start[t] + p // block_size] * block_size + p % block_size`` of the caches,
+``[num_slots, num_kv_heads, head_dim]`` in f32, f16 or bf16. The KV of the batch's own tokens
+is written before this runs, so prior context and the chunk itself are read the same way.
+
+Query head ``h`` reads KV head ``h // group`` (GQA). Scores are ``q . k * scale``, soft-capped
+as ``cap * tanh(s / cap)`` when ``softcap > 0``; the softmax is the online (flash) form in
+f32, over tiles of ``BLOCK_N`` keys.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
+                    out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim, block_size,
+                    window, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    kvh = (h // group).to(tl.int64)
+    d = tl.arange(0, D_BLOCK)
+    dmask = d < head_dim
+    q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
+    pos = tl.load(pos_ptr + t).to(tl.int32)
+    bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(pos - window + 1, 0)
+    m_i = tl.full([], -float("inf"), tl.float32)
+    l_i = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([D_BLOCK], dtype=tl.float32)
+    for start in range(lo, pos + 1, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        kmask = kpos <= pos
+        page = tl.load(bt + kpos // block_size, mask=kmask, other=0).to(tl.int64)
+        slot = page * block_size + (kpos % block_size)
+        off = (slot * num_kv_heads + kvh) * head_dim
+        tile_mask = kmask[:, None] & dmask[None, :]
+        k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+        if softcap > 0:
+            # cap * tanh(s / cap), tanh(x) = 2 sigmoid(2x) - 1
+            s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+        s = tl.where(kmask, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)

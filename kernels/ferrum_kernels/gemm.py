@@ -1,0 +1,40 @@
+"""Dense product with a float weight: ``y = x @ w.T (+ bias)``.
+
+``x`` is ``[m, k]`` f32 (row stride ``x_stride``), ``w`` is ``[n, k]`` in f32, f16 or bf16 as
+stored (rows contiguous, stride ``k``), ``y`` is ``[m, n]`` f32 (row stride ``y_stride``),
+``bias`` ``[n]`` f32. Grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N))``.
+
+With an f32 weight the product runs in full f32 (``ieee``: no tf32), so the f32 fixtures stay
+within 1e-4 of the reference. With an f16 or bf16 weight, each tile of ``x`` is rounded to the
+weight's type and the products accumulate in f32 on the tensor cores, as transformers computes
+a bf16 model.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gemm(x_ptr, w_ptr, bias_ptr, y_ptr, m, n, k, x_stride, y_stride,
+         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                    mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
+        b = tl.load(w_ptr + rn[None, :] * k + kk[:, None],
+                    mask=(rn[None, :] < n) & (kk[:, None] < k), other=0.0)
+        if w_ptr.dtype.element_ty == tl.float32:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a.to(w_ptr.dtype.element_ty), b)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < n, other=0.0)[None, :]
+    tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc,
+             mask=(rm[:, None] < m) & (rn[None, :] < n))

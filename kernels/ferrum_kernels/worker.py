@@ -1,0 +1,132 @@
+"""The interpreted device's worker: device memory and kernel launches for the Rust backend,
+in this process's host memory and the Triton interpreter.
+
+Run as ``python -m ferrum_kernels.worker`` from ``kernels/`` (the Rust side does). Requests
+arrive on stdin as JSON lines, replies leave on stdout the same way (see
+``crates/runtime/src/cuda/interpreted.rs``):
+
+* ``alloc {bytes}`` -> ``{ptr}``: a zeroed, 256-byte-aligned buffer; ``free {ptr}``;
+* ``write {ptr, bytes}`` + raw bytes; ``read {ptr, bytes}`` -> ``{}`` + raw bytes; both must
+  lie inside one live allocation;
+* ``load {name, module, function, params, constexprs}`` -> ``{handle}``;
+* ``launch {handle, grid, args}``: args in the kernel's parameter order; pointers are
+  addresses from ``alloc`` (plus offsets) and must fall inside a live allocation.
+
+Any failure is answered ``{"error": "..."}`` and the worker carries on.
+"""
+
+import bisect
+import importlib
+import json
+import sys
+import traceback
+
+import numpy as np
+
+from . import interp
+
+ALIGN = 256
+
+
+class Memory:
+    """Live allocations, by base address."""
+
+    def __init__(self):
+        self.buffers = {}  # base -> (numpy uint8 array holding it, length)
+        self.bases = []
+
+    def alloc(self, n):
+        raw = np.zeros(n + ALIGN, dtype=np.uint8)
+        base = raw.ctypes.data
+        start = (-base) % ALIGN
+        self.buffers[base + start] = (raw, start, n)
+        bisect.insort(self.bases, base + start)
+        return base + start
+
+    def free(self, ptr):
+        if ptr not in self.buffers:
+            raise ValueError(f"free of {ptr:#x}, which is not an allocation")
+        del self.buffers[ptr]
+        self.bases.remove(ptr)
+
+    def view(self, ptr, n):
+        """The bytes ``ptr .. ptr + n``, which must lie in one allocation."""
+        i = bisect.bisect_right(self.bases, ptr) - 1
+        if i >= 0:
+            base = self.bases[i]
+            raw, start, length = self.buffers[base]
+            if ptr + n <= base + length:
+                off = start + ptr - base
+                return raw[off:off + n]
+        raise ValueError(f"{n} bytes at {ptr:#x} are outside every allocation")
+
+    def check_ptr(self, ptr):
+        if ptr != 0:
+            self.view(ptr, 0)
+
+
+def main():
+    memory = Memory()
+    kernels = []
+    stdin = sys.stdin.buffer
+    stdout = sys.stdout.buffer
+
+    def reply(obj, payload=None):
+        stdout.write(json.dumps(obj).encode() + b"\n")
+        if payload is not None:
+            stdout.write(payload)
+        stdout.flush()
+
+    while True:
+        line = stdin.readline()
+        if not line:
+            return
+        payload = None
+        try:
+            req = json.loads(line)
+            op = req["op"]
+            if op == "write":
+                payload = stdin.read(req["bytes"])
+                if len(payload) != req["bytes"]:
+                    return
+            if op == "hello":
+                reply({})
+            elif op == "alloc":
+                reply({"ptr": memory.alloc(int(req["bytes"]))})
+            elif op == "free":
+                memory.free(req["ptr"])
+                reply({})
+            elif op == "write":
+                memory.view(req["ptr"], req["bytes"])[:] = np.frombuffer(payload, np.uint8)
+                reply({})
+            elif op == "read":
+                data = memory.view(req["ptr"], req["bytes"]).tobytes()
+                reply({}, data)
+            elif op == "load":
+                module = importlib.import_module(f"ferrum_kernels.{req['module']}")
+                fn = getattr(module, req["function"])
+                params = [tuple(p) for p in req["params"]]
+                kernels.append((req["name"], fn, params, req["constexprs"]))
+                reply({"handle": len(kernels) - 1})
+            elif op == "launch":
+                name, fn, params, constexprs = kernels[req["handle"]]
+                args = []
+                for (pname, ty), value in zip(params, req["args"]):
+                    if ty.startswith("*"):
+                        memory.check_ptr(value)
+                        args.append(interp.Ptr(value, ty[1:]))
+                    else:
+                        args.append(value)
+                interp.launch(fn, req["grid"], params, args, constexprs)
+                reply({})
+            else:
+                reply({"error": f"unknown op {op!r}"})
+        except MemoryError as e:
+            reply({"error": f"out of host memory: {e}"})
+        except Exception as e:  # noqa: BLE001 - every failure is answered, the worker lives on
+            traceback.print_exc(file=sys.stderr)
+            reply({"error": f"{type(e).__name__}: {e}"})
+
+
+if __name__ == "__main__":
+    main()

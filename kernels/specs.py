@@ -1,0 +1,81 @@
+"""Every kernel specialization that ``build.py`` compiles and the ``ferrum`` binary embeds.
+
+A specialization fixes a kernel's pointer element types and constexprs. Its ``name`` is what
+the Rust side asks for (``crates/runtime/src/cuda/kernels.rs``); ``params`` lists the
+non-constexpr parameters in order with their Triton types, which the compiled ABI follows
+(then Triton's two scratch pointers).
+"""
+
+# Float element types of weights and KV caches, by the name used in specialization names.
+FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
+# Head sizes the attention and KV kernels are specialized for (a head of d elements uses the
+# smallest block >= d; the Llama family uses 64 and 128, Gemma 3 256).
+HEAD_BLOCKS = (32, 64, 128, 256)
+
+
+def _spec(name, module, function, params, constexprs, num_warps=4):
+    return {
+        "name": name,
+        "module": module,
+        "function": function,
+        "params": params,
+        "constexprs": constexprs,
+        "num_warps": num_warps,
+    }
+
+
+def all_specs():
+    """The list of specializations, in a stable order."""
+    specs = []
+    for has_res in (0, 1):
+        specs.append(_spec(
+            f"rms_norm_res{has_res}", "norm", "rms_norm",
+            [("x_ptr", "*fp32"), ("res_ptr", "*fp32"), ("out_ptr", "*fp32"), ("w_ptr", "*fp32"),
+             ("n_cols", "i32"), ("row_stride", "i32"), ("res_stride", "i32"),
+             ("out_stride", "i32"), ("eps", "fp32")],
+            {"HAS_RESIDUAL": has_res, "BLOCK": 1024}))
+    specs.append(_spec(
+        "rope", "rope", "rope",
+        [("x_ptr", "*fp32"), ("pos_ptr", "*u32"), ("inv_freq_ptr", "*fp32"),
+         ("row_stride", "i32"), ("head_dim", "i32"), ("rot_half", "i32")],
+        {"HALF_BLOCK": 128}, num_warps=1))
+    for act, act_name in ((0, "silu"), (1, "gelu_tanh")):
+        specs.append(_spec(
+            f"gated_{act_name}", "activation", "gated_act",
+            [("gate_ptr", "*fp32"), ("up_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"),
+             ("gate_stride", "i32"), ("up_stride", "i32"), ("out_stride", "i32")],
+            {"ACT": act, "BLOCK": 1024}))
+    for short, ty in FLOATS.items():
+        specs.append(_spec(
+            f"gather_rows_{short}", "embedding", "gather_rows",
+            [("table_ptr", f"*{ty}"), ("ids_ptr", "*u32"), ("out_ptr", "*fp32"),
+             ("n_cols", "i32"), ("table_stride", "i32"), ("out_stride", "i32"),
+             ("scale", "fp32")],
+            {"BLOCK": 1024}))
+    for short, ty in FLOATS.items():
+        for has_bias in (0, 1):
+            specs.append(_spec(
+                f"gemm_{short}_bias{has_bias}", "gemm", "gemm",
+                [("x_ptr", "*fp32"), ("w_ptr", f"*{ty}"), ("bias_ptr", "*fp32"),
+                 ("y_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
+                 ("x_stride", "i32"), ("y_stride", "i32")],
+                {"HAS_BIAS": has_bias, "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32}))
+    for short, ty in FLOATS.items():
+        for d in HEAD_BLOCKS:
+            specs.append(_spec(
+                f"kv_write_{short}_d{d}", "kv_write", "kv_write",
+                [("k_ptr", "*fp32"), ("v_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"),
+                 ("v_cache_ptr", f"*{ty}"), ("slot_ptr", "*u32"), ("src_stride", "i32"),
+                 ("num_kv_heads", "i32"), ("head_dim", "i32")],
+                {"D_BLOCK": d}, num_warps=1))
+            specs.append(_spec(
+                f"paged_attention_{short}_d{d}", "attention", "paged_attention",
+                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                 ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
+                 ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
+                 ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
+                 ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
+                 ("softcap", "fp32")],
+                {"BLOCK_N": 32, "D_BLOCK": d}))
+    return specs

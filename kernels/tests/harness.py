@@ -1,0 +1,132 @@
+"""Runs kernel specializations (from ``specs.py``) on arrays, in the interpreter or on a GPU.
+
+``FERRUM_KERNEL_RUNNER=interp`` (the default) uses numpy arrays and the Triton interpreter
+(``ferrum_kernels.interp``, no torch); ``FERRUM_KERNEL_RUNNER=cuda`` uses torch tensors on the
+GPU and Triton's JIT, for ``scripts/test-gpu.sh``. Tests see only numpy: ``dev(array, ty)`` puts
+a copy on the device, ``host(handle)`` brings it back as f32 (or the integer type).
+"""
+
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import specs  # noqa: E402
+
+RUNNER = os.environ.get("FERRUM_KERNEL_RUNNER", "interp")
+SPECS = {s["name"]: s for s in specs.all_specs()}
+
+
+def bf16_round(x):
+    """Rounds f32 values to bf16 (nearest even), returned as f32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def round_to(x, ty):
+    """``x`` rounded to the kernel element type ``ty`` (f32, f16, bf16), as f32."""
+    x = np.asarray(x, dtype=np.float32)
+    if ty == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if ty == "bf16":
+        return bf16_round(x)
+    return x
+
+
+class Handle:
+    """A device buffer with its element type (Triton name) and shape."""
+
+    def __init__(self, store, ty, shape):
+        self.store, self.ty, self.shape = store, ty, shape
+
+
+class InterpRunner:
+    name = "interpreter"
+
+    def __init__(self):
+        from ferrum_kernels import interp
+        self.interp = interp
+        # Every buffer lives as long as the runner: a launch sees only addresses.
+        self.keep = []
+
+    def dev(self, array, ty="fp32"):
+        a = np.asarray(array)
+        if ty == "bf16":
+            store = (bf16_round(a).view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            store = np.ascontiguousarray(
+                a, dtype={"fp32": np.float32, "fp16": np.float16, "u32": np.uint32}[ty])
+        h = Handle(np.ascontiguousarray(store).copy(), ty, a.shape)
+        self.keep.append(h)
+        return h
+
+    def host(self, h):
+        if h.ty == "bf16":
+            return (h.store.astype(np.uint32) << 16).view(np.float32).reshape(h.shape)
+        return h.store.astype(np.float32 if h.ty != "u32" else np.uint32).reshape(h.shape)
+
+    def ptr(self, h, offset=0):
+        return self.interp.Ptr(h.store.ctypes.data, h.ty) + offset
+
+    def launch(self, name, grid, args):
+        spec = SPECS[name]
+        mod = __import__(f"ferrum_kernels.{spec['module']}", fromlist=[spec["function"]])
+        fn = getattr(mod, spec["function"])
+        self.interp.launch(fn, grid, spec["params"], args, spec["constexprs"])
+
+
+class CudaRunner:
+    name = "cuda"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.types = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                      "u32": torch.int32}
+
+    def dev(self, array, ty="fp32"):
+        t = self.torch
+        a = np.asarray(array)
+        if ty == "u32":
+            x = t.from_numpy(a.astype(np.int32)).cuda()
+        else:
+            x = t.from_numpy(a.astype(np.float32)).cuda().to(self.types[ty])
+        return Handle(x.contiguous(), ty, a.shape)
+
+    def host(self, h):
+        if h.ty == "u32":
+            return h.store.cpu().numpy().astype(np.uint32).reshape(h.shape)
+        return h.store.float().cpu().numpy().reshape(h.shape)
+
+    def ptr(self, h, offset=0):
+        return h.store.view(-1)[offset:]
+
+    def launch(self, name, grid, args):
+        spec = SPECS[name]
+        mod = __import__(f"ferrum_kernels.{spec['module']}", fromlist=[spec["function"]])
+        fn = getattr(mod, spec["function"])
+        kwargs = dict(spec["constexprs"])
+        fn[tuple(grid)](*args, **kwargs, num_warps=spec["num_warps"])
+        self.torch.cuda.synchronize()
+
+
+def runner():
+    return CudaRunner() if RUNNER == "cuda" else InterpRunner()
+
+
+def assert_close(tc, what, got, want, tol):
+    """Every element within ``tol`` x max |want|; NaN (an unwritten element) fails."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    tc.assertEqual(got.shape, want.shape, what)
+    scale = max(np.abs(want).max(), 1e-30)
+    err = np.abs(got - want) / scale
+    worst = np.nanargmax(np.where(np.isnan(err), np.inf, err))
+    tc.assertFalse(np.isnan(got).any(), f"{what}: NaN (unwritten) at {np.argwhere(np.isnan(got))[:4]}")
+    tc.assertLessEqual(err.flat[worst], tol,
+                       f"{what}: element {np.unravel_index(worst, got.shape)} is {got.flat[worst]}, "
+                       f"reference {want.flat[worst]} (error {err.flat[worst]:.2e} of max |ref|)")

@@ -1,0 +1,207 @@
+"""Every kernel specialization against a numpy reference, on shapes that reach the edges:
+partial blocks, strided and fused rows, every float type, GQA ratios 1 to 4, sliding windows,
+soft-capping, block tables with scattered blocks of several sizes, every attention head block.
+Outputs are poisoned with NaN before each launch.
+
+    TRITON_INTERPRET=1 python -m unittest discover -s kernels/tests     (the interpreter)
+    FERRUM_KERNEL_RUNNER=cuda python -m unittest discover -s kernels/tests   (a GPU, torch)
+
+Bound: ``TOL`` x max |reference| per element (f32 arithmetic in another order; operands rounded
+to f16/bf16 on the host exactly as the kernels round them).
+"""
+
+import math
+import unittest
+
+import numpy as np
+
+from harness import SPECS, assert_close, round_to, runner
+
+TOL = 2e-5
+FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+class Kernels(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.r = runner()
+
+    def setUp(self):
+        self.rng = np.random.default_rng(abs(hash(self.id())) % (2**32))
+
+    def rand(self, *shape, scale=1.0):
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def nan(self, *shape):
+        return self.r.dev(np.full(shape, np.nan, np.float32))
+
+    def test_rms_norm(self):
+        r = self.r
+        for has_res in (0, 1):
+            for n in (64, 1024, 1100, 3000):
+                rows, stride = 3, n + 8
+                x, res, w = self.rand(rows, stride), self.rand(rows, stride), self.rand(n)
+                dx, dres, dw, out = r.dev(x), r.dev(res), r.dev(w), self.nan(rows, n)
+                r.launch(f"rms_norm_res{has_res}", (rows, 1),
+                         [r.ptr(dx), r.ptr(dres), r.ptr(out), r.ptr(dw), n, stride, stride, n,
+                          1e-6])
+                s = (x + res if has_res else x)[:, :n].astype(np.float64)
+                want = s / np.sqrt((s * s).mean(1, keepdims=True) + 1e-6) * w
+                assert_close(self, f"rms_norm res={has_res} n={n}", r.host(out), want, TOL)
+                if has_res:
+                    got_res = r.host(dres)[:, :n]
+                    assert_close(self, "residual", got_res, s, TOL)
+
+    def test_rope(self):
+        r = self.r
+        for hd, rot_half in ((128, 64), (64, 32), (256, 128), (32, 8)):
+            t, heads = 7, 5
+            stride = heads * hd + hd
+            x = self.rand(t, stride)
+            pos = self.rng.integers(0, 32768, t).astype(np.uint32)
+            inv = (1.0 / 1e6 ** (np.arange(rot_half) * 2 / (2 * rot_half))).astype(np.float32)
+            dx = r.dev(x)
+            r.launch("rope", (t, heads), [r.ptr(dx), r.ptr(r.dev(pos, "u32")), r.ptr(r.dev(inv)),
+                                         stride, hd, rot_half])
+            want = x.astype(np.float64).copy()
+            ang = (pos[:, None].astype(np.float32) * inv[None, :]).astype(np.float64)
+            for h in range(heads):
+                o = h * hd
+                x1 = x[:, o:o + rot_half].astype(np.float64)
+                x2 = x[:, o + rot_half:o + 2 * rot_half].astype(np.float64)
+                want[:, o:o + rot_half] = x1 * np.cos(ang) - x2 * np.sin(ang)
+                want[:, o + rot_half:o + 2 * rot_half] = x2 * np.cos(ang) + x1 * np.sin(ang)
+            # Large positions: the f32 angle's own rounding dominates; same bound scaled.
+            assert_close(self, f"rope hd={hd} rot={rot_half}", r.host(dx), want, 2e-4)
+
+    def test_gated_act(self):
+        r = self.r
+        for name in ("gated_silu", "gated_gelu_tanh"):
+            for n in (100, 1024, 2500):
+                t = 3
+                gu = self.rand(t, 2 * n, scale=3.0)
+                dgu, out = r.dev(gu), self.nan(t, n)
+                grid = (t, cdiv(n, SPECS[name]["constexprs"]["BLOCK"]))
+                r.launch(name, grid, [r.ptr(dgu), r.ptr(dgu, n), r.ptr(out), n, 2 * n, 2 * n, n])
+                g, u = gu[:, :n].astype(np.float64), gu[:, n:].astype(np.float64)
+                if name == "gated_silu":
+                    a = g / (1 + np.exp(-g))
+                else:
+                    a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+                assert_close(self, f"{name} n={n}", r.host(out), a * u, TOL)
+
+    def test_gather_rows(self):
+        r = self.r
+        for short, ty in FLOATS.items():
+            vocab, n, t = 97, 1500, 6
+            table = self.rand(vocab, n)
+            ids = self.rng.integers(0, vocab, t).astype(np.uint32)
+            out = self.nan(t, n)
+            name = f"gather_rows_{short}"
+            grid = (t, cdiv(n, SPECS[name]["constexprs"]["BLOCK"]))
+            r.launch(name, grid, [r.ptr(r.dev(table, ty)), r.ptr(r.dev(ids, "u32")), r.ptr(out),
+                                  n, n, n, 0.5])
+            want = round_to(table, short)[ids].astype(np.float64) * 0.5
+            assert_close(self, name, r.host(out), want, TOL)
+
+    def test_gemm(self):
+        r = self.r
+        for short, ty in FLOATS.items():
+            for has_bias in (0, 1):
+                for m, n, k in ((1, 200, 96), (16, 64, 64), (45, 130, 257)):
+                    name = f"gemm_{short}_bias{has_bias}"
+                    c = SPECS[name]["constexprs"]
+                    xs = k + 3
+                    x, w, b = self.rand(m, xs), self.rand(n, k), self.rand(n)
+                    y = self.nan(m, n)
+                    db = r.dev(b)
+                    r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"])),
+                             [r.ptr(r.dev(x)), r.ptr(r.dev(w, ty)), r.ptr(db), r.ptr(y),
+                              m, n, k, xs, n])
+                    want = (round_to(x[:, :k], short).astype(np.float64)
+                            @ round_to(w, short).astype(np.float64).T)
+                    if has_bias:
+                        want += b
+                    assert_close(self, f"{name} {m}x{n}x{k}", r.host(y), want, TOL)
+
+    def attention_case(self, short, d_block, hd, group, block_size, window, softcap):
+        """Three sequences (prefill with prior context, decode, fresh prefill) over scattered
+        blocks: KV written through the slot mapping, then attention."""
+        r = self.r
+        nkv = 2
+        nh = nkv * group
+        seq_positions = [(21, 30), (45, 46), (0, 6)]
+        num_blocks = sum(cdiv(hi, block_size) for _, hi in seq_positions) + 7
+        perm = self.rng.permutation(num_blocks)
+        tables, tokens, bt, start = [], [], [], 0
+        for s, (lo, hi) in enumerate(seq_positions):
+            nb = cdiv(hi, block_size)
+            tables.append(perm[start:start + nb].astype(np.uint32))
+            start += nb
+            tokens += [(s, p) for p in range(lo, hi)]
+        assert start <= num_blocks
+        bt_flat = np.concatenate(tables)
+        offsets = np.cumsum([0] + [len(t) for t in tables])[:-1]
+        t = len(tokens)
+        slots = num_blocks * block_size
+        k_cache = self.rand(slots, nkv, hd)
+        v_cache = self.rand(slots, nkv, hd)
+        stride = (nh + 2 * nkv) * hd
+        qkv = self.rand(t, stride)
+        slot_map = np.array([tables[s][p // block_size] * block_size + p % block_size
+                             for s, p in tokens], np.uint32)
+        pos = np.array([p for _, p in tokens], np.uint32)
+        bt_start = np.array([offsets[s] for s, _ in tokens], np.uint32)
+        dk, dv, dqkv = r.dev(k_cache, FLOATS[short]), r.dev(v_cache, FLOATS[short]), r.dev(qkv)
+        r.launch(f"kv_write_{short}_d{d_block}", (t, nkv),
+                 [r.ptr(dqkv, nh * hd), r.ptr(dqkv, (nh + nkv) * hd), r.ptr(dk), r.ptr(dv),
+                  r.ptr(r.dev(slot_map, "u32")), stride, nkv, hd])
+        k_cache[slot_map] = qkv[:, nh * hd:(nh + nkv) * hd].reshape(t, nkv, hd)
+        v_cache[slot_map] = qkv[:, (nh + nkv) * hd:].reshape(t, nkv, hd)
+        kr, vr = round_to(k_cache, short), round_to(v_cache, short)
+        assert_close(self, "kv_write k", r.host(dk), kr, TOL)
+        assert_close(self, "kv_write v", r.host(dv), vr, TOL)
+        out = self.nan(t, nh * hd)
+        scale = 1 / math.sqrt(hd)
+        r.launch(f"paged_attention_{short}_d{d_block}", (t, nh),
+                 [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                  r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")), r.ptr(out), stride,
+                  nh * hd, group, nkv, hd, block_size, window, scale, softcap])
+        want = np.zeros((t, nh, hd))
+        for i, (s, p) in enumerate(tokens):
+            lo = max(0, p - window + 1) if window > 0 else 0
+            keys = np.arange(lo, p + 1)
+            sl = tables[s][keys // block_size].astype(np.int64) * block_size + keys % block_size
+            for h in range(nh):
+                q = qkv[i, h * hd:(h + 1) * hd].astype(np.float64)
+                sc = kr[sl, h // group].astype(np.float64) @ q * scale
+                if softcap > 0:
+                    sc = softcap * np.tanh(sc / softcap)
+                e = np.exp(sc - sc.max())
+                want[i, h] = (e / e.sum()) @ vr[sl, h // group].astype(np.float64)
+        what = (f"attention {short} d{d_block} hd={hd} group={group} bs={block_size} "
+                f"window={window} softcap={softcap}")
+        assert_close(self, what, r.host(out).reshape(t, nh, hd), want, TOL)
+
+    def test_attention_every_head_block_and_type(self):
+        for short in FLOATS:
+            for d_block, hd in ((32, 32), (64, 64), (128, 128), (256, 256), (128, 80)):
+                self.attention_case(short, d_block, hd, group=2, block_size=16, window=0,
+                                    softcap=0.0)
+
+    def test_attention_gqa_windows_blocks_softcap(self):
+        for group in (1, 4):
+            for block_size in (1, 8, 32):
+                self.attention_case("f32", 64, 64, group, block_size, window=0, softcap=0.0)
+        for window in (1, 5, 16, 100):
+            self.attention_case("bf16", 64, 64, 2, 16, window=window, softcap=0.0)
+        self.attention_case("f16", 128, 128, 2, 16, window=0, softcap=30.0)
+        self.attention_case("f32", 32, 32, 2, 8, window=4, softcap=2.0)
+
+
+if __name__ == "__main__":
+    unittest.main()

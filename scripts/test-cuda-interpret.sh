@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The CUDA backend without a GPU: installs the pinned Triton (kernels/requirements.txt) into
+# target/triton-venv, checks that the embedded kernel binaries are what the sources give
+# (kernels/build.py --check), runs every kernel in the Triton interpreter against its numpy
+# reference (kernels/tests), then the backend's device layer on the interpreted device
+# (crates/runtime/tests/cuda_kernels.rs: the Rust launches of every embedded kernel, executed
+# by the interpreter in a worker process). scripts/test.sh runs this first.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+venv=target/triton-venv
+if ! "$venv/bin/python" -c 'import triton, numpy' 2>/dev/null \
+    || ! cmp -s kernels/requirements.txt "$venv/requirements.txt"; then
+    echo "== installing the pinned Triton into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r kernels/requirements.txt
+    cp kernels/requirements.txt "$venv/requirements.txt"
+fi
+echo "== embedded kernels against their sources (kernels/build.py --check)"
+TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
+echo "== kernels in the Triton interpreter (kernels/tests)"
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels)
+echo "== the device layer on the interpreted device (cuda_kernels)"
+cargo test -p ferrum-runtime --test cuda_kernels "$@"
