@@ -6,6 +6,7 @@
 //! runs one [`ForwardBatch`] over a [`KvCache`]; [`inspect`] describes a model without building
 //! it.
 
+pub mod backend;
 mod config;
 mod error;
 mod gguf;

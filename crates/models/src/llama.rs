@@ -3,69 +3,47 @@
 //!
 //! Each layer: `x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))`, then
 //! `x += down(silu(gate(n2(x))) * up(n2(x)))`; final RMSNorm and the LM head run only on the
-//! rows whose logits are asked for. Weights stay in their stored format; GGUF q/k rows written in
-//! llama.cpp's interleaved order are put back in Hugging Face order at load (rows move whole, so
-//! block-quantized weights are untouched). Scratch buffers grow to the largest batch seen and are
-//! reused.
+//! rows whose logits are asked for. GGUF q/k rows written in llama.cpp's interleaved order are
+//! put back in Hugging Face order at load (rows move whole, so block-quantized weights are
+//! untouched). The forward is written once over [`Backend`]: the backend holds the weights in its
+//! own form and runs each fused operation on its device.
 
+use crate::backend::{Backend, Buf, CpuBackend, Dims};
 use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::ActScratch;
-use ferrum_runtime::cpu::{self, AttentionShape, Linear, Rope, Weight};
+use ferrum_runtime::cpu::{AttentionShape, Rope};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
 
 #[derive(Debug)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Weight,
-    wk: Weight,
-    wv: Weight,
-    wo: Weight,
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
     /// q, k, v biases.
-    qkv_bias: Option<[Vec<f32>; 3]>,
+    qkv_bias: Option<[B::Vector; 3]>,
     /// Per-head q and k RMSNorm weights.
-    qk_norm: Option<[Vec<f32>; 2]>,
-    mlp_norm: Vec<f32>,
-    w_gate: Weight,
-    w_up: Weight,
-    w_down: Weight,
+    qk_norm: Option<[B::Vector; 2]>,
+    mlp_norm: B::Vector,
+    w_gate: B::Weight,
+    w_up: B::Weight,
+    w_down: B::Weight,
     attn: AttentionShape,
 }
 
-#[derive(Debug, Default)]
-struct Scratch {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    rows: Vec<f32>,
-    logits: Vec<f32>,
-    /// Cosine and sine of every token's rotary angles.
-    rope: Vec<f32>,
-    /// The current linear input, quantized (int8 path).
-    qa: ActScratch,
-    /// Attention's per-part softmax states of split decodes.
-    attn_partials: Vec<f32>,
-}
-
-/// A Llama-family model ready to run.
+/// A Llama-family model ready to run on backend `B` (the CPU unless said otherwise).
 #[derive(Debug)]
-pub struct LlamaModel {
+pub struct LlamaModel<B: Backend = CpuBackend> {
     config: ModelConfig,
-    pool: Arc<ThreadPool>,
-    linear: Linear,
-    embed: Tensor,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
-    lm_head: Weight,
+    backend: B,
+    embed: B::Table,
+    layers: Vec<Layer<B>>,
+    final_norm: B::Vector,
+    lm_head: B::Weight,
     rope: Rope,
-    scratch: Scratch,
 }
 
 /// Tensor names of one source format.
@@ -162,17 +140,30 @@ fn unpermute_order(num_heads: usize, head_dim: usize) -> Vec<usize> {
         .collect()
 }
 
-impl LlamaModel {
-    /// Builds the model from `src`, checking every tensor against `config`.
+impl LlamaModel<CpuBackend> {
+    /// Builds the model on the CPU from `src`, checking every tensor against `config`.
     pub fn load(
         config: ModelConfig,
         src: &WeightSource,
         pool: Arc<ThreadPool>,
-        linear: Linear,
+        linear: ferrum_runtime::cpu::Linear,
     ) -> Result<LlamaModel> {
+        LlamaModel::load_with(config, src, CpuBackend::new(pool, linear))
+    }
+
+    /// The compute pool this model runs on (possibly shared with other models).
+    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
+        self.backend.pool()
+    }
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// Builds the model on `backend` from `src`, checking every tensor against `config`.
+    pub fn load_with(config: ModelConfig, src: &WeightSource, mut backend: B) -> Result<Self> {
         let c = &config;
         let fmt = src.format();
         let ld = Loader { src };
+        let b = &mut backend;
         let (h, hd, nh, nkv) = (
             c.hidden_size,
             c.head_dim,
@@ -219,26 +210,30 @@ impl LlamaModel {
                     *bk = ok.iter().map(|&r| bk[r]).collect();
                 }
             }
-            let weight = |t: Tensor| Weight::new(t, &linear, &pool).map_err(ModelError::from);
+            let qkv_bias = match qkv_bias {
+                Some([q, k, v]) => Some([b.vector(q)?, b.vector(k)?, b.vector(v)?]),
+                None => None,
+            };
+            let qk_norm = if c.spec.qk_norm {
+                Some([
+                    b.vector(ld.vector(&name(Part::QNorm), hd)?)?,
+                    b.vector(ld.vector(&name(Part::KNorm), hd)?)?,
+                ])
+            } else {
+                None
+            };
             layers.push(Layer {
-                attn_norm: ld.vector(&name(Part::AttnNorm), h)?,
-                wq: weight(wq)?,
-                wk: weight(wk)?,
-                wv: weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
-                wo: weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
+                attn_norm: b.vector(ld.vector(&name(Part::AttnNorm), h)?)?,
+                wq: b.weight(wq)?,
+                wk: b.weight(wk)?,
+                wv: b.weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
+                wo: b.weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
                 qkv_bias,
-                qk_norm: if c.spec.qk_norm {
-                    Some([
-                        ld.vector(&name(Part::QNorm), hd)?,
-                        ld.vector(&name(Part::KNorm), hd)?,
-                    ])
-                } else {
-                    None
-                },
-                mlp_norm: ld.vector(&name(Part::MlpNorm), h)?,
-                w_gate: weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
-                w_up: weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
-                w_down: weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                qk_norm,
+                mlp_norm: b.vector(ld.vector(&name(Part::MlpNorm), h)?)?,
+                w_gate: b.weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
+                w_up: b.weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
+                w_down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
                 attn: AttentionShape {
                     num_heads: nh,
                     num_kv_heads: nkv,
@@ -262,48 +257,51 @@ impl LlamaModel {
             freq_factors.as_deref(),
             c.rope_table_dtype,
         );
+        let final_norm = b.vector(ld.vector(norm_name, h)?)?;
+        let lm_head = b.weight(lm_head)?;
+        let embed = b.table(embed)?;
         Ok(LlamaModel {
-            final_norm: ld.vector(norm_name, h)?,
+            final_norm,
             embed,
-            lm_head: Weight::new(lm_head, &linear, &pool)?,
+            lm_head,
             layers,
             rope,
-            pool,
-            linear,
-            scratch: Scratch::default(),
+            backend,
             config,
         })
-    }
-
-    /// The compute pool this model runs on (possibly shared with other models).
-    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
-        &self.pool
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Bytes of weights one decode step of one sequence reads: every linear layer as its kernel
     /// holds it, the norms and biases, and one row of the embedding table. The KV cache's
     /// reads come on top (they grow with the context).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let f32s = |v: &[f32]| 4 * v.len();
+        let vec = |v: &B::Vector| B::vector_bytes(v);
         let layers: usize = self
             .layers
             .iter()
             .map(|l| {
                 let linear = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
                     .iter()
-                    .map(|w| w.num_bytes())
+                    .map(|w| B::weight_bytes(w))
                     .sum::<usize>();
-                let bias = l.qkv_bias.iter().flatten().map(|b| f32s(b)).sum::<usize>();
-                let qk = l.qk_norm.iter().flatten().map(|n| f32s(n)).sum::<usize>();
-                linear + bias + qk + f32s(&l.attn_norm) + f32s(&l.mlp_norm)
+                let bias = l.qkv_bias.iter().flatten().map(vec).sum::<usize>();
+                let qk = l.qk_norm.iter().flatten().map(vec).sum::<usize>();
+                linear + bias + qk + vec(&l.attn_norm) + vec(&l.mlp_norm)
             })
             .sum();
-        let embed_row = self.embed.num_bytes() / self.embed.rows().max(1);
-        layers + f32s(&self.final_norm) + self.lm_head.num_bytes() + embed_row
+        layers
+            + vec(&self.final_norm)
+            + B::weight_bytes(&self.lm_head)
+            + B::table_row_bytes(&self.embed)
     }
 
     /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
@@ -316,134 +314,59 @@ impl LlamaModel {
             ));
         }
         batch.validate(kv.block_size(), kv.num_blocks(), c.vocab_size)?;
-        let t = batch.num_tokens();
-        let (h, inter, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let (qd, kvd) = (
-            c.num_attention_heads * c.head_dim,
-            c.num_key_value_heads * c.head_dim,
-        );
-        let num_logits = batch.logits_indices.len();
-        let s = &mut self.scratch;
-        for (buf, len) in [
-            (&mut s.x, t * h),
-            (&mut s.h, t * h),
-            (&mut s.q, t * qd),
-            (&mut s.k, t * kvd),
-            (&mut s.v, t * kvd),
-            (&mut s.attn, t * qd),
-            (&mut s.gate, t * inter),
-            (&mut s.up, t * inter),
-            (&mut s.rows, num_logits * h),
-            (&mut s.logits, num_logits * vocab),
-        ] {
-            buf.resize(len, 0.0);
-        }
-        let pool = &*self.pool;
-        let lin = self.linear;
-        // [t, h]
-        cpu::embedding(&self.embed, &batch.token_ids, &mut s.x)?;
-        // [t, head_dim / 2, 2]
-        self.rope.angles(&batch.positions, &mut s.rope);
+        let eps = c.rms_norm_eps;
+        let dims = Dims {
+            hidden: c.hidden_size,
+            q: c.num_attention_heads * c.head_dim,
+            kv: c.num_key_value_heads * c.head_dim,
+            intermediate: c.intermediate_size,
+            vocab: c.vocab_size,
+        };
+        let b = &mut self.backend;
+        b.begin(dims, batch, &self.rope)?;
+        // X: [t, h]
+        b.embed(&self.embed, batch)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let shape = AttentionShape {
                 block_size: kv.block_size(),
                 ..layer.attn
             };
             // The previous layer's MLP output joins the residual stream here, fused with the
-            // norm and the input's quantization. q: [t, nh*hd], k and v: [t, nkv*hd]; the
-            // input is quantized once for all three.
-            let input = lin.add_norm_prepare(
-                pool,
-                &mut s.x,
-                &mut s.h,
-                li > 0,
-                &layer.attn_norm,
-                c.rms_norm_eps,
-                &mut s.qa,
-                &[&layer.wq, &layer.wk, &layer.wv],
-            );
-            lin.matmul_many(
-                pool,
-                &input,
-                &mut [
-                    (&layer.wq, &mut s.q[..]),
-                    (&layer.wk, &mut s.k[..]),
-                    (&layer.wv, &mut s.v[..]),
-                ],
-            )?;
+            // norm and the products' input preparation. Q: [t, nh*hd], K and V: [t, nkv*hd].
+            let qkv = [
+                (&layer.wq, Buf::Q),
+                (&layer.wk, Buf::K),
+                (&layer.wv, Buf::V),
+            ];
+            b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
             if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                cpu::add_bias(&mut s.q, bq);
-                cpu::add_bias(&mut s.k, bk);
-                cpu::add_bias(&mut s.v, bv);
+                b.add_bias(Buf::Q, bq)?;
+                b.add_bias(Buf::K, bk)?;
+                b.add_bias(Buf::V, bv)?;
             }
             if let Some([nq, nk]) = &layer.qk_norm {
-                // Per head: rows of head_dim.
-                cpu::rms_norm_in_place(&mut s.q, nq, c.rms_norm_eps);
-                cpu::rms_norm_in_place(&mut s.k, nk, c.rms_norm_eps);
+                b.head_norm(Buf::Q, nq, eps)?;
+                b.head_norm(Buf::K, nk, eps)?;
             }
-            self.rope.apply_with(&mut s.q, &s.rope);
-            self.rope.apply_with(&mut s.k, &s.rope);
-            let mut cache = kv.layer_mut(li);
-            cache.write(pool, &s.k, &s.v, &batch.slot_mapping, &shape);
-            // [t, nh*hd]
-            cache.attend(
-                pool,
-                &s.q,
-                &batch.seqs,
-                &batch.block_tables,
-                &shape,
-                &mut s.attn,
-                &mut s.attn_partials,
-            );
-            // [t, h]
-            let input = lin.prepare(pool, &s.attn, qd, &mut s.qa, &[&layer.wo]);
-            lin.matmul(pool, &input, &layer.wo, &mut s.h)?;
-            // [t, inter]
-            let input = lin.add_norm_prepare(
-                pool,
-                &mut s.x,
-                &mut s.h,
-                true,
-                &layer.mlp_norm,
-                c.rms_norm_eps,
-                &mut s.qa,
-                &[&layer.w_gate, &layer.w_up],
-            );
-            lin.matmul_many(
-                pool,
-                &input,
-                &mut [
-                    (&layer.w_gate, &mut s.gate[..]),
-                    (&layer.w_up, &mut s.up[..]),
-                ],
-            )?;
-            // [t, h]
-            let input =
-                lin.silu_mul_prepare(pool, &mut s.gate, &s.up, inter, &mut s.qa, &[&layer.w_down]);
-            lin.matmul(pool, &input, &layer.w_down, &mut s.h)?;
+            b.rope(&self.rope, Buf::Q)?;
+            b.rope(&self.rope, Buf::K)?;
+            b.write_kv(kv, li, &shape, batch)?;
+            // Attn: [t, nh*hd]
+            b.attend(kv, li, &shape, batch)?;
+            // H: [t, h]
+            b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+            // Gate, Up: [t, inter]
+            let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
+            b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
+            // H: [t, h]
+            b.gated_linear(&layer.w_down, Buf::H)?;
         }
         // The last layer's MLP output (the others' joined at the next layer's norm).
         if !self.layers.is_empty() {
-            cpu::add_par(pool, &mut s.x, &s.h);
+            b.add_residual()?;
         }
-        // [num_logits, h]
-        for (dst, &row) in s.h[..num_logits * h]
-            .chunks_exact_mut(h)
-            .zip(&batch.logits_indices)
-        {
-            let row = row as usize;
-            dst.copy_from_slice(&s.x[row * h..(row + 1) * h]);
-        }
-        cpu::rms_norm(
-            &s.h[..num_logits * h],
-            &self.final_norm,
-            c.rms_norm_eps,
-            &mut s.rows,
-        );
         // [num_logits, vocab]
-        let input = lin.prepare(pool, &s.rows, h, &mut s.qa, &[&self.lm_head]);
-        lin.matmul(pool, &input, &self.lm_head, &mut s.logits)?;
-        Ok(&s.logits)
+        b.logits(&self.final_norm, eps, &self.lm_head, &batch.logits_indices)
     }
 }
 

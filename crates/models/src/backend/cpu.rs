@@ -1,0 +1,315 @@
+//! The CPU backend: today's kernels (`ferrum_runtime::cpu`) behind the seam, unchanged.
+//!
+//! Weights are repacked at load into the int8, bf16 or float tiles [`Linear`] picks; a
+//! product's input is prepared once (quantized or rounded) for all the weights that read it,
+//! fused with the residual add and norm before it (`add_norm_prepare`) or the gated
+//! activation (`silu_mul_prepare`). Buffers grow to the largest batch seen and are reused.
+
+use std::sync::Arc;
+
+use super::{Backend, Buf, Dims};
+use crate::{KvCache, ModelError, Result};
+use ferrum_runtime::cpu::{self, ActScratch, AttentionShape, Linear, Rope, Weight};
+use ferrum_runtime::{Tensor, ThreadPool};
+use ferrum_types::ForwardBatch;
+
+#[derive(Debug, Default)]
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    rows: Vec<f32>,
+    logits: Vec<f32>,
+    /// Cosine and sine of every token's rotary angles.
+    rope: Vec<f32>,
+    /// The current linear input, quantized (int8 path).
+    qa: ActScratch,
+    /// Attention's per-part softmax states of split decodes.
+    attn_partials: Vec<f32>,
+}
+
+/// The CPU kernels on a compute pool.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pool: Arc<ThreadPool>,
+    linear: Linear,
+    dims: Dims,
+    s: Scratch,
+}
+
+impl CpuBackend {
+    /// A backend running on `pool` with `linear`'s precision.
+    pub fn new(pool: Arc<ThreadPool>, linear: Linear) -> CpuBackend {
+        CpuBackend {
+            pool,
+            linear,
+            dims: Dims {
+                hidden: 0,
+                q: 0,
+                kv: 0,
+                intermediate: 0,
+                vocab: 0,
+            },
+            s: Scratch::default(),
+        }
+    }
+
+    /// The compute pool.
+    pub fn pool(&self) -> &Arc<ThreadPool> {
+        &self.pool
+    }
+
+    fn width(&self, buf: Buf) -> usize {
+        let d = &self.dims;
+        match buf {
+            Buf::X | Buf::H => d.hidden,
+            Buf::Q | Buf::Attn => d.q,
+            Buf::K | Buf::V => d.kv,
+            Buf::Gate | Buf::Up => d.intermediate,
+        }
+    }
+}
+
+/// The activation buffers by role, borrowed apart, and the input-preparation scratch.
+type Slots<'a> = [(Buf, Option<&'a mut Vec<f32>>); 8];
+
+fn slots(s: &mut Scratch) -> (Slots<'_>, &mut ActScratch) {
+    let Scratch {
+        x,
+        h,
+        q,
+        k,
+        v,
+        attn,
+        gate,
+        up,
+        qa,
+        ..
+    } = s;
+    let slots = [
+        (Buf::X, Some(x)),
+        (Buf::H, Some(h)),
+        (Buf::Q, Some(q)),
+        (Buf::K, Some(k)),
+        (Buf::V, Some(v)),
+        (Buf::Attn, Some(attn)),
+        (Buf::Gate, Some(gate)),
+        (Buf::Up, Some(up)),
+    ];
+    (slots, qa)
+}
+
+/// Takes buffer `b` out of `slots`; asking twice for one buffer is a caller's error.
+fn take<'a>(slots: &mut Slots<'a>, b: Buf) -> Result<&'a mut Vec<f32>> {
+    slots
+        .iter_mut()
+        .find(|(r, _)| *r == b)
+        .and_then(|(_, v)| v.take())
+        .ok_or_else(|| ModelError::Invalid(format!("buffer {b:?} used twice in one operation")))
+}
+
+fn buf_mut(s: &mut Scratch, which: Buf) -> &mut Vec<f32> {
+    match which {
+        Buf::X => &mut s.x,
+        Buf::H => &mut s.h,
+        Buf::Q => &mut s.q,
+        Buf::K => &mut s.k,
+        Buf::V => &mut s.v,
+        Buf::Attn => &mut s.attn,
+        Buf::Gate => &mut s.gate,
+        Buf::Up => &mut s.up,
+    }
+}
+
+impl Backend for CpuBackend {
+    type Weight = Weight;
+    type Vector = Vec<f32>;
+    type Table = Tensor;
+
+    fn weight(&mut self, t: Tensor) -> Result<Weight> {
+        Ok(Weight::new(t, &self.linear, &self.pool)?)
+    }
+
+    fn weight_bytes(w: &Weight) -> usize {
+        w.num_bytes()
+    }
+
+    fn vector(&mut self, v: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(v)
+    }
+
+    fn vector_bytes(v: &Vec<f32>) -> usize {
+        4 * v.len()
+    }
+
+    fn table(&mut self, t: Tensor) -> Result<Tensor> {
+        Ok(t)
+    }
+
+    fn table_row_bytes(t: &Tensor) -> usize {
+        t.num_bytes() / t.rows().max(1)
+    }
+
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()> {
+        self.dims = dims;
+        let t = batch.num_tokens();
+        let num_logits = batch.logits_indices.len();
+        let s = &mut self.s;
+        for (buf, len) in [
+            (&mut s.x, t * dims.hidden),
+            (&mut s.h, t * dims.hidden),
+            (&mut s.q, t * dims.q),
+            (&mut s.k, t * dims.kv),
+            (&mut s.v, t * dims.kv),
+            (&mut s.attn, t * dims.q),
+            (&mut s.gate, t * dims.intermediate),
+            (&mut s.up, t * dims.intermediate),
+            (&mut s.rows, num_logits * dims.hidden),
+            (&mut s.logits, num_logits * dims.vocab),
+        ] {
+            buf.resize(len, 0.0);
+        }
+        // [t, head_dim / 2, 2]
+        rope.angles(&batch.positions, &mut s.rope);
+        Ok(())
+    }
+
+    fn embed(&mut self, table: &Tensor, batch: &ForwardBatch) -> Result<()> {
+        Ok(cpu::embedding(table, &batch.token_ids, &mut self.s.x)?)
+    }
+
+    fn add_norm_linear(
+        &mut self,
+        add: bool,
+        norm: &Vec<f32>,
+        eps: f32,
+        outs: &[(&Weight, Buf)],
+    ) -> Result<()> {
+        let pool = &*self.pool;
+        let (mut slots, qa) = slots(&mut self.s);
+        let x = take(&mut slots, Buf::X)?;
+        let h = take(&mut slots, Buf::H)?;
+        // Up to three products share one prepared input; arrays keep the step allocation-free.
+        let w = |i: usize| outs.get(i).map_or(outs[0].0, |o| o.0);
+        let mut out = |i: usize| -> Result<&mut [f32]> {
+            match outs.get(i) {
+                Some(&(_, b)) => Ok(&mut take(&mut slots, b)?[..]),
+                None => Ok(&mut []),
+            }
+        };
+        let n = outs.len();
+        if n == 0 || n > 3 {
+            return Err(ModelError::Invalid(format!(
+                "add_norm_linear takes 1 to 3 products, got {n}"
+            )));
+        }
+        let weights = [w(0), w(1), w(2)];
+        let mut products = [(w(0), out(0)?), (w(1), out(1)?), (w(2), out(2)?)];
+        let input = self
+            .linear
+            .add_norm_prepare(pool, x, h, add, norm, eps, qa, &weights[..n]);
+        Ok(self.linear.matmul_many(pool, &input, &mut products[..n])?)
+    }
+
+    fn add_bias(&mut self, buf: Buf, bias: &Vec<f32>) -> Result<()> {
+        cpu::add_bias(buf_mut(&mut self.s, buf), bias);
+        Ok(())
+    }
+
+    fn head_norm(&mut self, buf: Buf, w: &Vec<f32>, eps: f32) -> Result<()> {
+        // Rows of head_dim.
+        cpu::rms_norm_in_place(buf_mut(&mut self.s, buf), w, eps);
+        Ok(())
+    }
+
+    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()> {
+        let s = &mut self.s;
+        let table = std::mem::take(&mut s.rope);
+        rope.apply_with(buf_mut(s, buf), &table);
+        s.rope = table;
+        Ok(())
+    }
+
+    fn write_kv(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        batch: &ForwardBatch,
+    ) -> Result<()> {
+        let s = &self.s;
+        kv.layer_mut(layer)
+            .write(&self.pool, &s.k, &s.v, &batch.slot_mapping, shape);
+        Ok(())
+    }
+
+    fn attend(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        batch: &ForwardBatch,
+    ) -> Result<()> {
+        let s = &mut self.s;
+        // [t, nh*hd]
+        kv.layer_mut(layer).attend(
+            &self.pool,
+            &s.q,
+            &batch.seqs,
+            &batch.block_tables,
+            shape,
+            &mut s.attn,
+            &mut s.attn_partials,
+        );
+        Ok(())
+    }
+
+    fn linear(&mut self, input: Buf, w: &Weight, out: Buf) -> Result<()> {
+        let pool = &*self.pool;
+        let k = self.width(input);
+        let (mut slots, qa) = slots(&mut self.s);
+        let x = take(&mut slots, input)?;
+        let y = take(&mut slots, out)?;
+        let prepared = self.linear.prepare(pool, x, k, qa, &[w]);
+        Ok(self.linear.matmul(pool, &prepared, w, y)?)
+    }
+
+    fn gated_linear(&mut self, w: &Weight, out: Buf) -> Result<()> {
+        let pool = &*self.pool;
+        let inter = self.dims.intermediate;
+        let (mut slots, qa) = slots(&mut self.s);
+        let gate = take(&mut slots, Buf::Gate)?;
+        let up = take(&mut slots, Buf::Up)?;
+        let y = take(&mut slots, out)?;
+        let input = self
+            .linear
+            .silu_mul_prepare(pool, gate, up, inter, qa, &[w]);
+        Ok(self.linear.matmul(pool, &input, w, y)?)
+    }
+
+    fn add_residual(&mut self) -> Result<()> {
+        cpu::add_par(&self.pool, &mut self.s.x, &self.s.h);
+        Ok(())
+    }
+
+    fn logits(&mut self, norm: &Vec<f32>, eps: f32, head: &Weight, rows: &[u32]) -> Result<&[f32]> {
+        let pool = &*self.pool;
+        let h = self.dims.hidden;
+        let s = &mut self.s;
+        // [num_logits, h]
+        for (dst, &row) in s.h[..rows.len() * h].chunks_exact_mut(h).zip(rows) {
+            let row = row as usize;
+            dst.copy_from_slice(&s.x[row * h..(row + 1) * h]);
+        }
+        cpu::rms_norm(&s.h[..rows.len() * h], norm, eps, &mut s.rows);
+        // [num_logits, vocab]
+        let input = self.linear.prepare(pool, &s.rows, h, &mut s.qa, &[head]);
+        self.linear.matmul(pool, &input, head, &mut s.logits)?;
+        Ok(&s.logits)
+    }
+}

@@ -1,0 +1,129 @@
+//! The backend seam: a model family's forward pass is written once, over [`Backend`], and each
+//! device implements the fused operations it uses.
+//!
+//! A backend owns its form of the weights ([`Backend::Weight`]: the CPU's repacked integer and
+//! bf16 tiles, a GPU's device copies), its activation buffers (named by role, [`Buf`]) and
+//! workspaces, sized by [`Backend::begin`] for each batch and reused: the step loop allocates
+//! nothing once warm. The forward only sequences operations on named buffers, so it never
+//! touches device memory itself. The KV cache is the backend's too; the scheduler's block
+//! tables and slot mappings mean the same on every device.
+//!
+//! Invariants every implementation keeps:
+//! - after [`Backend::begin`], every [`Buf`] holds `rows x width` f32 values (row-major) for
+//!   the batch's tokens, with the widths of [`Dims`];
+//! - an operation reads only what earlier operations of the same forward wrote, in order;
+//! - [`Backend::logits`] returns `[rows.len(), vocab]` f32 on the host, the rows in the order
+//!   asked for.
+
+mod cpu;
+
+pub use cpu::CpuBackend;
+
+use crate::{KvCache, Result};
+use ferrum_runtime::cpu::{AttentionShape, Rope};
+use ferrum_runtime::Tensor;
+use ferrum_types::ForwardBatch;
+
+/// An activation buffer of the forward pass, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    /// `[t, hidden]`: the residual stream.
+    X,
+    /// `[t, hidden]`: a sublayer's output, added to `X` by the next norm.
+    H,
+    /// `[t, heads * head_dim]`: queries.
+    Q,
+    /// `[t, kv_heads * head_dim]`: keys.
+    K,
+    /// `[t, kv_heads * head_dim]`: values.
+    V,
+    /// `[t, heads * head_dim]`: attention output.
+    Attn,
+    /// `[t, intermediate]`: the MLP's gate product.
+    Gate,
+    /// `[t, intermediate]`: the MLP's up product.
+    Up,
+}
+
+/// Widths of the activation buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub hidden: usize,
+    pub q: usize,
+    pub kv: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+}
+
+/// The fused operations of a decoder-only transformer's forward pass on one device.
+pub trait Backend: std::fmt::Debug + Sized {
+    /// A linear layer's weight, `[out, in]`, in the backend's form.
+    type Weight: std::fmt::Debug;
+    /// An f32 vector: a norm's weight or a bias.
+    type Vector: std::fmt::Debug;
+    /// A token embedding table, `[vocab, hidden]`.
+    type Table: std::fmt::Debug;
+
+    /// Takes a linear weight as stored (any float or block-quantized type).
+    fn weight(&mut self, t: Tensor) -> Result<Self::Weight>;
+    /// Bytes one use of `w` reads.
+    fn weight_bytes(w: &Self::Weight) -> usize;
+    /// Takes an f32 vector.
+    fn vector(&mut self, v: Vec<f32>) -> Result<Self::Vector>;
+    /// Bytes of `v`.
+    fn vector_bytes(v: &Self::Vector) -> usize;
+    /// Takes an embedding table as stored.
+    fn table(&mut self, t: Tensor) -> Result<Self::Table>;
+    /// Bytes of one row of `t`.
+    fn table_row_bytes(t: &Self::Table) -> usize;
+
+    /// Sizes every buffer for `batch` and takes its positions' rotary angles.
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()>;
+    /// `X = table[batch.token_ids]`.
+    fn embed(&mut self, table: &Self::Table, batch: &ForwardBatch) -> Result<()>;
+    /// `X += H` when `add` (the previous sublayer's output joins the residual stream), then
+    /// for each `(w, out)`: `out = rms_norm(X) * norm @ w^T`.
+    fn add_norm_linear(
+        &mut self,
+        add: bool,
+        norm: &Self::Vector,
+        eps: f32,
+        outs: &[(&Self::Weight, Buf)],
+    ) -> Result<()>;
+    /// `buf += bias`, per row.
+    fn add_bias(&mut self, buf: Buf, bias: &Self::Vector) -> Result<()>;
+    /// RMSNorm of every `head_dim` group of `buf`, in place (per-head q/k norm).
+    fn head_norm(&mut self, buf: Buf, w: &Self::Vector, eps: f32) -> Result<()>;
+    /// Rotates every head of `buf` by its token's angles.
+    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()>;
+    /// Writes `K` and `V` into layer `layer` of `kv` at the batch's slots.
+    fn write_kv(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        batch: &ForwardBatch,
+    ) -> Result<()>;
+    /// `Attn = attention(Q, layer's keys and values)` over the batch's block tables.
+    fn attend(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        batch: &ForwardBatch,
+    ) -> Result<()>;
+    /// `out = input @ w^T`.
+    fn linear(&mut self, input: Buf, w: &Self::Weight, out: Buf) -> Result<()>;
+    /// `out = (silu(Gate) * Up) @ w^T`.
+    fn gated_linear(&mut self, w: &Self::Weight, out: Buf) -> Result<()>;
+    /// `X += H`.
+    fn add_residual(&mut self) -> Result<()>;
+    /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`.
+    fn logits(
+        &mut self,
+        norm: &Self::Vector,
+        eps: f32,
+        head: &Self::Weight,
+        rows: &[u32],
+    ) -> Result<&[f32]>;
+}
