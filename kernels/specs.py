@@ -40,6 +40,11 @@ def all_specs():
         [("x_ptr", "*fp32"), ("pos_ptr", "*u32"), ("inv_freq_ptr", "*fp32"),
          ("row_stride", "i32"), ("head_dim", "i32"), ("rot_half", "i32")],
         {"HALF_BLOCK": 128}, num_warps=1))
+    specs.append(_spec(
+        "add_rows", "elementwise", "add_rows",
+        [("x_ptr", "*fp32"), ("y_ptr", "*fp32"), ("n_cols", "i32"), ("x_stride", "i32"),
+         ("y_stride", "i32")],
+        {"BLOCK": 1024}))
     for act, act_name in ((0, "silu"), (1, "gelu_tanh")):
         specs.append(_spec(
             f"gated_{act_name}", "activation", "gated_act",

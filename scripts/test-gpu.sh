@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a real GPU. Without one (no nvidia-smi, or it sees no GPU) it
 # says "skipped: no GPU" and exits 0; with one, every check must pass:
-#   1. the Rust device layer on CUDA device 0: every embedded kernel (the cubins CI checks
-#      against the sources) loaded through the driver and launched with the backend's own
-#      grids and arguments, against host references (crates/runtime/tests/cuda_kernels.rs,
-#      with FERRUM_REQUIRE_GPU=1 so it cannot skip);
-#   2. the kernel sources through Triton's JIT on the GPU against the numpy references
+#   1. the device layer on CUDA device 0: every embedded kernel (the cubins CI checks against
+#      the sources) loaded through the driver and launched with the backend's own grids and
+#      arguments, against host references (crates/runtime/tests/cuda_kernels.rs);
+#   2. the Llama-family fixtures through the CUDA backend against transformers' logits and
+#      greedy ids (crates/models/tests/cuda_fixtures.rs); both with FERRUM_REQUIRE_GPU=1, so
+#      they cannot skip;
+#   3. the kernel sources through Triton's JIT on the GPU against the numpy references
 #      (kernels/tests, FERRUM_KERNEL_RUNNER=cuda; needs torch and triton in python3);
-#   3. with --bench, kernels/bench_gpu.py: the kernels' times beside PyTorch's.
-# Needs a Rust toolchain to build the test binary, or FERRUM_GPU_TEST_BIN naming a prebuilt
-# one (`cargo test -p ferrum-runtime --test cuda_kernels --no-run` prints its path).
+#   4. with --llama8b DIR: a Llama-3.1-8B-shaped model with random bf16 weights made in DIR by
+#      transformers on the GPU (scripts/gpu/llama8b_reference.py), Ferrum's logits against
+#      transformers' on the same GPU (~50 GB of GPU memory, ~35 GB of disk);
+#   5. with --bench: kernels/bench_gpu.py, the kernels' times beside PyTorch's.
+# Builds the test binaries with cargo, or takes prebuilt ones from FERRUM_GPU_TEST_BINS (a
+# folder holding cuda_kernels and cuda_fixtures, from `cargo test --no-run`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+llama8b="" bench=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --llama8b) llama8b="$2"; shift 2 ;;
+        --bench) bench=1; shift ;;
+        *) echo "usage: $0 [--llama8b DIR] [--bench]" >&2; exit 2 ;;
+    esac
+done
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
     echo "skipped: no GPU (nvidia-smi finds none)"
@@ -20,21 +34,38 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
 
-echo "== Rust device layer on CUDA (cuda_kernels)"
-bin="${FERRUM_GPU_TEST_BIN:-}"
-if [[ -z "$bin" ]]; then
-    bin="$(cargo test -p ferrum-runtime --test cuda_kernels --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("executable") and m.get("target", {}).get("name") == "cuda_kernels": print(m["executable"])')"
-fi
-FERRUM_REQUIRE_GPU=1 "$bin" --test-threads=1 --nocapture || status=1
+test_bin() {
+    if [[ -n "${FERRUM_GPU_TEST_BINS:-}" ]]; then
+        echo "$FERRUM_GPU_TEST_BINS/$2"
+        return
+    fi
+    cargo test -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") == sys.argv[1]:
+        print(m["executable"])' "$2"
+}
+
+echo "== device layer on CUDA (cuda_kernels)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_kernels)" --test-threads=1 --nocapture \
+    || status=1
+echo "== fixtures through the CUDA backend (cuda_fixtures)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 --nocapture \
+    --skip llama31_8b || status=1
 
 echo "== kernel sources through Triton's JIT on the GPU (kernels/tests)"
 (cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels) || status=1
 
-if [[ "${1:-}" == "--bench" ]]; then
+if [[ -n "$llama8b" ]]; then
+    echo "== Llama-3.1-8B-shaped model against transformers on the GPU"
+    if [[ ! -f "$llama8b/reference.json" ]]; then
+        python3 scripts/gpu/llama8b_reference.py "$llama8b" || status=1
+    fi
+    FERRUM_GPU_LLAMA8B="$llama8b" "$(test_bin ferrum-models cuda_fixtures)" --nocapture \
+        llama31_8b || status=1
+fi
+if [[ $bench -eq 1 ]]; then
     echo "== kernel times beside PyTorch (kernels/bench_gpu.py)"
     python3 kernels/bench_gpu.py || status=1
 fi

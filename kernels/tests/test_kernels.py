@@ -94,6 +94,22 @@ class Kernels(unittest.TestCase):
                     a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
                 assert_close(self, f"{name} n={n}", r.host(out), a * u, TOL)
 
+    def test_add_rows(self):
+        r = self.r
+        for n in (64, 1500):
+            rows = 4
+            x, y, b = self.rand(rows, n + 4), self.rand(rows, n), self.rand(n)
+            dx = r.dev(x)
+            grid = (rows, cdiv(n, SPECS["add_rows"]["constexprs"]["BLOCK"]))
+            r.launch("add_rows", grid, [r.ptr(dx), r.ptr(r.dev(y)), n, n + 4, n])
+            want = x.astype(np.float64).copy()
+            want[:, :n] += y
+            assert_close(self, f"add_rows n={n}", r.host(dx), want, TOL)
+            # A bias: y_stride 0.
+            r.launch("add_rows", grid, [r.ptr(dx), r.ptr(r.dev(b)), n, n + 4, 0])
+            want[:, :n] += b
+            assert_close(self, f"add_rows bias n={n}", r.host(dx), want, TOL)
+
     def test_gather_rows(self):
         r = self.r
         for short, ty in FLOATS.items():

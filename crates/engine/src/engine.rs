@@ -206,12 +206,14 @@ impl EngineCore {
                 .unwrap_or_else(|p| Err(EngineError::Invalid(panic_message(p.as_ref()))));
             if let Err(e) = stepped {
                 let msg = format!("engine step failed: {e}");
+                // Unhealthy before any client hears of the failure: one that reads its error
+                // and then asks `/health` must not be told all is well.
+                if let Ok(mut m) = self.metrics.lock() {
+                    m.healthy = false;
+                }
                 for (_, r) in self.reqs.drain() {
                     let _ = r.tx.send(Event::Error(msg.clone()));
                     self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
-                if let Ok(mut m) = self.metrics.lock() {
-                    m.healthy = false;
                 }
                 return;
             }

@@ -1,11 +1,13 @@
-//! The physical paged KV cache: per layer, one key and one value buffer of
-//! `[num_blocks, num_kv_heads, ...]` elements of the config's `kv_cache_dtype` (f32, f16 or
-//! bf16; keys transposed within a block, see `ferrum_runtime::cpu::paged_attention`), allocated
-//! once. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
+//! The physical paged KV cache: per layer, one key and one value buffer of the config's
+//! `kv_cache_dtype` (f32, f16 or bf16), allocated once. In host memory (the CPU backend) each is
+//! `[num_blocks, num_kv_heads, ...]` with keys transposed within a block (see
+//! `ferrum_runtime::cpu::paged_attention`); on a GPU (made by the CUDA backend) each is
+//! `[num_blocks * block_size, num_kv_heads, head_dim]`, one row per slot. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
 //! to which sequence is the scheduler's business, not the cache's.
 
 use crate::{ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{zeroed_vec, KvDtype, KvElem, KvLayerMut, MAX_BLOCK_SIZE};
+use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, SharedGpu};
 use half::{bf16, f16};
 
 /// Every layer's key and value buffers, in one element type.
@@ -14,6 +16,8 @@ enum Layers {
     F32(Vec<(Vec<f32>, Vec<f32>)>),
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+    /// In a GPU's memory.
+    Device(KvDtype, Vec<(DeviceBuffer, DeviceBuffer)>),
 }
 
 /// `layers` pairs of zeroed (untouched) buffers of `len` elements.
@@ -60,6 +64,60 @@ impl KvCache {
 
     /// A cache of `num_blocks` blocks of `block_size` token slots for `config`'s layers.
     pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        let per_layer = Self::check(config, num_blocks, block_size)?;
+        let n = config.num_hidden_layers;
+        let layers = match config.kv_cache_dtype {
+            KvDtype::F32 => Layers::F32(zeroed_layers(n, per_layer)),
+            KvDtype::F16 => Layers::F16(zeroed_layers(n, per_layer)),
+            KvDtype::Bf16 => Layers::Bf16(zeroed_layers(n, per_layer)),
+        };
+        Ok(Self::with_layers(config, num_blocks, block_size, layers))
+    }
+
+    /// The same cache in `gpu`'s memory (zeroed), for a model on that GPU.
+    pub fn new_on_gpu(
+        config: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        gpu: &SharedGpu,
+    ) -> Result<KvCache> {
+        let per_layer = Self::check(config, num_blocks, block_size)?;
+        let bytes = per_layer * config.kv_cache_dtype.size();
+        let zeros = vec![0u8; bytes];
+        let mut buffers = Vec::with_capacity(config.num_hidden_layers);
+        for layer in 0..config.num_hidden_layers {
+            let alloc = || {
+                gpu.upload(&zeros).map_err(|e| {
+                    ModelError::Invalid(format!(
+                        "allocating the KV cache ({num_blocks} blocks of {block_size}, \
+                         {bytes} bytes per buffer) at layer {layer}: {e}"
+                    ))
+                })
+            };
+            buffers.push((alloc()?, alloc()?));
+        }
+        let layers = Layers::Device(config.kv_cache_dtype, buffers);
+        Ok(Self::with_layers(config, num_blocks, block_size, layers))
+    }
+
+    fn with_layers(
+        config: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        layers: Layers,
+    ) -> KvCache {
+        KvCache {
+            num_blocks,
+            block_size,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+            num_layers: config.num_hidden_layers,
+            layers,
+        }
+    }
+
+    /// Checks the sizes; returns the elements of one layer's key (or value) buffer.
+    fn check(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<usize> {
         if block_size == 0 || block_size > MAX_BLOCK_SIZE {
             return Err(ModelError::Invalid(format!(
                 "block size {block_size} must be between 1 and {MAX_BLOCK_SIZE}"
@@ -76,20 +134,7 @@ impl KvCache {
             .ok_or_else(|| {
                 ModelError::Invalid(format!("a KV cache of {num_blocks} blocks is too large"))
             })?;
-        let n = config.num_hidden_layers;
-        let layers = match config.kv_cache_dtype {
-            KvDtype::F32 => Layers::F32(zeroed_layers(n, per_layer)),
-            KvDtype::F16 => Layers::F16(zeroed_layers(n, per_layer)),
-            KvDtype::Bf16 => Layers::Bf16(zeroed_layers(n, per_layer)),
-        };
-        Ok(KvCache {
-            num_blocks,
-            block_size,
-            num_kv_heads: config.num_key_value_heads,
-            head_dim: config.head_dim,
-            num_layers: n,
-            layers,
-        })
+        Ok(per_layer)
     }
 
     /// The element type of the keys and values.
@@ -98,7 +143,13 @@ impl KvCache {
             Layers::F32(_) => KvDtype::F32,
             Layers::F16(_) => KvDtype::F16,
             Layers::Bf16(_) => KvDtype::Bf16,
+            Layers::Device(dtype, _) => dtype,
         }
+    }
+
+    /// Whether the cache lives in a GPU's memory.
+    pub fn is_on_gpu(&self) -> bool {
+        matches!(self.layers, Layers::Device(..))
     }
 
     /// Makes the next part of the cache resident: `max_bytes` (rounded up to whole pages) from
@@ -119,6 +170,8 @@ impl KvCache {
             Layers::F32(l) => buffers_mut(l),
             Layers::F16(l) => buffers_mut(l),
             Layers::Bf16(l) => buffers_mut(l),
+            // Device memory is resident from its allocation.
+            Layers::Device(..) => return None,
         };
         let mut left = max_bytes.max(1).next_multiple_of(PAGE);
         let (mut at, mut skip) = (from, from);
@@ -167,9 +220,9 @@ impl KvCache {
             && self.dtype() == config.kv_cache_dtype
     }
 
-    /// Key and value buffers of one layer.
-    pub fn layer_mut(&mut self, layer: usize) -> KvLayerMut<'_> {
-        match &mut self.layers {
+    /// Key and value buffers of one layer, in host memory.
+    pub fn layer_mut(&mut self, layer: usize) -> Result<KvLayerMut<'_>> {
+        Ok(match &mut self.layers {
             Layers::F32(l) => {
                 let (k, v) = &mut l[layer];
                 KvLayerMut::F32(k, v)
@@ -182,6 +235,24 @@ impl KvCache {
                 let (k, v) = &mut l[layer];
                 KvLayerMut::Bf16(k, v)
             }
+            Layers::Device(..) => {
+                return Err(ModelError::Invalid(
+                    "this KV cache is in a GPU's memory; the model runs on the CPU".into(),
+                ))
+            }
+        })
+    }
+
+    /// Key and value buffers of one layer, in a GPU's memory.
+    pub fn device_layer(&self, layer: usize) -> Result<(DevicePtr, DevicePtr)> {
+        match &self.layers {
+            Layers::Device(_, l) => l
+                .get(layer)
+                .map(|(k, v)| (k.ptr(), v.ptr()))
+                .ok_or_else(|| ModelError::Invalid(format!("no KV cache layer {layer}"))),
+            _ => Err(ModelError::Invalid(
+                "this KV cache is in host memory; the model runs on a GPU".into(),
+            )),
         }
     }
 }
@@ -197,6 +268,7 @@ mod tests {
             Layers::F32(l) => buffers_mut(l),
             Layers::F16(l) => buffers_mut(l),
             Layers::Bf16(l) => buffers_mut(l),
+            Layers::Device(..) => unreachable!("a host cache"),
         }
         .into_iter()
         .map(|(p, n)| (p as usize, n))
@@ -225,7 +297,7 @@ mod tests {
         let mut kv = KvCache::new(&config, 64, 16).expect("cache");
         // Fresh buffers are normally not resident yet (unless the allocator reused memory).
         let fresh = resident(&mut kv).iter().filter(|&&r| !r).count();
-        match kv.layer_mut(0) {
+        match kv.layer_mut(0).expect("host cache") {
             KvLayerMut::F32(k, _) => k[12345] = 1.5,
             KvLayerMut::F16(k, _) => k[12345] = f16::from_f32(1.5),
             KvLayerMut::Bf16(k, _) => k[12345] = bf16::from_f32(1.5),
@@ -245,7 +317,7 @@ mod tests {
             resident(&mut kv).iter().all(|&r| r),
             "every whole page resident ({fresh} buffers were not before)"
         );
-        let kept = match kv.layer_mut(0) {
+        let kept = match kv.layer_mut(0).expect("host cache") {
             KvLayerMut::F32(k, _) => (k[12345], k.iter().filter(|v| **v != 0.0).count()),
             KvLayerMut::F16(k, _) => (
                 k[12345].to_f32(),

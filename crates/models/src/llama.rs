@@ -280,6 +280,11 @@ impl<B: Backend> LlamaModel<B> {
         &self.backend
     }
 
+    /// Runs `f` on the backend (a KV cache of its device, say).
+    pub fn with_backend<R>(&self, f: impl FnOnce(&B, &ModelConfig) -> R) -> R {
+        f(&self.backend, &self.config)
+    }
+
     /// Bytes of weights one decode step of one sequence reads: every linear layer as its kernel
     /// holds it, the norms and biases, and one row of the embedding table. The KV cache's
     /// reads come on top (they grow with the context).

@@ -1,9 +1,11 @@
 //! Opening a model path and building the right family for it.
 
+use crate::backend::CudaBackend;
 use crate::registry::Family;
 use crate::source::WeightSource;
 use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
+use ferrum_runtime::cuda::SharedGpu;
 use ferrum_runtime::ThreadPool;
 use ferrum_types::ForwardBatch;
 use std::path::Path;
@@ -107,6 +109,22 @@ fn compute_pool(path: &Path, opts: &LoadOptions) -> Result<Arc<ThreadPool>> {
         (None, None) => ThreadPool::with_available_parallelism(),
     };
     pool.map(Arc::new).map_err(|e| ModelError::io(path, e))
+}
+
+/// Opens `path` and builds its model on `gpu` with the CUDA backend (f32, f16 and bf16
+/// weights; the KV cache type as [`resolve_kv_dtype`] picks it). The engine does not run GPU
+/// models yet; this is the backend's entry for its tests and tools.
+pub fn load_model_on_gpu(
+    path: &Path,
+    opts: &LoadOptions,
+    gpu: SharedGpu,
+) -> Result<LlamaModel<CudaBackend>> {
+    let src = WeightSource::open(path)?;
+    let mut config = load_config(&src)?;
+    config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
+    match config.spec.family {
+        Family::Llama => LlamaModel::load_with(config, &src, CudaBackend::new(gpu)),
+    }
 }
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.

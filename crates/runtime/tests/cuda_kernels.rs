@@ -336,6 +336,39 @@ fn gated_activations() {
 }
 
 #[test]
+fn add_rows_and_bias() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(7);
+        let (rows, n, stride) = (3usize, 1100usize, 1104usize);
+        let x = rng.vec(rows * stride);
+        let y = rng.vec(rows * n);
+        let bias = rng.vec(n);
+        let dx = gpu.upload_f32(&x).unwrap();
+        let dy = gpu.upload_f32(&y).unwrap();
+        let db = gpu.upload_f32(&bias).unwrap();
+        let grid = [
+            rows as u32,
+            cdiv(n, gpu.constexpr("add_rows", "BLOCK").unwrap()),
+            1,
+        ];
+        gpu.launch("add_rows", grid, &[p(dx), p(dy), i(n), i(stride), i(n)])
+            .unwrap();
+        // y_stride 0: the same row (a bias) for every row.
+        gpu.launch("add_rows", grid, &[p(dx), p(db), i(n), i(stride), i(0)])
+            .unwrap();
+        let got = gpu.download_f32(dx, rows * stride).unwrap();
+        let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        for r in 0..rows {
+            for c in 0..n {
+                want[r * stride + c] += y[r * n + c] as f64 + bias[c] as f64;
+            }
+        }
+        assert_close(&format!("{dev} add_rows"), &got, &want);
+    }
+}
+
+#[test]
 fn gather_rows_of_every_float_type() {
     for mut gpu in devices() {
         let dev = gpu.describe();

@@ -243,7 +243,7 @@ impl Backend for CpuBackend {
         batch: &ForwardBatch,
     ) -> Result<()> {
         let s = &self.s;
-        kv.layer_mut(layer)
+        kv.layer_mut(layer)?
             .write(&self.pool, &s.k, &s.v, &batch.slot_mapping, shape);
         Ok(())
     }
@@ -257,7 +257,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let s = &mut self.s;
         // [t, nh*hd]
-        kv.layer_mut(layer).attend(
+        kv.layer_mut(layer)?.attend(
             &self.pool,
             &s.q,
             &batch.seqs,

@@ -16,8 +16,10 @@
 //!   asked for.
 
 mod cpu;
+mod cuda;
 
 pub use cpu::CpuBackend;
+pub use cuda::{CudaBackend, GpuVector, GpuWeight};
 
 use crate::{KvCache, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope};

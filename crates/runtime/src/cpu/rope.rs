@@ -89,6 +89,12 @@ impl Rope {
     }
 
     /// Head size these frequencies are for.
+    /// The inverse frequency of each dimension pair, as the angles use them (a GPU backend
+    /// uploads them once and computes the angles in its kernel the same way).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     pub fn head_dim(&self) -> usize {
         self.inv_freq.len() * 2
     }

@@ -21,11 +21,13 @@
 //! on one [`Gpu`] run in issue order (one stream), and [`Gpu::read`] returns after everything
 //! issued before it has finished.
 
+mod buffer;
 mod driver;
 mod gpu;
 mod interpreted;
 pub mod manifest;
 
+pub use buffer::{DeviceBuffer, SharedGpu};
 pub use gpu::{DevicePtr, Gpu, KernelArg};
 pub use interpreted::InterpreterConfig;
 pub use manifest::{KernelBinary, KernelSpec, Manifest};

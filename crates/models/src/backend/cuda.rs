@@ -1,0 +1,626 @@
+//! The CUDA backend: the forward's fused operations as launches of the embedded Triton kernels
+//! on a [`SharedGpu`] (a real GPU, or the interpreted device in CI).
+//!
+//! Weights are uploaded once, as stored (f32, f16 or bf16; block-quantized formats are refused
+//! with a clear error until their kernels land). Activations are f32 in device buffers named
+//! by role, grown to the largest batch seen and reused. A batch's indices (token ids,
+//! positions, slots, block tables, each token's block-table start, the logits rows) go up in
+//! one copy per step. The KV cache is [`KvCache::new_on_gpu`]'s, `[slots, kv_heads, head_dim]`
+//! per layer. Logits of the selected rows come back to the host for the sampler.
+//!
+//! Buffer contents between operations follow [`super::Backend`]'s contract; a launch that
+//! fails is an error naming the kernel, and nothing is read back from a failed step.
+
+use ferrum_runtime::cpu::{AttentionShape, KvDtype, Rope};
+use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, KernelArg, SharedGpu};
+use ferrum_runtime::{DType, Tensor};
+use ferrum_types::ForwardBatch;
+
+use super::{Backend, Buf, Dims};
+use crate::{KvCache, ModelConfig, ModelError, Result};
+
+/// Head sizes the attention and KV kernels are compiled for (`kernels/specs.py`).
+const HEAD_BLOCKS: [usize; 4] = [32, 64, 128, 256];
+
+/// A linear weight on the device, `[rows, cols]` as stored.
+#[derive(Debug)]
+pub struct GpuWeight {
+    buf: DeviceBuffer,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+}
+
+/// An f32 vector on the device.
+#[derive(Debug)]
+pub struct GpuVector {
+    buf: DeviceBuffer,
+    len: usize,
+}
+
+/// A buffer that grows and is reused.
+#[derive(Debug, Default)]
+struct Grown {
+    buf: Option<DeviceBuffer>,
+}
+
+impl Grown {
+    /// At least `bytes`, keeping the buffer when it is big enough (contents undefined).
+    fn ensure(&mut self, gpu: &SharedGpu, bytes: usize) -> Result<DevicePtr> {
+        match &self.buf {
+            Some(b) if b.len() >= bytes => Ok(b.ptr()),
+            _ => {
+                self.buf = None;
+                let b = gpu.alloc(bytes.max(256).next_power_of_two())?;
+                let ptr = b.ptr();
+                self.buf = Some(b);
+                Ok(ptr)
+            }
+        }
+    }
+
+    fn ptr(&self) -> Result<DevicePtr> {
+        self.buf
+            .as_ref()
+            .map(DeviceBuffer::ptr)
+            .ok_or_else(|| ModelError::Invalid("device buffer used before begin".into()))
+    }
+}
+
+/// Where one batch's indices sit in the index buffer (element offsets of u32).
+#[derive(Debug, Default, Clone, Copy)]
+struct Indices {
+    ids: usize,
+    positions: usize,
+    slots: usize,
+    block_tables: usize,
+    bt_start: usize,
+    rows: usize,
+}
+
+/// The Triton kernels on one GPU.
+#[derive(Debug)]
+pub struct CudaBackend {
+    gpu: SharedGpu,
+    dims: Dims,
+    tokens: usize,
+    bufs: [Grown; 8],
+    /// The normalized input of the next products, `[t, hidden]`.
+    normed: Grown,
+    /// The selected rows, `[num_logits, hidden]`, and their logits.
+    rows: Grown,
+    logits: Grown,
+    host_logits: Vec<f32>,
+    indices: Grown,
+    host_indices: Vec<u32>,
+    host_bytes: Vec<u8>,
+    at: Indices,
+    num_logits: usize,
+    inv_freq: Option<(DeviceBuffer, usize)>,
+}
+
+fn slot(b: Buf) -> usize {
+    match b {
+        Buf::X => 0,
+        Buf::H => 1,
+        Buf::Q => 2,
+        Buf::K => 3,
+        Buf::V => 4,
+        Buf::Attn => 5,
+        Buf::Gate => 6,
+        Buf::Up => 7,
+    }
+}
+
+fn float_name(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        other => Err(ModelError::Invalid(format!(
+            "the CUDA backend runs f32, f16 and bf16 weights; {other} is not supported on the GPU \
+             yet (run it on the CPU: --device cpu)"
+        ))),
+    }
+}
+
+fn kv_name(dtype: KvDtype) -> &'static str {
+    match dtype {
+        KvDtype::F32 => "f32",
+        KvDtype::F16 => "f16",
+        KvDtype::Bf16 => "bf16",
+    }
+}
+
+fn i32_arg(v: usize, what: &str) -> Result<KernelArg> {
+    i32::try_from(v)
+        .map(KernelArg::I32)
+        .map_err(|_| ModelError::Invalid(format!("{what} {v} exceeds the kernels' 32-bit range")))
+}
+
+fn p(ptr: DevicePtr) -> KernelArg {
+    KernelArg::Ptr(ptr)
+}
+
+fn cdiv(a: usize, b: i64) -> u32 {
+    a.div_ceil(b.max(1) as usize) as u32
+}
+
+impl CudaBackend {
+    /// A backend launching on `gpu`.
+    pub fn new(gpu: SharedGpu) -> CudaBackend {
+        CudaBackend {
+            gpu,
+            dims: Dims {
+                hidden: 0,
+                q: 0,
+                kv: 0,
+                intermediate: 0,
+                vocab: 0,
+            },
+            tokens: 0,
+            bufs: Default::default(),
+            normed: Grown::default(),
+            rows: Grown::default(),
+            logits: Grown::default(),
+            host_logits: Vec::new(),
+            indices: Grown::default(),
+            host_indices: Vec::new(),
+            host_bytes: Vec::new(),
+            at: Indices::default(),
+            num_logits: 0,
+            inv_freq: None,
+        }
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &SharedGpu {
+        &self.gpu
+    }
+
+    /// A KV cache for `config` on this backend's GPU.
+    pub fn kv_cache(
+        &self,
+        config: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<KvCache> {
+        KvCache::new_on_gpu(config, num_blocks, block_size, &self.gpu)
+    }
+
+    fn width(&self, b: Buf) -> usize {
+        let d = &self.dims;
+        match b {
+            Buf::X | Buf::H => d.hidden,
+            Buf::Q | Buf::Attn => d.q,
+            Buf::K | Buf::V => d.kv,
+            Buf::Gate | Buf::Up => d.intermediate,
+        }
+    }
+
+    fn buf(&self, b: Buf) -> Result<DevicePtr> {
+        self.bufs[slot(b)].ptr()
+    }
+
+    fn index(&self, offset: usize) -> Result<DevicePtr> {
+        Ok(self.indices.ptr()?.offset(4 * offset))
+    }
+
+    fn launch(&self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
+        self.gpu
+            .lock()
+            .launch(name, grid, args)
+            .map_err(|e| ModelError::Invalid(format!("GPU kernel {name}: {e}")))
+    }
+
+    fn block(&self, name: &str, key: &str) -> Result<i64> {
+        Ok(self.gpu.lock().constexpr(name, key)?)
+    }
+
+    /// `y[m, w.rows] = x[m, w.cols] @ w^T`.
+    fn gemm(&self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
+        let name = format!("gemm_{}_bias0", float_name(w.dtype)?);
+        let grid = [
+            cdiv(m, self.block(&name, "BLOCK_M")?),
+            cdiv(w.rows, self.block(&name, "BLOCK_N")?),
+            1,
+        ];
+        let args = [
+            p(x),
+            p(w.buf.ptr()),
+            p(DevicePtr::NULL),
+            p(y),
+            i32_arg(m, "rows")?,
+            i32_arg(w.rows, "weight rows")?,
+            i32_arg(w.cols, "weight columns")?,
+            i32_arg(w.cols, "row stride")?,
+            i32_arg(w.rows, "row stride")?,
+        ];
+        self.launch(&name, grid, &args)
+    }
+
+    /// RMSNorm of `groups` groups of `n` per row (out may alias x); with `res`, `res += x`
+    /// first and the sum is normalized.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm(
+        &self,
+        x: DevicePtr,
+        res: Option<DevicePtr>,
+        out: DevicePtr,
+        w: &GpuVector,
+        rows: usize,
+        groups: usize,
+        stride: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let n = w.len;
+        let name = if res.is_some() {
+            "rms_norm_res1"
+        } else {
+            "rms_norm_res0"
+        };
+        let args = [
+            p(x),
+            p(res.unwrap_or(DevicePtr::NULL)),
+            p(out),
+            p(w.buf.ptr()),
+            i32_arg(n, "norm width")?,
+            i32_arg(stride, "row stride")?,
+            i32_arg(stride, "row stride")?,
+            i32_arg(stride, "row stride")?,
+            KernelArg::F32(eps),
+        ];
+        self.launch(name, [rows as u32, groups as u32, 1], &args)
+    }
+
+    fn head_block(head_dim: usize) -> Result<usize> {
+        HEAD_BLOCKS
+            .iter()
+            .copied()
+            .find(|&b| b >= head_dim)
+            .ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "head_dim {head_dim} is larger than the GPU kernels' largest ({})",
+                    HEAD_BLOCKS[HEAD_BLOCKS.len() - 1]
+                ))
+            })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Weight = GpuWeight;
+    type Vector = GpuVector;
+    type Table = GpuWeight;
+
+    fn weight(&mut self, t: Tensor) -> Result<GpuWeight> {
+        float_name(t.dtype())?;
+        let buf = self.gpu.upload(t.storage().bytes())?;
+        Ok(GpuWeight {
+            buf,
+            dtype: t.dtype(),
+            rows: t.rows(),
+            cols: t.cols(),
+        })
+    }
+
+    fn weight_bytes(w: &GpuWeight) -> usize {
+        w.buf.len()
+    }
+
+    fn vector(&mut self, v: Vec<f32>) -> Result<GpuVector> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Ok(GpuVector {
+            buf: self.gpu.upload(&bytes)?,
+            len: v.len(),
+        })
+    }
+
+    fn vector_bytes(v: &GpuVector) -> usize {
+        4 * v.len
+    }
+
+    fn table(&mut self, t: Tensor) -> Result<GpuWeight> {
+        self.weight(t)
+    }
+
+    fn table_row_bytes(t: &GpuWeight) -> usize {
+        t.buf.len() / t.rows.max(1)
+    }
+
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()> {
+        self.dims = dims;
+        let t = batch.num_tokens();
+        self.tokens = t;
+        self.num_logits = batch.logits_indices.len();
+        for b in [
+            Buf::X,
+            Buf::H,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Attn,
+            Buf::Gate,
+            Buf::Up,
+        ] {
+            let bytes = 4 * t * self.width(b);
+            self.bufs[slot(b)].ensure(&self.gpu, bytes)?;
+        }
+        self.normed.ensure(&self.gpu, 4 * t * dims.hidden)?;
+        self.rows
+            .ensure(&self.gpu, 4 * self.num_logits * dims.hidden)?;
+        self.logits
+            .ensure(&self.gpu, 4 * self.num_logits * dims.vocab)?;
+        // Indices: ids, positions, slots, block tables, block-table start per token, rows.
+        fn put(h: &mut Vec<u32>, xs: &[u32]) -> usize {
+            h.extend_from_slice(xs);
+            h.len() - xs.len()
+        }
+        let h = &mut self.host_indices;
+        h.clear();
+        let ids = put(h, &batch.token_ids);
+        let positions = put(h, &batch.positions);
+        let slots = put(h, &batch.slot_mapping);
+        let block_tables = put(h, &batch.block_tables);
+        let bt_start = h.len();
+        for s in &batch.seqs {
+            h.extend(std::iter::repeat_n(s.block_table_start as u32, s.query_len));
+        }
+        let rows = put(h, &batch.logits_indices);
+        self.at = Indices {
+            ids,
+            positions,
+            slots,
+            block_tables,
+            bt_start,
+            rows,
+        };
+        let bytes = &mut self.host_bytes;
+        bytes.clear();
+        bytes.extend(h.iter().flat_map(|v| v.to_le_bytes()));
+        let ptr = self.indices.ensure(&self.gpu, bytes.len())?;
+        self.gpu.lock().write(ptr, bytes)?;
+        if self.inv_freq.as_ref().map(|f| f.1) != Some(rope.inv_freq().len()) {
+            let bytes: Vec<u8> = rope
+                .inv_freq()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            self.inv_freq = Some((self.gpu.upload(&bytes)?, rope.inv_freq().len()));
+        }
+        Ok(())
+    }
+
+    fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch) -> Result<()> {
+        let name = format!("gather_rows_{}", float_name(table.dtype)?);
+        let n = table.cols;
+        let grid = [self.tokens as u32, cdiv(n, self.block(&name, "BLOCK")?), 1];
+        let args = [
+            p(table.buf.ptr()),
+            p(self.index(self.at.ids)?),
+            p(self.buf(Buf::X)?),
+            i32_arg(n, "hidden size")?,
+            i32_arg(n, "row stride")?,
+            i32_arg(n, "row stride")?,
+            KernelArg::F32(1.0),
+        ];
+        self.launch(&name, grid, &args)
+    }
+
+    fn add_norm_linear(
+        &mut self,
+        add: bool,
+        norm: &GpuVector,
+        eps: f32,
+        outs: &[(&GpuWeight, Buf)],
+    ) -> Result<()> {
+        let (t, hidden) = (self.tokens, self.dims.hidden);
+        let normed = self.normed.ptr()?;
+        if add {
+            // X += H; normed = norm(X).
+            let (x, h) = (self.buf(Buf::X)?, self.buf(Buf::H)?);
+            self.rms_norm(h, Some(x), normed, norm, t, 1, hidden, eps)?;
+        } else {
+            self.rms_norm(self.buf(Buf::X)?, None, normed, norm, t, 1, hidden, eps)?;
+        }
+        for &(w, out) in outs {
+            self.gemm(normed, w, self.buf(out)?, t)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, buf: Buf, bias: &GpuVector) -> Result<()> {
+        let n = bias.len;
+        let grid = [
+            self.tokens as u32,
+            cdiv(n, self.block("add_rows", "BLOCK")?),
+            1,
+        ];
+        let args = [
+            p(self.buf(buf)?),
+            p(bias.buf.ptr()),
+            i32_arg(n, "bias length")?,
+            i32_arg(self.width(buf), "row stride")?,
+            KernelArg::I32(0),
+        ];
+        self.launch("add_rows", grid, &args)
+    }
+
+    fn head_norm(&mut self, buf: Buf, w: &GpuVector, eps: f32) -> Result<()> {
+        let width = self.width(buf);
+        let x = self.buf(buf)?;
+        self.rms_norm(x, None, x, w, self.tokens, width / w.len.max(1), width, eps)
+    }
+
+    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()> {
+        let hd = rope.head_dim();
+        let width = self.width(buf);
+        let freq = self
+            .inv_freq
+            .as_ref()
+            .map(|f| f.0.ptr())
+            .ok_or_else(|| ModelError::Invalid("rope before begin".into()))?;
+        let half = rope.inv_freq().len();
+        if half > self.block("rope", "HALF_BLOCK")? as usize {
+            return Err(ModelError::Invalid(format!(
+                "rotary dimension {} is larger than the GPU kernel's",
+                2 * half
+            )));
+        }
+        let args = [
+            p(self.buf(buf)?),
+            p(self.index(self.at.positions)?),
+            p(freq),
+            i32_arg(width, "row stride")?,
+            i32_arg(hd, "head_dim")?,
+            i32_arg(half, "rotary half")?,
+        ];
+        self.launch("rope", [self.tokens as u32, (width / hd) as u32, 1], &args)
+    }
+
+    fn write_kv(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        _batch: &ForwardBatch,
+    ) -> Result<()> {
+        let (kc, vc) = kv.device_layer(layer)?;
+        let d = Self::head_block(shape.head_dim)?;
+        let name = format!("kv_write_{}_d{d}", kv_name(kv.dtype()));
+        let args = [
+            p(self.buf(Buf::K)?),
+            p(self.buf(Buf::V)?),
+            p(kc),
+            p(vc),
+            p(self.index(self.at.slots)?),
+            i32_arg(self.dims.kv, "row stride")?,
+            i32_arg(shape.num_kv_heads, "kv heads")?,
+            i32_arg(shape.head_dim, "head_dim")?,
+        ];
+        let grid = [self.tokens as u32, shape.num_kv_heads as u32, 1];
+        self.launch(&name, grid, &args)
+    }
+
+    fn attend(
+        &mut self,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        _batch: &ForwardBatch,
+    ) -> Result<()> {
+        let (kc, vc) = kv.device_layer(layer)?;
+        let d = Self::head_block(shape.head_dim)?;
+        let name = format!("paged_attention_{}_d{d}", kv_name(kv.dtype()));
+        let group = shape.num_heads / shape.num_kv_heads.max(1);
+        let args = [
+            p(self.buf(Buf::Q)?),
+            p(kc),
+            p(vc),
+            p(self.index(self.at.block_tables)?),
+            p(self.index(self.at.bt_start)?),
+            p(self.index(self.at.positions)?),
+            p(self.buf(Buf::Attn)?),
+            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(group, "GQA group")?,
+            i32_arg(shape.num_kv_heads, "kv heads")?,
+            i32_arg(shape.head_dim, "head_dim")?,
+            i32_arg(shape.block_size, "block size")?,
+            i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
+            KernelArg::F32(shape.scale),
+            KernelArg::F32(0.0),
+        ];
+        let grid = [self.tokens as u32, shape.num_heads as u32, 1];
+        self.launch(&name, grid, &args)
+    }
+
+    fn linear(&mut self, input: Buf, w: &GpuWeight, out: Buf) -> Result<()> {
+        self.gemm(self.buf(input)?, w, self.buf(out)?, self.tokens)
+    }
+
+    fn gated_linear(&mut self, w: &GpuWeight, out: Buf) -> Result<()> {
+        let n = self.dims.intermediate;
+        let (gate, up) = (self.buf(Buf::Gate)?, self.buf(Buf::Up)?);
+        let grid = [
+            self.tokens as u32,
+            cdiv(n, self.block("gated_silu", "BLOCK")?),
+            1,
+        ];
+        // In place: Gate = silu(Gate) * Up.
+        let args = [
+            p(gate),
+            p(up),
+            p(gate),
+            i32_arg(n, "intermediate size")?,
+            i32_arg(n, "row stride")?,
+            i32_arg(n, "row stride")?,
+            i32_arg(n, "row stride")?,
+        ];
+        self.launch("gated_silu", grid, &args)?;
+        self.gemm(gate, w, self.buf(out)?, self.tokens)
+    }
+
+    fn add_residual(&mut self) -> Result<()> {
+        let n = self.dims.hidden;
+        let grid = [
+            self.tokens as u32,
+            cdiv(n, self.block("add_rows", "BLOCK")?),
+            1,
+        ];
+        let args = [
+            p(self.buf(Buf::X)?),
+            p(self.buf(Buf::H)?),
+            i32_arg(n, "hidden size")?,
+            i32_arg(n, "row stride")?,
+            i32_arg(n, "row stride")?,
+        ];
+        self.launch("add_rows", grid, &args)
+    }
+
+    fn logits(
+        &mut self,
+        norm: &GpuVector,
+        eps: f32,
+        head: &GpuWeight,
+        rows: &[u32],
+    ) -> Result<&[f32]> {
+        let (n, h) = (rows.len(), self.dims.hidden);
+        if n == 0 {
+            self.host_logits.clear();
+            return Ok(&self.host_logits);
+        }
+        let r = self.rows.ptr()?;
+        let grid = [
+            n as u32,
+            cdiv(h, self.block("gather_rows_f32", "BLOCK")?),
+            1,
+        ];
+        let args = [
+            p(self.buf(Buf::X)?),
+            p(self.index(self.at.rows)?),
+            p(r),
+            i32_arg(h, "hidden size")?,
+            i32_arg(h, "row stride")?,
+            i32_arg(h, "row stride")?,
+            KernelArg::F32(1.0),
+        ];
+        self.launch("gather_rows_f32", grid, &args)?;
+        self.rms_norm(r, None, r, norm, n, 1, h, eps)?;
+        let logits = self.logits.ptr()?;
+        self.gemm(r, head, logits, n)?;
+        let vocab = head.rows;
+        let bytes = &mut self.host_bytes;
+        bytes.resize(4 * n * vocab, 0);
+        self.gpu
+            .lock()
+            .read(logits, bytes)
+            .map_err(|e| ModelError::Invalid(format!("reading the logits back: {e}")))?;
+        self.host_logits.clear();
+        self.host_logits.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        Ok(&self.host_logits)
+    }
+}

@@ -1,0 +1,18 @@
+"""Row-wise addition in place: ``x[r] += y[r]`` (the residual stream), or with ``y_stride`` 0,
+``x[r] += y`` for every row (a bias).
+
+Grid ``(num_rows, cdiv(n_cols, BLOCK))``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rows(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + r * x_stride + offs, mask=mask, other=0.0)
+    y = tl.load(y_ptr + r * y_stride + offs, mask=mask, other=0.0)
+    tl.store(x_ptr + r * x_stride + offs, x + y, mask=mask)
