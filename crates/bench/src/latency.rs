@@ -57,7 +57,9 @@ pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> 
         );
     }
     let num_blocks = cfg.batch_size * len.div_ceil(BLOCK_SIZE);
-    let mut kv = KvCache::new(&c, num_blocks, BLOCK_SIZE).context("allocating the KV cache")?;
+    let mut kv = model
+        .new_kv_cache(num_blocks, BLOCK_SIZE)
+        .context("allocating the KV cache")?;
     let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
     for i in 0..cfg.num_iters_warmup + cfg.num_iters {
         let (p, d) = iteration(model, &mut kv, cfg)?;

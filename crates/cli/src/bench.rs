@@ -118,12 +118,14 @@ fn latency(args: &LatencyArgs) -> Result<()> {
     let (mut model, _, load_time) = load_parts(&args.model)?;
     let r = ferrum_bench::latency(&mut model, &cfg)?;
     let kv_cache_dtype = model.config().kv_cache_dtype.name();
+    let device = model.device_name();
     let precision = format!("{:?}", args.model.matmul_precision).to_lowercase();
     if args.json {
         println!(
             "{}",
             json!({
                 "model": args.model.model,
+                "device": device,
                 "input_len": args.input_len,
                 "output_len": args.output_len,
                 "batch_size": args.batch_size,
@@ -139,6 +141,7 @@ fn latency(args: &LatencyArgs) -> Result<()> {
             })
         );
     } else {
+        println!("device: {device}");
         println!(
             "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14} {:>14} {:>14}",
             "precision",
@@ -213,6 +216,7 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
         bail!("--num-prompts, --input-len and --output-len must be at least 1");
     }
     let (model, _, _) = load_parts(&args.model)?;
+    let device = model.device_name();
     let engine_cfg = args
         .engine
         .config(args.model.max_model_len, args.num_prompts)?;
@@ -232,6 +236,7 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
             "{}",
             json!({
                 "model": args.model.model,
+                "device": device,
                 "num_prompts": args.num_prompts,
                 "input_len": args.input_len,
                 "output_len": args.output_len,
@@ -246,6 +251,7 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
             })
         );
     } else {
+        println!("device: {device}");
         println!(
             "{:>8} {:>6} {:>6} {:>10} {:>14} {:>14} {:>12}",
             "prompts", "input", "output", "elapsed s", "output tok/s", "total tok/s", "requests/s"

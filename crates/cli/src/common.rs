@@ -7,8 +7,11 @@ use clap::Args;
 use ferrum_engine::{
     EngineConfig, EngineHandle, KvCacheSize, NgramProposer, Proposer, SpeculativeConfig,
 };
-use ferrum_models::{load_model, load_text_assets_with, LoadOptions, Model};
+use ferrum_models::{load_model, load_model_on, load_text_assets_with, LoadOptions, Model};
+use ferrum_models::{ModelError, Result as ModelResult};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
+use ferrum_runtime::cuda::Gpu;
+use ferrum_runtime::Device;
 use ferrum_tokenizer::{TemplateMode, TextAssets, Tokenizer};
 use ferrum_types::{SamplingParams, TypesError};
 use std::io::IsTerminal;
@@ -43,6 +46,63 @@ pub struct ModelArgs {
     /// process (saves about 0.1 ms a request; a hostile template can then exhaust memory).
     #[arg(long)]
     pub no_template_sandbox: bool,
+    /// Where the model runs: auto (CUDA device 0 when a GPU and driver are usable and the
+    /// model's weight types run there, else the CPU), cpu, cuda, cuda:N, or interpreted (the
+    /// CUDA backend's kernels in the Triton interpreter on the host: for tests; slow).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceArg,
+}
+
+/// `--device` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Auto,
+    Fixed(Device),
+}
+
+fn parse_device(s: &str) -> std::result::Result<DeviceArg, String> {
+    match s {
+        "auto" => Ok(DeviceArg::Auto),
+        _ => s
+            .parse()
+            .map(DeviceArg::Fixed)
+            .map_err(|e: String| e.replace("expected cpu", "expected auto, cpu")),
+    }
+}
+
+/// Loads `path` on the device `--device` names. `auto` tries CUDA device 0 and falls back to
+/// the CPU, saying why on stderr, when no GPU is usable or the model needs something the GPU
+/// path does not run yet.
+fn load_on_device(
+    path: &std::path::Path,
+    args: &ModelArgs,
+    opts: &LoadOptions,
+) -> ModelResult<Model> {
+    match args.device {
+        DeviceArg::Fixed(device) => load_model_on(path, opts, device),
+        DeviceArg::Auto => match Gpu::cuda(0) {
+            Err(e) => {
+                if !e.to_string().contains("libcuda.so was not found") {
+                    eprintln!("ferrum: no usable GPU ({e}); running on the CPU");
+                }
+                load_model(path, opts)
+            }
+            Ok(gpu) => {
+                drop(gpu);
+                let gpu_opts = LoadOptions {
+                    num_threads: None,
+                    ..opts.clone()
+                };
+                match load_model_on(path, &gpu_opts, Device::Cuda(0)) {
+                    Err(ModelError::NotOnDevice(why)) => {
+                        eprintln!("ferrum: {why}; running on the CPU");
+                        load_model(path, opts)
+                    }
+                    other => other,
+                }
+            }
+        },
+    }
 }
 
 /// `--matmul-precision` values.
@@ -163,16 +223,14 @@ pub fn load_parts(
     if interactive {
         eprint!("loading {} ... ", path.display());
     }
-    let model = load_model(
-        &path,
-        &LoadOptions {
-            num_threads: args.threads,
-            precision: args.matmul_precision.into(),
-            kv_cache_dtype: args.kv_cache_dtype.fixed(),
-            pool: None,
-        },
-    )
-    .with_context(|| format!("loading {}", path.display()))?;
+    let opts = LoadOptions {
+        num_threads: args.threads,
+        precision: args.matmul_precision.into(),
+        kv_cache_dtype: args.kv_cache_dtype.fixed(),
+        pool: None,
+    };
+    let model = load_on_device(&path, args, &opts)
+        .with_context(|| format!("loading {}", path.display()))?;
     let mode = if args.no_template_sandbox {
         TemplateMode::InProcess
     } else {
@@ -373,11 +431,17 @@ pub fn start_engine(
         (_, None) => return Ok(EngineHandle::start(model, tokenizer, cfg)?),
     };
     let path = model_path::resolve(draft)?;
+    let Some(pool) = model.compute_pool() else {
+        bail!(
+            "--speculative-model runs beside a CPU model only for now; the target runs on {}",
+            model.device_name()
+        );
+    };
     let draft = load_model(
         &path,
         &LoadOptions {
             num_threads: None,
-            pool: Some(Arc::clone(model.compute_pool())),
+            pool: Some(Arc::clone(pool)),
             precision: model_args.matmul_precision.into(),
             kv_cache_dtype: model_args.kv_cache_dtype.fixed(),
         },

@@ -28,6 +28,14 @@ pub fn inspect(args: &InspectArgs) -> Result<()> {
     Ok(())
 }
 
+/// The devices this machine offers (`--device`): the CPU always, CUDA device 0 when usable.
+fn devices() -> String {
+    match ferrum_runtime::cuda::Gpu::cuda(0) {
+        Ok(gpu) => format!("cpu, cuda:0 ({})", gpu.describe()),
+        Err(e) => format!("cpu (no CUDA: {e})"),
+    }
+}
+
 fn format_name(info: &ModelInfo) -> String {
     match (info.format, info.gguf_version) {
         (ModelFormat::Gguf, Some(v)) => format!("GGUF v{v}"),
@@ -77,6 +85,7 @@ fn to_table(args: &InspectArgs, info: &ModelInfo) -> String {
     let mut s = String::new();
     let mut row = |k: &str, v: String| s.push_str(&format!("{k:<18}{v}\n"));
     row("model", args.model.display().to_string());
+    row("devices", devices());
     row("format", format_name(info));
     row(
         "architecture",
@@ -141,6 +150,7 @@ fn to_table(args: &InspectArgs, info: &ModelInfo) -> String {
 fn to_json(info: &ModelInfo) -> serde_json::Value {
     let c = &info.config;
     json!({
+        "devices": devices(),
         "format": format_name(info),
         "architecture": c.architecture,
         "family": c.spec.name,

@@ -68,6 +68,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
     let kv_dtype = model.config().kv_cache_dtype;
+    let device = model.device_name();
     let engine = crate::common::start_engine(
         model,
         Some(tokenizer),
@@ -89,8 +90,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let has_template = chat_template.is_some();
     ferrum_server::run(engine, chat_template, &server, |addr| {
         eprintln!(
-            "ferrum: serving '{name}' (context {max_model_len} tokens, KV cache {kv_tokens} \
-             tokens in {kv_dtype}{}) on http://{addr}",
+            "ferrum: serving '{name}' on {device} (context {max_model_len} tokens, KV cache \
+             {kv_tokens} tokens in {kv_dtype}{}) on http://{addr}",
             if has_template {
                 ""
             } else {

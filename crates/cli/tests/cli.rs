@@ -576,3 +576,90 @@ fn bench_latency_and_throughput_report_json() {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("--output-len"), "{}", stderr(&bad));
 }
+
+/// `--device interpreted` runs the CUDA backend (kernels in the Triton interpreter) through the
+/// whole `run` path and prints the reference's greedy ids, as the CPU does. Skipped without the
+/// Triton venv (scripts/test-cuda-interpret.sh), a failure under CI.
+#[test]
+fn run_on_the_interpreted_device_prints_the_reference_greedy_ids() {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/triton-venv");
+    if !venv.join("bin/python").is_file() && std::env::var_os("FERRUM_TRITON_PYTHON").is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: the Triton venv is missing"
+        );
+        eprintln!("skipped: run scripts/test-cuda-interpret.sh");
+        return;
+    }
+    let dir = fixtures().join("tiny-qwen2");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let case = &reference["cases"][1];
+    let prompt: Vec<String> = case["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let out = ferrum(&[
+        "run",
+        "--device",
+        "interpreted",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["token_ids"], case["greedy_ids"]);
+}
+
+/// Asking for a GPU where there is none is an error that says what is missing, not a panic;
+/// `--device auto` quietly runs on the CPU; a device name that does not parse is refused.
+#[test]
+fn device_flags_fail_clearly() {
+    let tiny = fixtures().join("tiny-llama");
+    let tiny = tiny.to_str().unwrap();
+    let base = [
+        "run",
+        "--model",
+        tiny,
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+    ];
+    let with = |device: &str| {
+        let mut a = base.to_vec();
+        a.extend(["--device", device]);
+        ferrum(&a)
+    };
+    let gpu_present = std::path::Path::new("/dev/nvidiactl").exists();
+    if !gpu_present {
+        let out = with("cuda");
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains("libcuda.so was not found") || err.contains("sees no device"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        let out = with("auto");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = with("cuda:x");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("expected auto, cpu, cuda, cuda:N or interpreted"),
+        "{}",
+        stderr(&out)
+    );
+}

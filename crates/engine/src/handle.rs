@@ -175,12 +175,13 @@ impl EngineHandle {
                 sched_cfg.capacity_tokens()
             )));
         }
-        let kv = KvCache::new(&mc, num_blocks, cfg.block_size)?;
+        let kv = model.new_kv_cache(num_blocks, cfg.block_size)?;
         let eos = match &tokenizer {
             Some(t) => t.special().stop_token_ids.clone(),
             None => mc.eos_token_ids.clone(),
         };
         let metrics = Arc::new(Mutex::new(Metrics {
+            device: model.device_name(),
             kv_blocks_total: num_blocks,
             kv_blocks_free: num_blocks,
             ..Metrics::default()

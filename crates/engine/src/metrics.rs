@@ -118,6 +118,8 @@ pub struct Metrics {
     pub spec: SpecCounters,
     /// False once the engine loop has stopped (after an error or a shutdown).
     pub healthy: bool,
+    /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
+    pub device: String,
 }
 
 impl Default for Metrics {
@@ -140,6 +142,7 @@ impl Default for Metrics {
             requests_finished: 0,
             spec: SpecCounters::default(),
             healthy: true,
+            device: "cpu".to_string(),
         }
     }
 }

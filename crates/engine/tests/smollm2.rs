@@ -121,7 +121,7 @@ fn ngram_speculation_keeps_greedy_output() {
             Some(Proposer::Draft) => {
                 // The model as its own draft, on its threads: every proposal is right.
                 let opts = LoadOptions {
-                    pool: Some(model.compute_pool().clone()),
+                    pool: Some(model.compute_pool().unwrap().clone()),
                     ..LoadOptions::default()
                 };
                 let draft = load_model(&path, &opts).unwrap();

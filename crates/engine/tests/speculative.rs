@@ -22,7 +22,7 @@ fn self_drafted(name: &str, cfg: EngineConfig) -> EngineHandle {
     let draft = load_model(
         &fixture(name),
         &LoadOptions {
-            pool: Some(model.compute_pool().clone()),
+            pool: Some(model.compute_pool().unwrap().clone()),
             ..LoadOptions::default()
         },
     )

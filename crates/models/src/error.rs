@@ -52,6 +52,9 @@ pub enum ModelError {
     /// A KV cache or batch does not fit the model.
     #[error("{0}")]
     Invalid(String),
+    /// The model uses something its device cannot run yet (a weight format on the GPU, say).
+    #[error("{0}")]
+    NotOnDevice(String),
     #[error(transparent)]
     Runtime(#[from] ferrum_runtime::RuntimeError),
     #[error(transparent)]

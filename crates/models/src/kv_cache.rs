@@ -74,7 +74,8 @@ impl KvCache {
         Ok(Self::with_layers(config, num_blocks, block_size, layers))
     }
 
-    /// The same cache in `gpu`'s memory (zeroed), for a model on that GPU.
+    /// The same cache in `gpu`'s memory, for a model on that GPU. Its contents start
+    /// undefined: attention reads a slot only after the step that writes it.
     pub fn new_on_gpu(
         config: &ModelConfig,
         num_blocks: usize,
@@ -83,11 +84,10 @@ impl KvCache {
     ) -> Result<KvCache> {
         let per_layer = Self::check(config, num_blocks, block_size)?;
         let bytes = per_layer * config.kv_cache_dtype.size();
-        let zeros = vec![0u8; bytes];
         let mut buffers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
             let alloc = || {
-                gpu.upload(&zeros).map_err(|e| {
+                gpu.alloc(bytes).map_err(|e| {
                     ModelError::Invalid(format!(
                         "allocating the KV cache ({num_blocks} blocks of {block_size}, \
                          {bytes} bytes per buffer) at layer {layer}: {e}"

@@ -26,7 +26,9 @@ pub use gguf::{GgufFile, GgufValue};
 pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
-pub use loader::{load_model, load_model_on_gpu, resolve_kv_dtype, LoadOptions, Model};
+pub use loader::{
+    load_model, load_model_on, load_model_on_gpu, resolve_kv_dtype, LoadOptions, Model,
+};
 pub use registry::{ArchSpec, Family};
 pub use safetensors::SafetensorsFile;
 pub use source::{ModelFormat, WeightSource};

@@ -5,8 +5,8 @@ use crate::registry::Family;
 use crate::source::WeightSource;
 use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
-use ferrum_runtime::cuda::SharedGpu;
-use ferrum_runtime::ThreadPool;
+use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
+use ferrum_runtime::{Device, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::path::Path;
 use std::sync::Arc;
@@ -47,24 +47,47 @@ pub fn resolve_kv_dtype(src: &WeightSource, config: &ModelConfig, opts: &LoadOpt
     }
 }
 
-/// A loaded model of any supported family.
+/// A loaded model of any supported family, on its device.
+// One or two per process, moved only at start: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Model {
+    /// On the CPU.
     Llama(LlamaModel),
+    /// On a GPU (or the interpreted device).
+    LlamaGpu(LlamaModel<CudaBackend>),
 }
 
 impl Model {
     pub fn config(&self) -> &ModelConfig {
         match self {
             Model::Llama(m) => m.config(),
+            Model::LlamaGpu(m) => m.config(),
         }
     }
 
-    /// The compute pool the model runs on; pass it in [`LoadOptions::pool`] to load another
-    /// model onto the same threads.
-    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
+    /// The compute pool a CPU model runs on; pass it in [`LoadOptions::pool`] to load another
+    /// model onto the same threads. `None` for a GPU model.
+    pub fn compute_pool(&self) -> Option<&Arc<ThreadPool>> {
         match self {
-            Model::Llama(m) => m.compute_pool(),
+            Model::Llama(m) => Some(m.compute_pool()),
+            Model::LlamaGpu(_) => None,
+        }
+    }
+
+    /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
+    pub fn device_name(&self) -> String {
+        match self {
+            Model::Llama(_) => "cpu".to_string(),
+            Model::LlamaGpu(m) => m.backend().gpu().lock().describe(),
+        }
+    }
+
+    /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        match self {
+            Model::Llama(m) => KvCache::new(m.config(), num_blocks, block_size),
+            Model::LlamaGpu(m) => m.backend().kv_cache(m.config(), num_blocks, block_size),
         }
     }
 
@@ -72,6 +95,7 @@ impl Model {
     pub fn weight_bytes_per_token(&self) -> usize {
         match self {
             Model::Llama(m) => m.weight_bytes_per_token(),
+            Model::LlamaGpu(m) => m.weight_bytes_per_token(),
         }
     }
 
@@ -79,6 +103,7 @@ impl Model {
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         match self {
             Model::Llama(m) => m.forward(batch, kv),
+            Model::LlamaGpu(m) => m.forward(batch, kv),
         }
     }
 }
@@ -111,9 +136,29 @@ fn compute_pool(path: &Path, opts: &LoadOptions) -> Result<Arc<ThreadPool>> {
     pool.map(Arc::new).map_err(|e| ModelError::io(path, e))
 }
 
+/// Opens `path` and builds its model on `device`: [`load_model`] for the CPU; for a GPU (or the
+/// interpreted device) the CUDA backend, after probing the driver and the device (an error
+/// naming what is missing, never a panic).
+pub fn load_model_on(path: &Path, opts: &LoadOptions, device: Device) -> Result<Model> {
+    let gpu = match device {
+        Device::Cpu => return load_model(path, opts),
+        Device::Cuda(n) => Gpu::cuda(n)?,
+        Device::Interpreted => Gpu::interpreted(&InterpreterConfig::from_env())?,
+    };
+    if opts.pool.is_some() || opts.num_threads.is_some() {
+        return Err(ModelError::Invalid(format!(
+            "a model on {device} does not take compute threads; leave them unset"
+        )));
+    }
+    Ok(Model::LlamaGpu(load_model_on_gpu(
+        path,
+        opts,
+        SharedGpu::new(gpu),
+    )?))
+}
+
 /// Opens `path` and builds its model on `gpu` with the CUDA backend (f32, f16 and bf16
-/// weights; the KV cache type as [`resolve_kv_dtype`] picks it). The engine does not run GPU
-/// models yet; this is the backend's entry for its tests and tools.
+/// weights; the KV cache type as [`resolve_kv_dtype`] picks it).
 pub fn load_model_on_gpu(
     path: &Path,
     opts: &LoadOptions,

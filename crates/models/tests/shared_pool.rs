@@ -31,8 +31,11 @@ fn models_share_the_pool_they_are_given() {
     };
     let mut target = shared(&llama);
     let mut draft = shared(&qwen);
-    assert!(Arc::ptr_eq(target.compute_pool(), draft.compute_pool()));
-    assert!(Arc::ptr_eq(target.compute_pool(), &pool));
+    assert!(Arc::ptr_eq(
+        target.compute_pool().unwrap(),
+        draft.compute_pool().unwrap()
+    ));
+    assert!(Arc::ptr_eq(target.compute_pool().unwrap(), &pool));
     // Both at once from two threads: the pool takes one job at a time.
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| prompt_logits(&mut target, &prompt));

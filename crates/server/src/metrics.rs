@@ -58,6 +58,14 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     } else {
         used as f64 / m.kv_blocks_total as f64
     };
+    let _ = writeln!(
+        o.text,
+        "# HELP ferrum_device_info The device the model runs on.\n\
+         # TYPE ferrum_device_info gauge\n\
+         ferrum_device_info{{{},device=\"{}\"}} 1",
+        o.labels,
+        label(&m.device)
+    );
     o.metric(
         "ferrum_num_requests_running",
         "gauge",
@@ -235,6 +243,7 @@ mod tests {
             "ferrum_spec_decode_num_accepted_tokens_per_pos_total{model_name=\"a\\\"b\",position=\"1\"} 1\n"
         ));
         assert!(t.contains("ferrum_kv_blocks_total{model_name=\"a\\\"b\"} 10\n"));
+        assert!(t.contains("ferrum_device_info{model_name=\"a\\\"b\",device=\"cpu\"} 1\n"));
         assert!(t.contains("ferrum_kv_blocks_free{model_name=\"a\\\"b\"} 7\n"));
         assert!(t.contains("ferrum_kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.3\n"));
         assert!(t.contains(

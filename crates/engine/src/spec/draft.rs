@@ -43,7 +43,7 @@ impl DraftModel {
                  a draft must share the target's vocabulary"
             )));
         }
-        let kv = KvCache::new(model.config(), num_blocks, block_size)?;
+        let kv = model.new_kv_cache(num_blocks, block_size)?;
         Ok(DraftModel {
             model,
             kv,

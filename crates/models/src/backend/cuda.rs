@@ -117,7 +117,7 @@ fn float_name(dtype: DType) -> Result<&'static str> {
         DType::F32 => Ok("f32"),
         DType::F16 => Ok("f16"),
         DType::BF16 => Ok("bf16"),
-        other => Err(ModelError::Invalid(format!(
+        other => Err(ModelError::NotOnDevice(format!(
             "the CUDA backend runs f32, f16 and bf16 weights; {other} is not supported on the GPU \
              yet (run it on the CPU: --device cpu)"
         ))),
@@ -279,7 +279,7 @@ impl CudaBackend {
             .copied()
             .find(|&b| b >= head_dim)
             .ok_or_else(|| {
-                ModelError::Invalid(format!(
+                ModelError::NotOnDevice(format!(
                     "head_dim {head_dim} is larger than the GPU kernels' largest ({})",
                     HEAD_BLOCKS[HEAD_BLOCKS.len() - 1]
                 ))
