@@ -9,12 +9,16 @@
 #      they cannot skip;
 #   3. the kernel sources through Triton's JIT on the GPU against the numpy references
 #      (kernels/tests, FERRUM_KERNEL_RUNNER=cuda; needs torch and triton in python3);
-#   4. with --llama8b DIR: a Llama-3.1-8B-shaped model with random bf16 weights made in DIR by
+#   4. the OpenAI client tests (tests/openai) against `ferrum serve --device cuda` on the tiny
+#      fixture (needs the openai package, 3.54.0, in python3; SmolLM2's Q4_1 file does not run
+#      on the GPU yet, so its tests are left out);
+#   5. with --llama8b DIR: a Llama-3.1-8B-shaped model with random bf16 weights made in DIR by
 #      transformers on the GPU (scripts/gpu/llama8b_reference.py), Ferrum's logits against
 #      transformers' on the same GPU (~50 GB of GPU memory, ~35 GB of disk);
-#   5. with --bench: kernels/bench_gpu.py, the kernels' times beside PyTorch's.
-# Builds the test binaries with cargo, or takes prebuilt ones from FERRUM_GPU_TEST_BINS (a
-# folder holding cuda_kernels and cuda_fixtures, from `cargo test --no-run`).
+#   6. with --bench: kernels/bench_gpu.py, the kernels' times beside PyTorch's.
+# Builds the test binaries and ferrum with cargo, or takes prebuilt ones from
+# FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels and cuda_fixtures, from
+# `cargo test --no-run`) and FERRUM_BIN (a ferrum binary).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -56,6 +60,20 @@ FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 
 
 echo "== kernel sources through Triton's JIT on the GPU (kernels/tests)"
 (cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels) || status=1
+
+echo "== OpenAI client tests against ferrum serve --device cuda (tests/openai)"
+if python3 -c 'import openai' 2>/dev/null; then
+    if [[ -z "${FERRUM_BIN:-}" ]]; then
+        cargo build --quiet --release --bin ferrum
+        FERRUM_BIN="$PWD/target/release/ferrum"
+    fi
+    FERRUM_BIN="$FERRUM_BIN" FERRUM_FIXTURES="$PWD/tests/fixtures" FERRUM_SMOLLM2=/nonexistent \
+        FERRUM_SERVE_ARGS="--device cuda" python3 -m unittest discover -s tests/openai \
+        -t tests/openai -v || status=1
+else
+    echo "NOT RUN: python3 has no openai package (pip install openai==3.54.0)"
+    status=1
+fi
 
 if [[ -n "$llama8b" ]]; then
     echo "== Llama-3.1-8B-shaped model against transformers on the GPU"

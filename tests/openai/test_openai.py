@@ -3,6 +3,7 @@
 Run through scripts/test-openai.sh, which installs the client into a venv, builds the binary
 and sets FERRUM_BIN (the binary), FERRUM_FIXTURES (tests/fixtures) and FERRUM_SMOLLM2 (the
 SmolLM2 GGUF; its tests are skipped when it is missing, and CI always fetches it).
+FERRUM_SERVE_ARGS adds flags to every server (`--device cuda` on a GPU: scripts/test-gpu.sh).
 """
 
 import json
@@ -20,6 +21,7 @@ import openai
 FIXTURES = os.environ.get("FERRUM_FIXTURES", os.path.join(os.path.dirname(__file__), "..", "fixtures"))
 TINY = os.path.join(FIXTURES, "tiny-smollm")
 SMOLLM2 = os.environ.get("FERRUM_SMOLLM2", "")
+SERVE_ARGS = os.environ.get("FERRUM_SERVE_ARGS", "").split()
 
 
 class Server:
@@ -28,7 +30,7 @@ class Server:
     def __init__(self, model, name, *extra):
         self.proc = subprocess.Popen(
             [os.environ["FERRUM_BIN"], "serve", "--model", model, "--port", "0",
-             "--served-model-name", name, *extra],
+             "--served-model-name", name, *SERVE_ARGS, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
         deadline = time.time() + 120

@@ -68,7 +68,9 @@ pub fn available_memory() -> Option<u64> {
 
 impl EngineConfig {
     /// Checks the limits and works out the number of KV blocks for `bytes_per_block`.
-    pub fn num_blocks(&self, bytes_per_block: usize) -> Result<usize> {
+    /// `device_free`: the free memory of the model's device when that is not the host's (a
+    /// GPU's); a fraction of free memory is then a fraction of it.
+    pub fn num_blocks(&self, bytes_per_block: usize, device_free: Option<u64>) -> Result<usize> {
         let bad = |m: String| Err(EngineError::Invalid(m));
         if self.max_num_seqs == 0 {
             return bad("--max-num-seqs must be at least 1".into());
@@ -93,7 +95,7 @@ impl EngineConfig {
                 if !(f > 0.0 && f <= 1.0) {
                     return bad(format!("--kv-cache-memory fraction {f} is outside (0, 1]"));
                 }
-                let avail = available_memory().ok_or_else(|| {
+                let avail = device_free.or_else(available_memory).ok_or_else(|| {
                     EngineError::Invalid(
                         "cannot read the available memory; give --kv-cache-memory in bytes".into(),
                     )

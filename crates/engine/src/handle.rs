@@ -138,7 +138,10 @@ impl EngineHandle {
         setup: impl FnOnce(&mut EngineCore),
     ) -> Result<EngineHandle> {
         let mc = model.config().clone();
-        let num_blocks = cfg.num_blocks(KvCache::bytes_per_block(&mc, cfg.block_size))?;
+        let num_blocks = cfg.num_blocks(
+            KvCache::bytes_per_block(&mc, cfg.block_size),
+            model.device_free_memory()?,
+        )?;
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,

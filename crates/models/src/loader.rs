@@ -83,6 +83,18 @@ impl Model {
         }
     }
 
+    /// Free memory of the model's device in bytes, when it is not the host's (a GPU's, after
+    /// the weights): what a KV cache given as a fraction of free memory takes its share of.
+    pub fn device_free_memory(&self) -> Result<Option<u64>> {
+        match self {
+            Model::Llama(_) => Ok(None),
+            Model::LlamaGpu(m) => {
+                let info = m.backend().gpu().lock().memory_info()?;
+                Ok(info.map(|(free, _)| free as u64))
+            }
+        }
+    }
+
     /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
         match self {

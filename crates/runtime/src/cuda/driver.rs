@@ -236,6 +236,13 @@ impl Driver for CudaDriver {
         self.bind()?;
         result::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize (a kernel failed)", e))
     }
+
+    fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
+        self.bind()?;
+        result::mem_get_info()
+            .map(Some)
+            .map_err(|e| cuda_err("cuMemGetInfo", e))
+    }
 }
 
 impl Drop for CudaDriver {

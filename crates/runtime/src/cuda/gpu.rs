@@ -85,6 +85,8 @@ pub(crate) trait Driver: fmt::Debug + Send {
     fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()>;
     /// Waits for all issued work.
     fn synchronize(&mut self) -> Result<()>;
+    /// Free and total device memory in bytes; `None` where the device's memory is the host's.
+    fn memory_info(&mut self) -> Result<Option<(usize, usize)>>;
 }
 
 struct Loaded {
@@ -237,6 +239,11 @@ impl Gpu {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+
+    /// Free and total device memory in bytes; `None` for the interpreted device (host memory).
+    pub fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
+        self.driver.memory_info()
     }
 
     /// Waits for all issued work; a failed launch surfaces here at the latest.

@@ -195,6 +195,10 @@ impl Driver for InterpretedDriver {
     fn synchronize(&mut self) -> Result<()> {
         Ok(())
     }
+
+    fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
 }
 
 impl Drop for InterpretedDriver {
