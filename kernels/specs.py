@@ -9,6 +9,9 @@ non-constexpr parameters in order with their Triton types, which the compiled AB
 # Float element types of weights and KV caches, by the name used in specialization names.
 FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
+# GGUF block formats the quantized product decodes, in its FORMAT order (qgemm.py).
+QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+
 # Head sizes the attention and KV kernels are specialized for (a head of d elements uses the
 # smallest block >= d; the Llama family uses 64 and 128, Gemma 3 256).
 HEAD_BLOCKS = (32, 64, 128, 256)
@@ -66,6 +69,18 @@ def all_specs():
                  ("y_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
                  ("x_stride", "i32"), ("y_stride", "i32")],
                 {"HAS_BIAS": has_bias, "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32}))
+    for fmt, name in enumerate(QUANTS):
+        specs.append(_spec(
+            f"qgemm_{name}", "qgemm", "qgemm",
+            [("x_ptr", "*fp32"), ("w_ptr", "*u8"), ("y_ptr", "*fp32"), ("m", "i32"),
+             ("n", "i32"), ("k", "i32"), ("row_bytes", "i32"), ("x_stride", "i32"),
+             ("y_stride", "i32")],
+            {"FORMAT": fmt, "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32}))
+        specs.append(_spec(
+            f"qgather_rows_{name}", "qgemm", "qgather_rows",
+            [("table_ptr", "*u8"), ("ids_ptr", "*u32"), ("out_ptr", "*fp32"),
+             ("n_cols", "i32"), ("row_bytes", "i32"), ("out_stride", "i32"), ("scale", "fp32")],
+            {"FORMAT": fmt, "BLOCK": 256}))
     for short, ty in FLOATS.items():
         for d in HEAD_BLOCKS:
             specs.append(_spec(

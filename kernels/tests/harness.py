@@ -59,7 +59,8 @@ class InterpRunner:
             store = (bf16_round(a).view(np.uint32) >> 16).astype(np.uint16)
         else:
             store = np.ascontiguousarray(
-                a, dtype={"fp32": np.float32, "fp16": np.float16, "u32": np.uint32}[ty])
+                a, dtype={"fp32": np.float32, "fp16": np.float16, "u32": np.uint32,
+                          "u8": np.uint8}[ty])
         h = Handle(np.ascontiguousarray(store).copy(), ty, a.shape)
         self.keep.append(h)
         return h
@@ -67,7 +68,9 @@ class InterpRunner:
     def host(self, h):
         if h.ty == "bf16":
             return (h.store.astype(np.uint32) << 16).view(np.float32).reshape(h.shape)
-        return h.store.astype(np.float32 if h.ty != "u32" else np.uint32).reshape(h.shape)
+        if h.ty in ("u32", "u8"):
+            return h.store.copy().reshape(h.shape)
+        return h.store.astype(np.float32).reshape(h.shape)
 
     def ptr(self, h, offset=0):
         return self.interp.Ptr(h.store.ctypes.data, h.ty) + offset
@@ -86,20 +89,22 @@ class CudaRunner:
         import torch
         self.torch = torch
         self.types = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-                      "u32": torch.int32}
+                      "u32": torch.int32, "u8": torch.uint8}
 
     def dev(self, array, ty="fp32"):
         t = self.torch
         a = np.asarray(array)
         if ty == "u32":
             x = t.from_numpy(a.astype(np.int32)).cuda()
+        elif ty == "u8":
+            x = t.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).cuda()
         else:
             x = t.from_numpy(a.astype(np.float32)).cuda().to(self.types[ty])
         return Handle(x.contiguous(), ty, a.shape)
 
     def host(self, h):
-        if h.ty == "u32":
-            return h.store.cpu().numpy().astype(np.uint32).reshape(h.shape)
+        if h.ty in ("u32", "u8"):
+            return h.store.cpu().numpy().reshape(h.shape)
         return h.store.float().cpu().numpy().reshape(h.shape)
 
     def ptr(self, h, offset=0):

@@ -11,6 +11,7 @@ to f16/bf16 on the host exactly as the kernels round them).
 """
 
 import math
+import os
 import unittest
 
 import numpy as np
@@ -18,6 +19,30 @@ import numpy as np
 from harness import SPECS, assert_close, round_to, runner
 
 TOL = 2e-5
+# Quantized products run at tf32 on a GPU (10-bit mantissa operands, f32 accumulation): about
+# 2^-11 relative per operand, grown by sqrt(k) over a row; the interpreter computes in f32.
+QTOL = 2e-3
+QUANT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                         "fixtures", "quant")
+QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+
+
+def read_safetensors(path):
+    """The tensors of a safetensors file, as numpy arrays (U8 and F32 only)."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = {"U8": np.uint8, "F32": np.float32}[meta["dtype"]]
+        a, b = meta["data_offsets"]
+        out[name] = np.frombuffer(data[a:b], dtype=dtype).reshape(meta["shape"])
+    return out
 FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
@@ -143,6 +168,37 @@ class Kernels(unittest.TestCase):
                     if has_bias:
                         want += b
                     assert_close(self, f"{name} {m}x{n}x{k}", r.host(y), want, TOL)
+
+    def test_qgemm_every_block_format(self):
+        """Raw blocks of every format (tests/fixtures/quant, written by llama.cpp and gguf-py)
+        against their gguf-py dequantization: rows repeated and shuffled to 70, so tiles are
+        partial; m of 1 (decode) and 37."""
+        r = self.r
+        blocks = read_safetensors(os.path.join(QUANT_DIR, "blocks.safetensors"))
+        for fmt in QUANTS:
+            raw = blocks[f"{fmt.upper()}.raw"]
+            deq = blocks[f"{fmt.upper()}.dequant"]
+            order = self.rng.integers(0, raw.shape[0], 70)
+            raw, deq = np.ascontiguousarray(raw[order]), deq[order]
+            n, k = deq.shape
+            name = f"qgemm_{fmt}"
+            c = SPECS[name]["constexprs"]
+            for m in (1, 37):
+                x = self.rand(m, k + 5)
+                y = self.nan(m, n)
+                r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"])),
+                         [r.ptr(r.dev(x)), r.ptr(r.dev(raw, "u8")), r.ptr(y), m, n, k,
+                          raw.shape[1], k + 5, n])
+                want = x[:, :k].astype(np.float64) @ deq.astype(np.float64).T
+                assert_close(self, f"{name} m={m}", r.host(y), want, QTOL)
+            # Whole rows decoded (a quantized embedding table): exact, as gguf-py decodes.
+            ids = self.rng.integers(0, n, 5).astype(np.uint32)
+            out = self.nan(5, k)
+            gname = f"qgather_rows_{fmt}"
+            r.launch(gname, (5, cdiv(k, SPECS[gname]["constexprs"]["BLOCK"])),
+                     [r.ptr(r.dev(raw, "u8")), r.ptr(r.dev(ids, "u32")), r.ptr(out), k,
+                      raw.shape[1], k, 2.0])
+            assert_close(self, gname, r.host(out), deq[ids].astype(np.float64) * 2.0, 1e-7)
 
     def attention_case(self, short, d_block, hd, group, block_size, window, softcap):
         """Three sequences (prefill with prior context, decode, fresh prefill) over scattered

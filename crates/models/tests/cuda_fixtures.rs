@@ -94,10 +94,11 @@ fn top2_gap(row: &[f32]) -> f32 {
 }
 
 fn check(dir: &Path, model_path: &Path, tol: f32) {
-    check_on(devices(), dir, model_path, tol)
+    check_on(devices(), dir, model_path, tol, 16)
 }
 
-fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32) {
+/// Logits at every prompt position within `tol` of the largest, and `steps` greedy ids.
+fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32, steps: usize) {
     for gpu in devices {
         let dev = gpu.lock().describe();
         let opts = LoadOptions::default();
@@ -124,7 +125,8 @@ fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32) {
                 model_path.display()
             );
             let want_ids = ids(&case["greedy_ids"]);
-            let got_ids = greedy(&mut model, &prompt, 16);
+            let got_ids = greedy(&mut model, &prompt, steps);
+            let want_ids = &want_ids[..steps];
             if tol <= 1e-4 {
                 assert_eq!(
                     got_ids,
@@ -140,10 +142,10 @@ fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32) {
                 }
                 let agree = got_ids
                     .iter()
-                    .zip(&want_ids)
+                    .zip(want_ids)
                     .take_while(|(a, b)| a == b)
                     .count();
-                eprintln!("{dev}: case {i}: greedy ids agree for {agree} of 16");
+                eprintln!("{dev}: case {i}: greedy ids agree for {agree} of {steps}");
             }
         }
     }
@@ -184,10 +186,11 @@ fn tiny_mistral_sliding_window() {
     fixture("tiny-mistral-swa", 1e-4);
 }
 
+/// A 49152-token vocabulary: 4 greedy steps, which the interpreter decodes in reasonable time.
 #[test]
 fn tiny_smollm_gguf_bf16() {
     let dir = fixtures().join("tiny-smollm");
-    check(&dir, &dir.join("model-bf16.gguf"), 1.5e-2);
+    check_on(devices(), &dir, &dir.join("model-bf16.gguf"), 1.5e-2, 4);
 }
 
 /// A Llama-3.1-8B-shaped model with random bf16 weights (32 layers, hidden 4096, 32 heads over
@@ -210,18 +213,43 @@ fn llama31_8b_shaped_on_gpu() {
         Err(e) => panic!("FERRUM_GPU_LLAMA8B is set but CUDA is unusable: {e}"),
     };
     let dir = Path::new(&dir);
-    check_on(vec![gpu], dir, dir, 5e-2);
+    check_on(vec![gpu], dir, dir, 5e-2, 16);
 }
 
+/// The Q8_0 GGUF (Q8_0 weights and embedding table, decoded in the kernels) against the CPU's
+/// float path on the same file: both decode the blocks exactly as ggml does, so they differ
+/// only by the GPU products' tf32 operands (2^-11 relative each, sqrt(15) products in series:
+/// ~0.1% RMS of a logit) and the KV cache (f16 here, f32 on the CPU's float path): bound 1% of
+/// the largest logit; measured 1.9e-4..2.9e-4 on the interpreted device. The greedy ids must
+/// start the same.
 #[test]
-fn quantized_weights_are_a_clear_error() {
+fn tiny_smollm_gguf_q8_0_against_the_cpu() {
+    let file = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let mut cpu = load(&file);
+    let reference = reference_json(&fixtures().join("tiny-smollm"));
     for gpu in devices() {
-        let dir = fixtures().join("tiny-smollm");
-        let e = load_model_on_gpu(&dir.join("model-q8_0.gguf"), &LoadOptions::default(), gpu)
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("Q8_0 is not supported on the GPU"),
-            "{e}"
-        );
+        let dev = gpu.lock().describe();
+        let mut model = load_model_on_gpu(&file, &LoadOptions::default(), gpu).unwrap();
+        for (i, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
+            let prompt = ids(&case["prompt_ids"]);
+            let want = common::prompt_logits(&mut cpu, &prompt);
+            let got = prompt_logits(&mut model, &prompt);
+            let (err, scale) = max_err(&got, &want);
+            eprintln!("{dev}: q8_0 against the CPU: ratio {:.3e}", err / scale);
+            assert!(err <= 1e-2 * scale, "{dev}: q8_0 logits {err} vs {scale}");
+            // A few decode steps of one case: the interpreter decodes a 49152-row LM head
+            // slowly (the logits check above covers every position of every case).
+            if i == 0 {
+                let cpu_ids = common::greedy(&mut cpu, &prompt, 4);
+                let got_ids = greedy(&mut model, &prompt, 4);
+                assert_eq!(got_ids[0], cpu_ids[0], "{dev}: the first greedy id differs");
+                let agree = got_ids
+                    .iter()
+                    .zip(&cpu_ids)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                eprintln!("{dev}: q8_0 greedy ids agree with the CPU for {agree} of 4");
+            }
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! The CUDA backend: the forward's fused operations as launches of the embedded Triton kernels
 //! on a [`SharedGpu`] (a real GPU, or the interpreted device in CI).
 //!
-//! Weights are uploaded once, as stored (f32, f16 or bf16; block-quantized formats are refused
-//! with a clear error until their kernels land). Activations are f32 in device buffers named
+//! Weights are uploaded once, as stored: f32, f16 and bf16, and GGUF's block formats (Q8_0,
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) decoded inside the product and gather kernels.
+//! Activations are f32 in device buffers named
 //! by role, grown to the largest batch seen and reused. A batch's indices (token ids,
 //! positions, slots, block tables, each token's block-table start, the logits rows) go up in
 //! one copy per step. The KV cache is [`KvCache::new_on_gpu`]'s, `[slots, kv_heads, head_dim]`
@@ -29,6 +30,30 @@ pub struct GpuWeight {
     dtype: DType,
     rows: usize,
     cols: usize,
+    row_bytes: usize,
+}
+
+/// How the kernels read a weight type: a float element type, or a block format.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    Float(&'static str),
+    Blocks(&'static str),
+}
+
+fn form(dtype: DType) -> Result<Form> {
+    Ok(match dtype {
+        DType::F32 => Form::Float("f32"),
+        DType::F16 => Form::Float("f16"),
+        DType::BF16 => Form::Float("bf16"),
+        DType::Q8_0 => Form::Blocks("q8_0"),
+        DType::Q4_0 => Form::Blocks("q4_0"),
+        DType::Q4_1 => Form::Blocks("q4_1"),
+        DType::Q5_0 => Form::Blocks("q5_0"),
+        DType::Q5_1 => Form::Blocks("q5_1"),
+        DType::Q4_K => Form::Blocks("q4_k"),
+        DType::Q5_K => Form::Blocks("q5_k"),
+        DType::Q6_K => Form::Blocks("q6_k"),
+    })
 }
 
 /// An f32 vector on the device.
@@ -109,18 +134,6 @@ fn slot(b: Buf) -> usize {
         Buf::Attn => 5,
         Buf::Gate => 6,
         Buf::Up => 7,
-    }
-}
-
-fn float_name(dtype: DType) -> Result<&'static str> {
-    match dtype {
-        DType::F32 => Ok("f32"),
-        DType::F16 => Ok("f16"),
-        DType::BF16 => Ok("bf16"),
-        other => Err(ModelError::NotOnDevice(format!(
-            "the CUDA backend runs f32, f16 and bf16 weights; {other} is not supported on the GPU \
-             yet (run it on the CPU: --device cpu)"
-        ))),
     }
 }
 
@@ -219,22 +232,45 @@ impl CudaBackend {
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T`.
     fn gemm(&self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
-        let name = format!("gemm_{}_bias0", float_name(w.dtype)?);
+        let (mm, n, k) = (
+            i32_arg(m, "rows")?,
+            i32_arg(w.rows, "weight rows")?,
+            i32_arg(w.cols, "weight columns")?,
+        );
+        let (name, args) = match form(w.dtype)? {
+            Form::Float(f) => (
+                format!("gemm_{f}_bias0"),
+                vec![
+                    p(x),
+                    p(w.buf.ptr()),
+                    p(DevicePtr::NULL),
+                    p(y),
+                    mm,
+                    n,
+                    k,
+                    k,
+                    n,
+                ],
+            ),
+            Form::Blocks(q) => (
+                format!("qgemm_{q}"),
+                vec![
+                    p(x),
+                    p(w.buf.ptr()),
+                    p(y),
+                    mm,
+                    n,
+                    k,
+                    i32_arg(w.row_bytes, "row bytes")?,
+                    k,
+                    n,
+                ],
+            ),
+        };
         let grid = [
             cdiv(m, self.block(&name, "BLOCK_M")?),
             cdiv(w.rows, self.block(&name, "BLOCK_N")?),
             1,
-        ];
-        let args = [
-            p(x),
-            p(w.buf.ptr()),
-            p(DevicePtr::NULL),
-            p(y),
-            i32_arg(m, "rows")?,
-            i32_arg(w.rows, "weight rows")?,
-            i32_arg(w.cols, "weight columns")?,
-            i32_arg(w.cols, "row stride")?,
-            i32_arg(w.rows, "row stride")?,
         ];
         self.launch(&name, grid, &args)
     }
@@ -293,13 +329,14 @@ impl Backend for CudaBackend {
     type Table = GpuWeight;
 
     fn weight(&mut self, t: Tensor) -> Result<GpuWeight> {
-        float_name(t.dtype())?;
+        form(t.dtype())?;
         let buf = self.gpu.upload(t.storage().bytes())?;
         Ok(GpuWeight {
             buf,
             dtype: t.dtype(),
             rows: t.rows(),
             cols: t.cols(),
+            row_bytes: t.row_bytes(),
         })
     }
 
@@ -391,15 +428,19 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch) -> Result<()> {
-        let name = format!("gather_rows_{}", float_name(table.dtype)?);
         let n = table.cols;
+        let (name, stride) = match form(table.dtype)? {
+            Form::Float(f) => (format!("gather_rows_{f}"), n),
+            Form::Blocks(q) => (format!("qgather_rows_{q}"), table.row_bytes),
+        };
         let grid = [self.tokens as u32, cdiv(n, self.block(&name, "BLOCK")?), 1];
+        // Float tables take their row stride in elements, block tables in bytes.
         let args = [
             p(table.buf.ptr()),
             p(self.index(self.at.ids)?),
             p(self.buf(Buf::X)?),
             i32_arg(n, "hidden size")?,
-            i32_arg(n, "row stride")?,
+            i32_arg(stride, "row stride")?,
             i32_arg(n, "row stride")?,
             KernelArg::F32(1.0),
         ];

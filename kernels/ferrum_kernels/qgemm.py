@@ -1,0 +1,135 @@
+"""Dense product with a GGUF block-quantized weight, decoded in registers:
+``y = x @ dequant(w).T``.
+
+``w`` is ``[n, k]`` in ggml's block layout (rows of ``row_bytes`` bytes, read as bytes); each
+tile of weights is decoded from its blocks as ggml's reference dequantizer does (the same f16
+scales, nibbles, high bits and 6-bit K-quant scales), in f32, and multiplied with the f32
+activations on the tensor cores at tf32 precision (f32 range, 10-bit mantissa operands, f32
+accumulation). ``FORMAT`` picks the layout:
+
+    0 Q8_0  (32 per block, 34 bytes)      3 Q4_K (256 per super-block, 144 bytes)
+    1 Q4_0  (32, 18)                      4 Q5_K (256, 176)
+    2 Q4_1  (32, 20)                      5 Q6_K (256, 210)
+    6 Q5_0  (32, 22)                      7 Q5_1 (32, 24)
+
+Grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N))``; ``k`` is a whole number of blocks.
+``qgather_rows`` decodes whole rows instead (a quantized embedding table), grid
+``(num_tokens, cdiv(n_cols, BLOCK))``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _f16_at(p):
+    """The little-endian f16 at byte pointers ``p``, as f32."""
+    lo = tl.load(p).to(tl.uint16)
+    hi = tl.load(p + 1).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode(row, kk, FORMAT: tl.constexpr):
+    """Weights at element indices ``kk`` of the rows starting at byte pointers ``row``."""
+    if FORMAT == 0:
+        base = row + (kk // 32) * 34
+        q = tl.load(base + 2 + kk % 32).to(tl.int8, bitcast=True).to(tl.float32)
+        w = q * _f16_at(base)
+    elif FORMAT == 1 or FORMAT == 2:
+        bb: tl.constexpr = 18 if FORMAT == 1 else 20
+        qs: tl.constexpr = 2 if FORMAT == 1 else 4
+        base = row + (kk // 32) * bb
+        j = kk % 32
+        byte = tl.load(base + qs + j % 16).to(tl.int32)
+        nib = tl.where(j < 16, byte & 15, byte >> 4).to(tl.float32)
+        if FORMAT == 1:
+            w = (nib - 8.0) * _f16_at(base)
+        else:
+            w = nib * _f16_at(base) + _f16_at(base + 2)
+    elif FORMAT == 6 or FORMAT == 7:
+        bb: tl.constexpr = 22 if FORMAT == 6 else 24
+        qh_at: tl.constexpr = 2 if FORMAT == 6 else 4
+        base = row + (kk // 32) * bb
+        j = kk % 32
+        byte = tl.load(base + qh_at + 4 + j % 16).to(tl.int32)
+        nib = tl.where(j < 16, byte & 15, byte >> 4)
+        h = (tl.load(base + qh_at + j // 8).to(tl.int32) >> (j % 8)) & 1
+        q = (nib | (h << 4)).to(tl.float32)
+        if FORMAT == 6:
+            w = (q - 16.0) * _f16_at(base)
+        else:
+            w = q * _f16_at(base) + _f16_at(base + 2)
+    elif FORMAT == 3 or FORMAT == 4:
+        bb: tl.constexpr = 144 if FORMAT == 3 else 176
+        qs: tl.constexpr = 16 if FORMAT == 3 else 48
+        base = row + (kk // 256) * bb
+        e = kk % 256
+        chunk = e // 64
+        hi = (e % 64) >= 32
+        l = e % 32
+        sub = 2 * chunk + hi.to(tl.int32)
+        sc_ptr = base + 4
+        # 6-bit scale and min of sub-block `sub`, as ggml's get_scale_min_k4.
+        a = tl.load(sc_ptr + tl.where(sub < 4, sub, sub + 4)).to(tl.int32)
+        b = tl.load(sc_ptr + tl.where(sub < 4, sub + 4, sub - 4)).to(tl.int32)
+        c = tl.load(sc_ptr + sub).to(tl.int32)
+        sc = tl.where(sub < 4, a & 63, (a & 15) | ((b >> 6) << 4)).to(tl.float32)
+        mn = tl.where(sub < 4, b & 63, (a >> 4) | ((c >> 6) << 4)).to(tl.float32)
+        byte = tl.load(base + qs + 32 * chunk + l).to(tl.int32)
+        q = tl.where(hi, byte >> 4, byte & 15)
+        if FORMAT == 4:
+            h = tl.load(base + 16 + l).to(tl.int32)
+            q += ((h >> sub) & 1) * 16
+        d1 = _f16_at(base) * sc
+        m1 = _f16_at(base + 2) * mn
+        w = d1 * q.to(tl.float32) - m1
+    else:
+        base = row + (kk // 256) * 210
+        e = kk % 256
+        half = e // 128
+        r = e % 128
+        quarter = r // 32
+        l = r % 32
+        ql = tl.load(base + 64 * half + l + 32 * (quarter & 1)).to(tl.int32)
+        qh = tl.load(base + 128 + 32 * half + l).to(tl.int32)
+        q = ((ql >> (4 * (quarter >> 1))) & 15) | (((qh >> (2 * quarter)) & 3) << 4)
+        s = tl.load(base + 192 + 8 * half + l // 16 + 2 * quarter).to(tl.int8, bitcast=True)
+        w = (_f16_at(base + 208) * s.to(tl.float32)) * (q - 32).to(tl.float32)
+    return w
+
+
+@triton.jit
+def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
+          FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows past n read row 0 (always there); their products are never stored.
+    rows = w_ptr + tl.where(rn < n, rn, 0)[None, :] * row_bytes
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                    mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
+        # k is a whole number of blocks and BLOCK_K divides the block (or the reverse), so a
+        # tile past k decodes no byte outside the row: clamp the index, zero the value.
+        kc = tl.where(kk < k, kk, 0)[:, None]
+        b = tl.where(kk[:, None] < k, _decode(rows, kc, FORMAT), 0.0)
+        acc += tl.dot(a, b, input_precision="tf32")
+    tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc,
+             mask=(rm[:, None] < m) & (rn[None, :] < n))
+
+
+@triton.jit
+def qgather_rows(table_ptr, ids_ptr, out_ptr, n_cols, row_bytes, out_stride, scale,
+                 FORMAT: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    row = table_ptr + tl.load(ids_ptr + t).to(tl.int64) * row_bytes
+    v = _decode(row, tl.where(mask, offs, 0), FORMAT)
+    tl.store(out_ptr + t * out_stride + offs, v * scale, mask=mask)
