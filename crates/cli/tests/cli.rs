@@ -20,35 +20,48 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
-fn run_prints_the_reference_greedy_ids_as_json() {
-    let dir = fixtures().join("tiny-qwen2");
+/// Case `i` of a fixture's reference: its prompt as `--prompt-ids` takes it, and its greedy ids.
+fn reference_case(dir: &std::path::Path, i: usize) -> (String, Value) {
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let case = &reference["cases"][1];
+    let case = &reference["cases"][i];
     let prompt: Vec<String> = case["prompt_ids"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.to_string())
         .collect();
-    let out = ferrum(&[
+    (prompt.join(","), case["greedy_ids"].clone())
+}
+
+/// `ferrum run` of 16 greedy tokens after `prompt` on `device`, as JSON.
+fn run_greedy_json(dir: &std::path::Path, prompt: &str, device: &str) -> Output {
+    ferrum(&[
         "run",
+        "--device",
+        device,
         "--model",
         dir.to_str().unwrap(),
         "--prompt-ids",
-        &prompt.join(","),
+        prompt,
         "--max-tokens",
         "16",
         "--temperature",
         "0",
         "--ignore-eos",
         "--json",
-    ]);
+    ])
+}
+
+#[test]
+fn run_prints_the_reference_greedy_ids_as_json() {
+    let dir = fixtures().join("tiny-qwen2");
+    let (prompt, greedy_ids) = reference_case(&dir, 1);
+    let out = run_greedy_json(&dir, &prompt, "cpu");
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["token_ids"], case["greedy_ids"]);
+    assert_eq!(v["token_ids"], greedy_ids);
     assert_eq!(v["finish_reason"], "length");
 }
 
@@ -592,34 +605,11 @@ fn run_on_the_interpreted_device_prints_the_reference_greedy_ids() {
         return;
     }
     let dir = fixtures().join("tiny-qwen2");
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let case = &reference["cases"][1];
-    let prompt: Vec<String> = case["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    let out = ferrum(&[
-        "run",
-        "--device",
-        "interpreted",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt-ids",
-        &prompt.join(","),
-        "--max-tokens",
-        "16",
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "--json",
-    ]);
+    let (prompt, greedy_ids) = reference_case(&dir, 1);
+    let out = run_greedy_json(&dir, &prompt, "interpreted");
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["token_ids"], case["greedy_ids"]);
+    assert_eq!(v["token_ids"], greedy_ids);
 }
 
 /// Asking for a GPU where there is none is an error that says what is missing, not a panic;

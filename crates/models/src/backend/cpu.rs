@@ -48,13 +48,7 @@ impl CpuBackend {
         CpuBackend {
             pool,
             linear,
-            dims: Dims {
-                hidden: 0,
-                q: 0,
-                kv: 0,
-                intermediate: 0,
-                vocab: 0,
-            },
+            dims: Dims::default(),
             s: Scratch::default(),
         }
     }
@@ -65,13 +59,7 @@ impl CpuBackend {
     }
 
     fn width(&self, buf: Buf) -> usize {
-        let d = &self.dims;
-        match buf {
-            Buf::X | Buf::H => d.hidden,
-            Buf::Q | Buf::Attn => d.q,
-            Buf::K | Buf::V => d.kv,
-            Buf::Gate | Buf::Up => d.intermediate,
-        }
+        self.dims.width(buf)
     }
 }
 

@@ -164,13 +164,7 @@ impl CudaBackend {
     pub fn new(gpu: SharedGpu) -> CudaBackend {
         CudaBackend {
             gpu,
-            dims: Dims {
-                hidden: 0,
-                q: 0,
-                kv: 0,
-                intermediate: 0,
-                vocab: 0,
-            },
+            dims: Dims::default(),
             tokens: 0,
             bufs: Default::default(),
             normed: Grown::default(),
@@ -201,14 +195,8 @@ impl CudaBackend {
         KvCache::new_on_gpu(config, num_blocks, block_size, &self.gpu)
     }
 
-    fn width(&self, b: Buf) -> usize {
-        let d = &self.dims;
-        match b {
-            Buf::X | Buf::H => d.hidden,
-            Buf::Q | Buf::Attn => d.q,
-            Buf::K | Buf::V => d.kv,
-            Buf::Gate | Buf::Up => d.intermediate,
-        }
+    fn width(&self, buf: Buf) -> usize {
+        self.dims.width(buf)
     }
 
     fn buf(&self, b: Buf) -> Result<DevicePtr> {

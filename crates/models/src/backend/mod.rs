@@ -48,13 +48,25 @@ pub enum Buf {
 }
 
 /// Widths of the activation buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Dims {
     pub hidden: usize,
     pub q: usize,
     pub kv: usize,
     pub intermediate: usize,
     pub vocab: usize,
+}
+
+impl Dims {
+    /// Elements per row of `buf`.
+    pub fn width(&self, buf: Buf) -> usize {
+        match buf {
+            Buf::X | Buf::H => self.hidden,
+            Buf::Q | Buf::Attn => self.q,
+            Buf::K | Buf::V => self.kv,
+            Buf::Gate | Buf::Up => self.intermediate,
+        }
+    }
 }
 
 /// The fused operations of a decoder-only transformer's forward pass on one device.
