@@ -364,6 +364,10 @@ pub struct EngineArgs {
     /// KV cache size as an exact number of blocks.
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
+    /// For a model on a GPU: the fraction of the GPU's memory this process may use (vLLM's
+    /// meaning); the KV cache gets what the weights leave of it.
+    #[arg(long, conflicts_with_all = ["kv_cache_memory", "num_kv_blocks"])]
+    pub gpu_memory_utilization: Option<f64>,
     /// Turn off reuse of cached prompt prefixes.
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -481,10 +485,15 @@ impl SpeculativeArgs {
 
 impl EngineArgs {
     pub fn config(&self, max_model_len: Option<usize>, max_waiting: usize) -> Result<EngineConfig> {
-        let kv_cache = match (&self.kv_cache_memory, self.num_kv_blocks) {
-            (_, Some(n)) => KvCacheSize::Blocks(n),
-            (Some(s), None) => parse_kv_memory(s)?,
-            (None, None) => EngineConfig::default().kv_cache,
+        let kv_cache = match (
+            self.gpu_memory_utilization,
+            &self.kv_cache_memory,
+            self.num_kv_blocks,
+        ) {
+            (Some(f), _, _) => KvCacheSize::GpuUtilization(f),
+            (None, _, Some(n)) => KvCacheSize::Blocks(n),
+            (None, Some(s), None) => parse_kv_memory(s)?,
+            (None, None, None) => EngineConfig::default().kv_cache,
         };
         Ok(EngineConfig {
             max_num_seqs: self.max_num_seqs,

@@ -645,6 +645,24 @@ fn device_flags_fail_clearly() {
         let out = with("auto");
         assert!(out.status.success(), "{}", stderr(&out));
     }
+    let smollm = fixtures().join("tiny-smollm");
+    let out = ferrum(&[
+        "serve",
+        "--model",
+        smollm.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--port",
+        "0",
+        "--gpu-memory-utilization",
+        "0.5",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--gpu-memory-utilization applies to a model on a GPU"),
+        "{}",
+        stderr(&out)
+    );
     let out = with("cuda:x");
     assert!(!out.status.success());
     assert!(

@@ -11,6 +11,9 @@ pub enum KvCacheSize {
     Bytes(u64),
     /// This fraction of the memory available when the engine starts.
     FractionOfFree(f64),
+    /// vLLM's `--gpu-memory-utilization`: the fraction of the GPU's total memory this process
+    /// may use; the KV cache gets what is left of it after what is in use (the weights).
+    GpuUtilization(f64),
 }
 
 /// Settings of the batching engine.
@@ -68,9 +71,13 @@ pub fn available_memory() -> Option<u64> {
 
 impl EngineConfig {
     /// Checks the limits and works out the number of KV blocks for `bytes_per_block`.
-    /// `device_free`: the free memory of the model's device when that is not the host's (a
-    /// GPU's); a fraction of free memory is then a fraction of it.
-    pub fn num_blocks(&self, bytes_per_block: usize, device_free: Option<u64>) -> Result<usize> {
+    /// `device_memory`: free and total bytes of the model's device when that is not the host
+    /// (a GPU); a fraction of free memory is then a fraction of its free memory.
+    pub fn num_blocks(
+        &self,
+        bytes_per_block: usize,
+        device_memory: Option<(u64, u64)>,
+    ) -> Result<usize> {
         let bad = |m: String| Err(EngineError::Invalid(m));
         if self.max_num_seqs == 0 {
             return bad("--max-num-seqs must be at least 1".into());
@@ -95,12 +102,38 @@ impl EngineConfig {
                 if !(f > 0.0 && f <= 1.0) {
                     return bad(format!("--kv-cache-memory fraction {f} is outside (0, 1]"));
                 }
-                let avail = device_free.or_else(available_memory).ok_or_else(|| {
-                    EngineError::Invalid(
-                        "cannot read the available memory; give --kv-cache-memory in bytes".into(),
-                    )
-                })?;
+                let avail = device_memory
+                    .map(|(free, _)| free)
+                    .or_else(available_memory)
+                    .ok_or_else(|| {
+                        EngineError::Invalid(
+                            "cannot read the available memory; give --kv-cache-memory in bytes"
+                                .into(),
+                        )
+                    })?;
                 (avail as f64 * f) as u64
+            }
+            KvCacheSize::GpuUtilization(f) => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return bad(format!("--gpu-memory-utilization {f} is outside (0, 1]"));
+                }
+                let Some((free, total)) = device_memory else {
+                    return bad(
+                        "--gpu-memory-utilization applies to a model on a GPU; size the KV \
+                         cache with --kv-cache-memory"
+                            .into(),
+                    );
+                };
+                let in_use = total.saturating_sub(free);
+                let budget = (total as f64 * f) as u64;
+                if budget <= in_use {
+                    return bad(format!(
+                        "--gpu-memory-utilization {f} allows {budget} bytes of the GPU's {total}, \
+                         but {in_use} are already in use (the weights): nothing is left for the \
+                         KV cache"
+                    ));
+                }
+                budget - in_use
             }
         };
         let n = (bytes / bytes_per_block.max(1) as u64) as usize;
@@ -110,5 +143,43 @@ impl EngineConfig {
             ));
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(kv_cache: KvCacheSize) -> EngineConfig {
+        EngineConfig {
+            kv_cache,
+            ..EngineConfig::default()
+        }
+    }
+
+    #[test]
+    fn gpu_memory_utilization_leaves_the_kv_cache_what_the_weights_do_not_use() {
+        const GIB: u64 = 1 << 30;
+        // 80 GiB, 16 in use: 0.9 allows 72, so 56 GiB for the cache, in 1 MiB blocks.
+        let c = cfg(KvCacheSize::GpuUtilization(0.9));
+        let n = c.num_blocks(1 << 20, Some((64 * GIB, 80 * GIB))).unwrap();
+        assert_eq!(n as u64, (72 * GIB - 16 * GIB) >> 20);
+        let e = c.num_blocks(1 << 20, None).unwrap_err().to_string();
+        assert!(e.contains("applies to a model on a GPU"), "{e}");
+        let e = cfg(KvCacheSize::GpuUtilization(0.1))
+            .num_blocks(1 << 20, Some((64 * GIB, 80 * GIB)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing is left for the KV cache"), "{e}");
+        let e = cfg(KvCacheSize::GpuUtilization(1.5))
+            .num_blocks(1 << 20, Some((64 * GIB, 80 * GIB)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside (0, 1]"), "{e}");
+        // A fraction of free memory on a GPU is of the GPU's free memory.
+        let n = cfg(KvCacheSize::FractionOfFree(0.5))
+            .num_blocks(1 << 20, Some((64 * GIB, 80 * GIB)))
+            .unwrap();
+        assert_eq!(n as u64, (32 * GIB) >> 20);
     }
 }

@@ -140,7 +140,7 @@ impl EngineHandle {
         let mc = model.config().clone();
         let num_blocks = cfg.num_blocks(
             KvCache::bytes_per_block(&mc, cfg.block_size),
-            model.device_free_memory()?,
+            model.device_memory()?,
         )?;
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,

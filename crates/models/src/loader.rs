@@ -83,14 +83,14 @@ impl Model {
         }
     }
 
-    /// Free memory of the model's device in bytes, when it is not the host's (a GPU's, after
-    /// the weights): what a KV cache given as a fraction of free memory takes its share of.
-    pub fn device_free_memory(&self) -> Result<Option<u64>> {
+    /// Free and total memory of the model's device in bytes, when it is not the host (a GPU,
+    /// with the weights loaded): what the KV cache is sized from.
+    pub fn device_memory(&self) -> Result<Option<(u64, u64)>> {
         match self {
             Model::Llama(_) => Ok(None),
             Model::LlamaGpu(m) => {
                 let info = m.backend().gpu().lock().memory_info()?;
-                Ok(info.map(|(free, _)| free as u64))
+                Ok(info.map(|(free, total)| (free as u64, total as u64)))
             }
         }
     }
