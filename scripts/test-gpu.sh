@@ -10,8 +10,8 @@
 #   3. the kernel sources through Triton's JIT on the GPU against the numpy references
 #      (kernels/tests, FERRUM_KERNEL_RUNNER=cuda; needs torch and triton in python3);
 #   4. the OpenAI client tests (tests/openai) against `ferrum serve --device cuda` on the tiny
-#      fixture (needs the openai package, 3.54.0, in python3; SmolLM2's Q4_1 file does not run
-#      on the GPU yet, so its tests are left out);
+#      fixture, and on SmolLM2 when models/ has it (needs the openai package, 3.54.0, in
+#      python3);
 #   5. with --llama8b DIR: a Llama-3.1-8B-shaped model with random bf16 weights made in DIR by
 #      transformers on the GPU (scripts/gpu/llama8b_reference.py), Ferrum's logits against
 #      transformers' on the same GPU (~50 GB of GPU memory, ~35 GB of disk);
@@ -67,7 +67,8 @@ if python3 -c 'import openai' 2>/dev/null; then
         cargo build --quiet --release --bin ferrum
         FERRUM_BIN="$PWD/target/release/ferrum"
     fi
-    FERRUM_BIN="$FERRUM_BIN" FERRUM_FIXTURES="$PWD/tests/fixtures" FERRUM_SMOLLM2=/nonexistent \
+    FERRUM_BIN="$FERRUM_BIN" FERRUM_FIXTURES="$PWD/tests/fixtures" \
+        FERRUM_SMOLLM2="${FERRUM_SMOLLM2:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}" \
         FERRUM_SERVE_ARGS="--device cuda" python3 -m unittest discover -s tests/openai \
         -t tests/openai -v || status=1
 else
