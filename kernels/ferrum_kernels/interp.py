@@ -65,6 +65,61 @@ def _dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return _orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
 
+# --- Every access checked against the live buffers -----------------------------------------
+# On a GPU an access outside its buffer reads garbage or corrupts a neighbour silently; here
+# each load and store of a launch (its unmasked lanes) must fall inside a buffer the caller
+# registered (``Regions``), so CI catches such a kernel bug as an error naming the kernel.
+
+
+class OutOfBounds(Exception):
+    pass
+
+
+class Regions:
+    """Registered byte ranges ``[start, start + length)``: what a launch may touch."""
+
+    def __init__(self):
+        self.starts = np.zeros(0, dtype=np.uint64)
+        self.ends = np.zeros(0, dtype=np.uint64)
+
+    def set(self, ranges):
+        ranges = sorted((int(a), int(a) + int(n)) for a, n in ranges)
+        self.starts = np.array([a for a, _ in ranges], dtype=np.uint64)
+        self.ends = np.array([b for _, b in ranges], dtype=np.uint64)
+
+    def check(self, addrs, mask, size, what):
+        addrs = addrs[mask] if mask is not None else addrs.ravel()
+        if addrs.size == 0:
+            return
+        i = np.searchsorted(self.starts, addrs, side="right").astype(np.int64) - 1
+        ok = (i >= 0) & (addrs + np.uint64(size) <= self.ends[np.maximum(i, 0)])
+        if not ok.all():
+            bad = int(addrs[~ok][0])
+            raise OutOfBounds(f"{what} of {size} bytes at {bad:#x} is outside every buffer")
+
+
+# The regions of the launch in progress; None runs unchecked.
+_regions = None
+_orig_masked_load = _Builder.create_masked_load
+_orig_masked_store = _Builder.create_masked_store
+
+
+def _checked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    if _regions is not None:
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        _regions.check(ptrs.data, mask.data.astype(bool), size, "a load")
+    return _orig_masked_load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+
+def _checked_store(self, ptrs, value, mask, cache_policy):
+    if _regions is not None:
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        _regions.check(ptrs.data, mask.data.astype(bool), size, "a store")
+    return _orig_masked_store(self, ptrs, value, mask, cache_policy)
+
+
+_Builder.create_masked_load = _checked_load
+_Builder.create_masked_store = _checked_store
 _Builder.cast_impl = _cast_impl
 _Builder.create_fp_trunc = _cast_impl
 _Builder.create_fp_ext = _cast_impl
@@ -98,9 +153,11 @@ def arg_value(value, ty):
     return tl.tensor(_interp.TensorHandle(np.array([value], dtype=_SCALARS[ty]), sty), sty)
 
 
-def launch(jit_fn, grid, params, args, constexprs):
+def launch(jit_fn, grid, params, args, constexprs, regions=None):
     """Runs ``jit_fn`` over ``grid`` (up to 3 dims) with ``args`` typed by ``params``
-    (``[(name, triton_type)]`` in order) and the ``constexprs`` dict."""
+    (``[(name, triton_type)]`` in order) and the ``constexprs`` dict. With ``regions``
+    (``Regions``), every load and store must fall inside them (``OutOfBounds`` otherwise)."""
+    global _regions
     fn = jit_fn.fn if hasattr(jit_fn, "fn") else jit_fn
     if len(args) != len(params):
         raise TypeError(f"{fn.__name__}: {len(params)} arguments expected, got {len(args)}")
@@ -111,6 +168,7 @@ def launch(jit_fn, grid, params, args, constexprs):
         raise TypeError(f"{fn.__name__}: no value for {sorted(missing)}")
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     patch_scope = _interp._patch_lang(fn)
+    _regions = regions
     try:
         _interp.interpreter_builder.set_grid_dim(*grid)
         for x in range(grid[0]):
@@ -119,6 +177,7 @@ def launch(jit_fn, grid, params, args, constexprs):
                     _interp.interpreter_builder.set_grid_idx(x, y, z)
                     fn(**call)
     finally:
+        _regions = None
         patch_scope.restore()
 
 

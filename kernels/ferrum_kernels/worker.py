@@ -10,7 +10,9 @@ arrive on stdin as JSON lines, replies leave on stdout the same way (see
   lie inside one live allocation;
 * ``load {name, module, function, params, constexprs}`` -> ``{handle}``;
 * ``launch {handle, grid, args}``: args in the kernel's parameter order; pointers are
-  addresses from ``alloc`` (plus offsets) and must fall inside a live allocation.
+  addresses from ``alloc`` (plus offsets) and must fall inside a live allocation, and so must
+  every byte the kernel loads or stores (an out-of-bounds access is an error naming the
+  kernel: on a GPU it would corrupt memory silently).
 
 Any failure is answered ``{"error": "..."}`` and the worker carries on.
 """
@@ -63,6 +65,12 @@ class Memory:
     def check_ptr(self, ptr):
         if ptr != 0:
             self.view(ptr, 0)
+
+    def regions(self):
+        """The live allocations as ``interp.Regions``."""
+        r = interp.Regions()
+        r.set((base, length) for base, (_, _, length) in self.buffers.items())
+        return r
 
 
 def main():
@@ -117,7 +125,11 @@ def main():
                         args.append(interp.Ptr(value, ty[1:]))
                     else:
                         args.append(value)
-                interp.launch(fn, req["grid"], params, args, constexprs)
+                try:
+                    interp.launch(fn, req["grid"], params, args, constexprs, memory.regions())
+                except interp.OutOfBounds as e:
+                    reply({"error": f"kernel {name}: {e}"})
+                    continue
                 reply({})
             else:
                 reply({"error": f"unknown op {op!r}"})

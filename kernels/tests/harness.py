@@ -79,7 +79,10 @@ class InterpRunner:
         spec = SPECS[name]
         mod = __import__(f"ferrum_kernels.{spec['module']}", fromlist=[spec["function"]])
         fn = getattr(mod, spec["function"])
-        self.interp.launch(fn, grid, spec["params"], args, spec["constexprs"])
+        # Every access must fall inside a buffer the test made.
+        regions = self.interp.Regions()
+        regions.set((h.store.ctypes.data, h.store.nbytes) for h in self.keep)
+        self.interp.launch(fn, grid, spec["params"], args, spec["constexprs"], regions)
 
 
 class CudaRunner:

@@ -119,6 +119,20 @@ class Kernels(unittest.TestCase):
                     a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
                 assert_close(self, f"{name} n={n}", r.host(out), a * u, TOL)
 
+    def test_out_of_bounds_access_is_caught(self):
+        """The interpreter's bounds check (a GPU would corrupt memory silently): a row stride
+        that runs past the buffer is an error, not a read of whatever lies beyond."""
+        if self.r.name != "interpreter":
+            self.skipTest("the bounds check is the interpreter's")
+        from ferrum_kernels import interp
+        r = self.r
+        x = r.dev(self.rand(2, 64))
+        out = self.nan(2, 64)
+        w = r.dev(self.rand(64))
+        with self.assertRaises(interp.OutOfBounds):
+            r.launch("rms_norm_res0", (2, 1),
+                     [r.ptr(x), r.ptr(x), r.ptr(out), r.ptr(w), 64, 100, 100, 64, 1e-6])
+
     def test_add_rows(self):
         r = self.r
         for n in (64, 1500):

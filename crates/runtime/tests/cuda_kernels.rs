@@ -669,6 +669,24 @@ fn bad_launches_and_allocations_are_errors() {
         ];
         let e = gpu.launch("rope", [0, 1, 1], &args).unwrap_err();
         assert!(e.to_string().contains("grid"), "{dev}: {e}");
+        // A stride past the buffer: the interpreted device checks every access (a GPU would
+        // read or corrupt whatever lies beyond).
+        if dev.starts_with("interpreted") {
+            let (x, w) = (gpu.alloc(2 * 64 * 4).unwrap(), gpu.alloc(64 * 4).unwrap());
+            let args = [
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(w),
+                KernelArg::I32(64),
+                KernelArg::I32(100),
+                KernelArg::I32(100),
+                KernelArg::I32(64),
+                KernelArg::F32(1e-6),
+            ];
+            let e = gpu.launch("rms_norm_res0", [2, 1, 1], &args).unwrap_err();
+            assert!(e.to_string().contains("outside every buffer"), "{dev}: {e}");
+        }
         // Far more memory than any device has.
         let e = gpu.alloc(1 << 52).unwrap_err();
         assert!(
