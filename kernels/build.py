@@ -38,15 +38,17 @@ ARCHS = (("sm80", 80), ("sm90", 90))
 DEFAULT_OUT = os.path.join(HERE, "..", "crates", "runtime", "kernels")
 
 
-def compile_spec(spec, cc):
+def compile_spec(spec, arch, cc):
     module = importlib.import_module(f"ferrum_kernels.{spec['module']}")
     fn = getattr(module, spec["function"])
     signature = dict(spec["params"])
     for name in spec["constexprs"]:
         signature[name] = "constexpr"
     src = ASTSource(fn=fn, signature=signature, constexprs=dict(spec["constexprs"]))
-    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                          options={"num_warps": spec["num_warps"]})
+    options = {"num_warps": spec["num_warps"]}
+    if spec.get("num_stages") is not None:
+        options["num_stages"] = spec["num_stages"][arch]
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
 def build(out):
@@ -59,7 +61,7 @@ def build(out):
         entry["constexprs"] = dict(spec["constexprs"])
         entry["binaries"] = {}
         for arch, cc in ARCHS:
-            compiled = compile_spec(spec, cc)
+            compiled = compile_spec(spec, arch, cc)
             md = compiled.metadata
             cubin = compiled.asm["cubin"]
             blob = blobs[arch]
@@ -71,6 +73,7 @@ def build(out):
                 "offset": offset,
                 "symbol": md.name,
                 "num_warps": md.num_warps,
+                "num_stages": md.num_stages,
                 "shared": md.shared,
                 "global_scratch_size": md.global_scratch_size,
                 "global_scratch_align": md.global_scratch_align,

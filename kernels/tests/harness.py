@@ -118,6 +118,9 @@ class CudaRunner:
         mod = __import__(f"ferrum_kernels.{spec['module']}", fromlist=[spec["function"]])
         fn = getattr(mod, spec["function"])
         kwargs = dict(spec["constexprs"])
+        if spec.get("num_stages"):
+            major = self.torch.cuda.get_device_capability()[0]
+            kwargs["num_stages"] = spec["num_stages"]["sm90" if major >= 9 else "sm80"]
         fn[tuple(grid)](*args, **kwargs, num_warps=spec["num_warps"])
         self.torch.cuda.synchronize()
 

@@ -166,9 +166,10 @@ class Kernels(unittest.TestCase):
     def test_gemm(self):
         r = self.r
         for short, ty in FLOATS.items():
-            for has_bias in (0, 1):
-                for m, n, k in ((1, 200, 96), (16, 64, 64), (45, 130, 257)):
-                    name = f"gemm_{short}_bias{has_bias}"
+            variants = ((f"gemm_{short}_bias0", 0), (f"gemm_{short}_bias1", 1),
+                        (f"gemm_{short}_decode", 0))
+            for name, has_bias in variants:
+                for m, n, k in ((1, 200, 96), (16, 64, 64), (45, 130, 257), (3, 70, 600)):
                     c = SPECS[name]["constexprs"]
                     xs = k + 3
                     x, w, b = self.rand(m, xs), self.rand(n, k), self.rand(n)
@@ -195,9 +196,9 @@ class Kernels(unittest.TestCase):
             order = self.rng.integers(0, raw.shape[0], 70)
             raw, deq = np.ascontiguousarray(raw[order]), deq[order]
             n, k = deq.shape
-            name = f"qgemm_{fmt}"
-            c = SPECS[name]["constexprs"]
-            for m in (1, 37):
+            for name, m in ((f"qgemm_{fmt}", 1), (f"qgemm_{fmt}", 37), (f"qgemm_{fmt}_decode", 1),
+                            (f"qgemm_{fmt}_decode", 16)):
+                c = SPECS[name]["constexprs"]
                 x = self.rand(m, k + 5)
                 y = self.nan(m, n)
                 r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"])),

@@ -416,8 +416,12 @@ fn gemm_of_every_float_type_with_and_without_bias() {
         let w = rng.vec(n * k);
         let bias = rng.vec(n);
         for ty in Float::ALL {
-            for has_bias in [false, true] {
-                let name = format!("gemm_{}_bias{}", ty.short(), has_bias as u8);
+            for (has_bias, decode) in [(false, false), (true, false), (false, true)] {
+                let name = if decode {
+                    format!("gemm_{}_decode", ty.short())
+                } else {
+                    format!("gemm_{}_bias{}", ty.short(), has_bias as u8)
+                };
                 let dx = gpu.upload_f32(&x).unwrap();
                 let dw = upload_as(&mut gpu, ty, &w);
                 let db = gpu.upload_f32(&bias).unwrap();

@@ -20,6 +20,10 @@ use ferrum_types::ForwardBatch;
 use super::{Backend, Buf, Dims};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 
+/// Products with at most this many activation rows take the decode specializations
+/// (`DECODE_M` in `kernels/specs.py`).
+const DECODE_M: usize = 16;
+
 /// Head sizes the attention and KV kernels are compiled for (`kernels/specs.py`).
 const HEAD_BLOCKS: [usize; 4] = [32, 64, 128, 256];
 
@@ -225,9 +229,16 @@ impl CudaBackend {
             i32_arg(w.rows, "weight rows")?,
             i32_arg(w.cols, "weight columns")?,
         );
+        // Decode-shaped products (few rows) take the narrow, deep tiles made for reading the
+        // weights at bandwidth with one activation row (kernels/specs.py).
+        let decode = if m <= DECODE_M { "_decode" } else { "" };
         let (name, args) = match form(w.dtype)? {
             Form::Float(f) => (
-                format!("gemm_{f}_bias0"),
+                if decode.is_empty() {
+                    format!("gemm_{f}_bias0")
+                } else {
+                    format!("gemm_{f}_decode")
+                },
                 vec![
                     p(x),
                     p(w.buf.ptr()),
@@ -241,7 +252,7 @@ impl CudaBackend {
                 ],
             ),
             Form::Blocks(q) => (
-                format!("qgemm_{q}"),
+                format!("qgemm_{q}{decode}"),
                 vec![
                     p(x),
                     p(w.buf.ptr()),
