@@ -1,5 +1,6 @@
 //! [`Gpu`]: one device (real or interpreted), its kernels, and checked launches.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,8 @@ struct Loaded {
 pub struct Gpu {
     driver: Box<dyn Driver>,
     kernels: Vec<Loaded>,
+    /// Each kernel's index in `kernels`, by name: a launch looks its kernel up once.
+    by_name: HashMap<String, usize>,
     load_time: Duration,
     scratch: Option<(DevicePtr, usize)>,
 }
@@ -162,9 +165,15 @@ impl Gpu {
                 global_scratch: bin.map_or(0, |b| b.global_scratch_size),
             });
         }
+        let by_name = kernels
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.spec.name.clone(), i))
+            .collect();
         Ok(Gpu {
             driver,
             kernels,
+            by_name,
             load_time: start.elapsed(),
             scratch: None,
         })
@@ -182,10 +191,11 @@ impl Gpu {
 
     /// The spec of kernel `name`.
     pub fn spec(&self, name: &str) -> Option<&KernelSpec> {
-        self.kernels
-            .iter()
-            .find(|k| k.spec.name == name)
-            .map(|k| &k.spec)
+        self.loaded(name).map(|k| &k.spec)
+    }
+
+    fn loaded(&self, name: &str) -> Option<&Loaded> {
+        self.by_name.get(name).map(|&i| &self.kernels[i])
     }
 
     /// A constexpr of kernel `name` (block sizes the grid depends on).
@@ -256,9 +266,7 @@ impl Gpu {
     /// grid dimension may be zero or over the hardware's limits.
     pub fn launch(&mut self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
         let k = self
-            .kernels
-            .iter()
-            .find(|k| k.spec.name == name)
+            .loaded(name)
             .ok_or_else(|| RuntimeError::Kernels(format!("no kernel named {name}")))?;
         if args.len() != k.kinds.len() {
             return Err(RuntimeError::Kernels(format!(
