@@ -7,8 +7,12 @@
 //!   (or one `Error`), after which the request and its sequences are gone and their blocks
 //!   are free;
 //! - `n > 1`: sample 0 is scheduled first; the other samples join once its prompt is
-//!   computed, so they reuse its full prompt blocks from the prefix cache.
+//!   computed, so they reuse its full prompt blocks from the prefix cache;
+//! - a constrained sequence's guide has consumed exactly its output tokens; the masks a step
+//!   needs are computed on a helper thread while the forward pass runs, and a token is
+//!   sampled only under the mask of the guide's current state.
 
+use crate::guide::Guide;
 use crate::metrics::{Metrics, SpecCounters};
 use crate::output::OutputProcessor;
 use crate::request::{Event, GenerateRequest, Usage};
@@ -18,7 +22,7 @@ use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model};
 use ferrum_scheduler::Scheduler;
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::{RequestId, TokenId};
+use ferrum_types::{FinishReason, RequestId, TokenId};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +40,8 @@ pub(crate) enum Command {
         seed: u64,
         tx: UnboundedSender<Event>,
         arrived: Instant,
+        /// The compiled constraint of a constrained request, in its initial state.
+        guide: Option<Box<Guide>>,
     },
     Abort(RequestId),
     Shutdown,
@@ -53,6 +59,8 @@ struct SeqState {
     sampler: Sampler,
     output: OutputProcessor,
     last_token_at: Option<Instant>,
+    /// The constraint of a constrained request.
+    guide: Option<Guide>,
 }
 
 struct ReqState {
@@ -65,6 +73,8 @@ struct ReqState {
     unfinished: usize,
     children_started: bool,
     usage: Usage,
+    /// The constraint in its initial state; each sample follows a fork of it.
+    guide: Option<Box<Guide>>,
 }
 
 pub(crate) struct EngineCore {
@@ -104,6 +114,20 @@ pub(crate) struct EngineCore {
     populate_at: Option<usize>,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
+}
+
+/// Computes the mask of every guide that lacks one (on the mask thread, during the forward
+/// pass). Returns the requests whose constraint failed, with the reason.
+fn compute_masks(seqs: &mut HashMap<RequestId, SeqState>) -> Vec<(RequestId, String)> {
+    let mut failed = Vec::new();
+    for seq in seqs.values_mut() {
+        if let Some(g) = seq.guide.as_mut() {
+            if let Err(e) = g.compute_mask() {
+                failed.push((seq.request, format!("request failed: {e}")));
+            }
+        }
+    }
+    failed
 }
 
 /// Marks the engine unhealthy when dropped: at the end of the loop, or while a panic unwinds.
@@ -318,6 +342,11 @@ impl EngineCore {
                 }
                 (Proposer::Draft, None) => self.proposal.clear(),
             }
+            // A constrained sequence proposes only what its constraint accepts.
+            if let Some(g) = self.seqs.get_mut(&id).and_then(|q| q.guide.as_mut()) {
+                let n = g.valid_prefix(&self.proposal);
+                self.proposal.truncate(n);
+            }
             self.sched
                 .propose(id, &self.proposal)
                 .map_err(|e| EngineError::Invalid(e.to_string()))?;
@@ -376,8 +405,10 @@ impl EngineCore {
                 seed,
                 tx,
                 arrived,
+                guide,
             } => {
                 let mut r = ReqState {
+                    guide,
                     usage: Usage {
                         prompt_tokens: request.prompt.len(),
                         ..Usage::default()
@@ -423,6 +454,7 @@ impl EngineCore {
         )?;
         let vocab = self.model.config().vocab_size;
         let sampler = Sampler::new(&params, &r.request.prompt, vocab, seed);
+        let guide = r.guide.as_deref().map(Guide::fork);
         let seq = self.next_seq;
         self.next_seq += 1;
         self.sched
@@ -436,6 +468,7 @@ impl EngineCore {
                 sampler,
                 output,
                 last_token_at: None,
+                guide,
             },
         );
         r.seqs.push(seq);
@@ -488,7 +521,30 @@ impl EngineCore {
         }
         self.sched.fill_batch(&out, &mut self.batch)?;
         let vocab = self.model.config().vocab_size;
-        let logits = self.model.forward(&self.batch, &mut self.kv)?;
+        let needs_masks = self
+            .seqs
+            .values()
+            .any(|q| q.guide.as_ref().is_some_and(|g| !g.has_mask()));
+        let logits = if needs_masks {
+            // The guides' masks on a helper thread while the forward pass runs.
+            let (seqs, failed) = (&mut self.seqs, &mut self.failed);
+            let (model, kv, batch) = (&mut self.model, &mut self.kv, &self.batch);
+            let (logits, masks) = std::thread::scope(|scope| {
+                let masks = std::thread::Builder::new()
+                    .name("ferrum-masks".into())
+                    .spawn_scoped(scope, || compute_masks(seqs));
+                let logits = model.forward(batch, kv);
+                let masks = match masks {
+                    Ok(h) => h.join().map_err(|p| panic_message(p.as_ref())),
+                    Err(e) => Err(format!("cannot start the mask thread: {e}")),
+                };
+                (logits, masks)
+            });
+            failed.extend(masks.map_err(EngineError::Invalid)?);
+            logits?
+        } else {
+            self.model.forward(&self.batch, &mut self.kv)?
+        };
         if let Some(d) = self.draft.as_mut() {
             // Before any rollback frees a block the batch wrote.
             d.follow(&self.batch)?;
@@ -516,6 +572,9 @@ impl EngineCore {
             let Some(r) = self.reqs.get_mut(&seq.request) else {
                 continue;
             };
+            if self.failed.iter().any(|(id, _)| *id == seq.request) {
+                continue;
+            }
             let run_end = slice.query_start + slice.query_len;
             let proposals = &self.batch.token_ids[run_end - s.num_proposed..run_end];
             match seq.last_token_at {
@@ -534,18 +593,38 @@ impl EngineCore {
             for i in 0..num_rows {
                 let row = first_row + i;
                 let l = &logits[row * vocab..(row + 1) * vocab];
+                if let Some(Err(e)) = seq.guide.as_mut().map(Guide::compute_mask) {
+                    self.failed
+                        .push((seq.request, format!("request failed: {e}")));
+                    break;
+                }
+                let guide = seq.guide.as_ref();
                 let (sample, is_proposal) = match proposals.get(i) {
                     Some(&p) => {
                         verified += 1;
-                        seq.sampler.verify(l, p)
+                        seq.sampler.verify(l, p, guide)
                     }
-                    None => (seq.sampler.sample(l), false),
+                    None => (seq.sampler.sample(l, guide), false),
                 };
+                if let Some(Err(e)) = seq.guide.as_mut().map(|g| g.consume(sample.token)) {
+                    self.failed
+                        .push((seq.request, format!("request failed: {e}")));
+                    break;
+                }
                 accepted += usize::from(is_proposal);
                 self.sampled.push((s.id, sample.token));
                 new_tokens += 1;
                 r.usage.completion_tokens += 1;
-                let step = match seq.output.push(tok, sample.token) {
+                let pushed = seq.output.push(tok, sample.token).and_then(|mut step| {
+                    // A complete constraint that allows nothing more ends the sequence.
+                    if step.finish.is_none() && seq.guide.as_ref().is_some_and(Guide::is_stopped) {
+                        let end = seq.output.end(tok, FinishReason::ConstraintEnd)?;
+                        step.text.push_str(&end.text);
+                        step.finish = end.finish;
+                    }
+                    Ok(step)
+                });
+                let step = match pushed {
                     Ok(step) => step,
                     Err(e) => {
                         // This request's output cannot go on (say the model sampled an id the

@@ -12,6 +12,9 @@ pub enum EngineError {
     Params(#[from] ferrum_types::TypesError),
     #[error("{0}")]
     Invalid(String),
+    /// A structured-output constraint that does not compile (or the model cannot take one).
+    #[error("the {kind} cannot be used: {msg}")]
+    Constraint { kind: &'static str, msg: String },
     /// Too many requests are queued; try again later.
     #[error("the engine is at its limit of {0} queued and running requests")]
     Overloaded(usize),

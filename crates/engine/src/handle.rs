@@ -4,16 +4,17 @@
 
 use crate::config::EngineConfig;
 use crate::engine::{Command, EngineCore};
+use crate::guide::{Guide, GuideCompiler};
 use crate::metrics::Metrics;
 use crate::request::{Event, GenerateRequest};
 use crate::{EngineError, Result};
 use ferrum_models::{KvCache, Model};
 use ferrum_scheduler::{Scheduler, SchedulerConfig};
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::RequestId;
+use ferrum_types::{RequestId, StructuredOutput, TokenId};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -26,6 +27,10 @@ struct Shared {
     accepting: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     tokenizer: Option<Arc<Tokenizer>>,
+    /// The ids that end a sequence.
+    eos: Vec<TokenId>,
+    /// Built on the first constrained request (it walks the whole vocabulary).
+    guides: OnceLock<std::result::Result<Arc<GuideCompiler>, String>>,
     vocab_size: usize,
     max_model_len: usize,
     max_in_flight: usize,
@@ -196,7 +201,7 @@ impl EngineHandle {
             kv,
             sched,
             tokenizer.clone(),
-            eos,
+            eos.clone(),
             max_model_len,
             metrics.clone(),
             in_flight.clone(),
@@ -229,6 +234,8 @@ impl EngineHandle {
                 accepting: AtomicBool::new(true),
                 thread: Mutex::new(Some(thread)),
                 tokenizer,
+                eos,
+                guides: OnceLock::new(),
                 vocab_size: mc.vocab_size,
                 max_model_len,
                 max_in_flight: cfg.max_num_seqs + cfg.max_waiting,
@@ -264,8 +271,37 @@ impl EngineHandle {
         self.shared.accepting.load(Ordering::Acquire) && self.metrics().healthy
     }
 
-    /// Validates and submits a request; its events arrive on the returned stream.
-    pub fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
+    /// The constraint compiler of this engine's tokenizer, built on first use.
+    fn guide_compiler(&self) -> Result<Arc<GuideCompiler>> {
+        let s = &self.shared;
+        let unusable = |msg: String| EngineError::Constraint {
+            kind: "structured output",
+            msg,
+        };
+        let tok = s.tokenizer.as_ref().ok_or_else(|| {
+            unusable("it needs the model's tokenizer, and this model has none".into())
+        })?;
+        s.guides
+            .get_or_init(|| {
+                GuideCompiler::new(tok, &s.eos, s.vocab_size)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(unusable)
+    }
+
+    /// Compiles a constraint for this engine's tokenizer (and computes its first mask):
+    /// what [`EngineHandle::generate`] does for a request with `params.structured`. Errors
+    /// name what does not compile.
+    pub fn compile_guide(&self, spec: &StructuredOutput) -> Result<Guide> {
+        self.guide_compiler()?.compile(spec)
+    }
+
+    /// Validates and submits a request; its events arrive on the returned stream. A
+    /// constrained request's constraint is compiled here, on the caller's thread (a few
+    /// milliseconds; the first one also builds the tokenizer's trie).
+    pub fn generate(&self, mut request: GenerateRequest) -> Result<EventStream> {
         let s = &self.shared;
         if !self.is_healthy() {
             return Err(EngineError::Unavailable("the engine is not running".into()));
@@ -292,6 +328,16 @@ impl EngineHandle {
                 "stop strings need a tokenizer, and this model has none".into(),
             ));
         }
+        let guide = match (&request.params.structured, request.guide.take()) {
+            (Some(_), Some(g)) => Some(Box::new(g)),
+            (Some(spec), None) => Some(Box::new(self.compile_guide(spec)?)),
+            (None, Some(_)) => {
+                return Err(EngineError::Invalid(
+                    "a compiled guide was given without its constraint in the parameters".into(),
+                ))
+            }
+            (None, None) => None,
+        };
         if s.in_flight.fetch_add(1, Ordering::AcqRel) >= s.max_in_flight {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::Overloaded(s.max_in_flight));
@@ -310,6 +356,7 @@ impl EngineHandle {
                 .wrapping_add(id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
             tx: etx,
             arrived: Instant::now(),
+            guide,
         };
         if tx.send(cmd).is_err() {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);

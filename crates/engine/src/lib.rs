@@ -7,6 +7,7 @@
 mod config;
 mod engine;
 mod error;
+pub mod guide;
 mod handle;
 pub mod metrics;
 mod output;
@@ -20,6 +21,7 @@ pub mod spec;
 pub use config::FaultInjection;
 pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
+pub use guide::{Guide, GuideCompiler};
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, SpecCounters};
 pub use output::{OutputProcessor, TokenOutput};

@@ -124,8 +124,32 @@ impl OutputProcessor {
 
     /// Ends the sequence early (cancelled): releases held text.
     pub fn abort(&mut self, tokenizer: Option<&Tokenizer>) -> Result<TokenOutput> {
-        let (text, _) = self.release(tokenizer)?;
-        Ok(self.finish(text, FinishReason::Abort))
+        self.end(tokenizer, FinishReason::Abort)
+    }
+
+    /// Ends the sequence for a reason found outside the output (its constraint is complete):
+    /// releases held text; a stop string the released text completes is the reason instead.
+    pub fn end(
+        &mut self,
+        tokenizer: Option<&Tokenizer>,
+        reason: FinishReason,
+    ) -> Result<TokenOutput> {
+        if self.finished {
+            return Err(EngineError::Invalid(
+                "a sequence ended after it finished".into(),
+            ));
+        }
+        let (text, matched) = self.release(tokenizer)?;
+        let reason = match reason {
+            FinishReason::Abort => FinishReason::Abort,
+            r => matched.unwrap_or(r),
+        };
+        Ok(self.finish(text, reason))
+    }
+
+    /// Whether a finish reason was returned.
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     /// Flushes the detokenizer through the stop strings, then the stop strings' hold-back.

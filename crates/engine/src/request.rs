@@ -1,5 +1,6 @@
 //! What callers submit to the engine and the events they get back.
 
+use crate::guide::Guide;
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
 
 /// One generation request: a tokenized prompt and how to sample it.
@@ -9,6 +10,9 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Lower values are scheduled first; equal priorities are first come, first served.
     pub priority: i32,
+    /// `params.structured` compiled already ([`crate::EngineHandle::compile_guide`], say on a
+    /// blocking thread); when `None`, `generate` compiles it.
+    pub guide: Option<Guide>,
 }
 
 impl GenerateRequest {
@@ -17,6 +21,7 @@ impl GenerateRequest {
             prompt,
             params,
             priority: 0,
+            guide: None,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! 1. penalties over the raw logits: repetition (prompt and output tokens; divide positive
 //!    logits, multiply negative ones), then frequency (per output occurrence) and presence
 //!    (once per token that appeared in the output);
-//! 2. logit bias;
+//! 2. logit bias, then the structured-output mask of a constrained request (tokens its
+//!    constraint does not allow next go to minus infinity);
 //! 3. greedy requests take the argmax here (a fast path skips the copy when 1 and 2 are no-ops);
 //! 4. temperature;
 //! 5. min-p (drop tokens below `min_p` times the top probability);
@@ -14,9 +15,11 @@
 //! sampled token's and the top-N alternatives'.
 //!
 //! Invariants: the chosen token always has nonzero probability after every filter (each filter
-//! keeps at least the most likely token); the buffers are reused, so a step allocates nothing
+//! keeps at least the most likely token), and a constrained request's token is one its mask
+//! allows; the buffers are reused, so a step allocates nothing
 //! once warm, except the returned top-logprob list.
 
+use crate::guide::Guide;
 use crate::rng::Rng;
 use ferrum_types::{SamplingParams, TokenId};
 use std::collections::HashMap;
@@ -99,17 +102,25 @@ impl Sampler {
             || self.frequency_penalty != 0.0
     }
 
-    /// Picks the next token from one row of logits and records it for the penalties.
-    pub fn sample(&mut self, logits: &[f32]) -> SampleOutput {
+    /// Picks the next token from one row of logits and records it for the penalties. With a
+    /// guide (a constrained request), only tokens its mask allows can be picked; the guide's
+    /// mask must be computed.
+    pub fn sample(&mut self, logits: &[f32], guide: Option<&Guide>) -> SampleOutput {
         let transformed = self.has_penalties() || !self.logit_bias.is_empty();
         let token = if self.temperature == 0.0 && !transformed {
-            argmax(logits)
+            match guide {
+                Some(g) => g.argmax(logits).unwrap_or(0),
+                None => argmax(logits),
+            }
         } else {
             let mut work = std::mem::take(&mut self.work);
             work.clear();
             work.extend_from_slice(logits);
             self.apply_penalties(&mut work);
             apply_logit_bias(&mut work, &self.logit_bias);
+            if let Some(g) = guide {
+                g.apply(&mut work);
+            }
             let t = if self.temperature == 0.0 {
                 argmax(&work)
             } else {
@@ -141,8 +152,13 @@ impl Sampler {
     /// exactly the target's distribution, and a seeded request gives the same tokens with
     /// speculation as without, whatever its batch mates. Returns the token (recorded for the
     /// penalties) and whether it is the proposal.
-    pub fn verify(&mut self, logits: &[f32], proposal: TokenId) -> (SampleOutput, bool) {
-        let out = self.sample(logits);
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        proposal: TokenId,
+        guide: Option<&Guide>,
+    ) -> (SampleOutput, bool) {
+        let out = self.sample(logits, guide);
         let accepted = out.token == proposal;
         (out, accepted)
     }

@@ -71,9 +71,9 @@ fn check_draws(name: &str, p: &SamplingParams, proposal: Option<u32>) {
     let mut accepted = 0usize;
     for _ in 0..DRAWS {
         let token = match proposal {
-            None => s.sample(&LOGITS).token,
+            None => s.sample(&LOGITS, None).token,
             Some(x) => {
-                let (out, ok) = s.verify(&LOGITS, x);
+                let (out, ok) = s.verify(&LOGITS, x, None);
                 assert_eq!(ok, out.token == x, "{name}: accepted means the proposal");
                 accepted += usize::from(ok);
                 out.token
@@ -131,8 +131,11 @@ fn verified_proposals_keep_the_target_distribution() {
 #[test]
 fn greedy_verification_accepts_exactly_the_argmax() {
     let mut s = Sampler::new(&SamplingParams::greedy(), &[], LOGITS.len(), 0);
-    assert_eq!(s.verify(&LOGITS, 0), (s.clone().sample(&LOGITS), true));
-    let (out, ok) = s.verify(&LOGITS, 3);
+    assert_eq!(
+        s.verify(&LOGITS, 0, None),
+        (s.clone().sample(&LOGITS, None), true)
+    );
+    let (out, ok) = s.verify(&LOGITS, 3, None);
     assert_eq!((out.token, ok), (0, false));
 }
 
@@ -233,15 +236,15 @@ fn taken_back_tokens_leave_the_penalties() {
 fn greedy_takes_the_argmax_after_penalties() {
     let logits = [1.0, 0.9, 0.0];
     let mut plain = Sampler::new(&SamplingParams::greedy(), &[], 3, 0);
-    assert_eq!(plain.sample(&logits).token, 0);
+    assert_eq!(plain.sample(&logits, None).token, 0);
     let p = SamplingParams {
         presence_penalty: 0.5,
         ..SamplingParams::greedy()
     };
     let mut s = Sampler::new(&p, &[], 3, 0);
-    assert_eq!(s.sample(&logits).token, 0);
+    assert_eq!(s.sample(&logits, None).token, 0);
     // Token 0 is now penalized below token 1.
-    assert_eq!(s.sample(&logits).token, 1);
+    assert_eq!(s.sample(&logits, None).token, 1);
 }
 
 #[test]
@@ -252,14 +255,16 @@ fn same_seed_same_draws_whatever_the_default_seed() {
     });
     let draw = |default_seed| {
         let mut s = Sampler::new(&p, &[], 8, default_seed);
-        (0..64).map(|_| s.sample(&LOGITS).token).collect::<Vec<_>>()
+        (0..64)
+            .map(|_| s.sample(&LOGITS, None).token)
+            .collect::<Vec<_>>()
     };
     assert_eq!(draw(1), draw(2));
     let q = params(|p| p.temperature = 1.5);
     let mut a = Sampler::new(&q, &[], 8, 1);
     let mut b = Sampler::new(&q, &[], 8, 2);
-    let xa: Vec<_> = (0..64).map(|_| a.sample(&LOGITS).token).collect();
-    let xb: Vec<_> = (0..64).map(|_| b.sample(&LOGITS).token).collect();
+    let xa: Vec<_> = (0..64).map(|_| a.sample(&LOGITS, None).token).collect();
+    let xb: Vec<_> = (0..64).map(|_| b.sample(&LOGITS, None).token).collect();
     assert_ne!(xa, xb);
 }
 
@@ -270,7 +275,7 @@ fn logprobs_are_raw_log_softmax_with_sorted_alternatives() {
         p.temperature = 0.0;
     });
     let mut s = Sampler::new(&p, &[], 8, 0);
-    let out = s.sample(&LOGITS);
+    let out = s.sample(&LOGITS, None);
     let want = softmax(&LOGITS.map(|x| x as f64));
     assert_eq!(out.token, 0);
     assert!((out.logprob.unwrap() as f64 - want[0].ln()).abs() < 1e-5);
@@ -290,7 +295,7 @@ fn large_vocabularies_use_the_partial_top_p_path() {
     let mut s = Sampler::new(&p, &[], logits.len(), 3);
     let mut hits0 = 0;
     for _ in 0..2000 {
-        if s.sample(&logits).token == 0 {
+        if s.sample(&logits, None).token == 0 {
             hits0 += 1;
         }
     }

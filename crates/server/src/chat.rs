@@ -28,7 +28,7 @@ pub async fn chat_completions(
 ) -> Result<Response> {
     let body = s.body(body)?;
     let req = ChatCompletionRequest::from_body(&body)?;
-    // Tools and structured output parse, but are not served yet.
+    // Tools parse, but are not served yet.
     req.refuse_unsupported()?;
     let req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
@@ -50,10 +50,13 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
+    let guide = s.compile_constraint(&req.opts).await?;
     let params = req.opts.params;
     s.check_context(prompt.len(), params.max_tokens, "messages")?;
     let n = params.n;
-    let merged = Merged::submit(&s.engine, vec![GenerateRequest::new(prompt, params)])?;
+    let mut request = GenerateRequest::new(prompt, params);
+    request.guide = guide;
+    let merged = Merged::submit(&s.engine, vec![request])?;
     let fmt = ChatChunks {
         env: Envelope {
             id: s.new_id("chatcmpl"),

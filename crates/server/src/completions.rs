@@ -14,7 +14,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use ferrum_engine::GenerateRequest;
+use ferrum_engine::{GenerateRequest, Guide};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, TokenId};
 use std::sync::Arc;
@@ -53,6 +53,7 @@ pub async fn completions(
     })
     .await
     .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
+    let guide = s.compile_constraint(&req.opts).await?;
     let params = req.opts.params;
     for (ids, _) in &encoded {
         if ids.is_empty() {
@@ -64,7 +65,10 @@ pub async fn completions(
     let num_prompts = encoded.len();
     let requests = encoded
         .iter()
-        .map(|(ids, _)| GenerateRequest::new(ids.clone(), params.clone()))
+        .map(|(ids, _)| GenerateRequest {
+            guide: guide.as_ref().map(Guide::fork),
+            ..GenerateRequest::new(ids.clone(), params.clone())
+        })
         .collect();
     let merged = Merged::submit(&s.engine, requests)?;
     let echoes: Vec<String> = encoded.into_iter().map(|(_, t)| t).collect();

@@ -137,6 +137,7 @@ impl From<EngineError> for ServerError {
             }
             EngineError::Params(e) => ServerError::bad(e.to_string()),
             EngineError::Invalid(msg) => ServerError::bad(msg),
+            EngineError::Constraint { .. } => ServerError::bad(e.to_string()),
             EngineError::Overloaded(_) => ServerError::Overloaded(e.to_string()),
             EngineError::Unavailable(msg) => ServerError::Unavailable(msg),
             EngineError::Model(_) | EngineError::Tokenizer(_) => {

@@ -2,10 +2,11 @@
 //! checks every generation request goes through (model name, context length, body size).
 
 use crate::error::{Result, ServerError};
+use crate::protocol::Options;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use ferrum_engine::EngineHandle;
+use ferrum_engine::{EngineError, EngineHandle, Guide};
 use ferrum_tokenizer::{ChatTemplate, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +66,27 @@ impl AppState {
 
     /// A fresh response id such as `chatcmpl-3f2a...`: unique within the process, and
     /// unlikely to repeat across restarts.
+    /// Compiles the request's structured-output constraint, if any, on a blocking thread (a
+    /// schema compiles in milliseconds; the first constraint also builds the tokenizer's
+    /// trie). A constraint that does not compile is a 400 naming its field.
+    pub async fn compile_constraint(&self, opts: &Options) -> Result<Option<Guide>> {
+        let Some(spec) = opts.params.structured.clone() else {
+            return Ok(None);
+        };
+        let engine = self.engine.clone();
+        let compiled = tokio::task::spawn_blocking(move || engine.compile_guide(&spec))
+            .await
+            .map_err(|e| ServerError::Internal(format!("compiling the constraint failed: {e}")))?;
+        match compiled {
+            Ok(g) => Ok(Some(g)),
+            Err(e @ EngineError::Constraint { .. }) => Err(match &opts.constraint_param {
+                Some(p) => ServerError::param(p.as_str(), format!("'{p}': {e}")),
+                None => ServerError::bad(e.to_string()),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub fn new_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Consecutive ids look unrelated.

@@ -12,6 +12,7 @@ pub mod sandbox;
 mod special;
 mod stop;
 mod template_fns;
+mod token_bytes;
 mod tokenizer;
 
 pub use assets::{find_chat_template, TextAssets};

@@ -155,6 +155,14 @@ impl Tokenizer {
             .map_err(TokenizerError::backend)
     }
 
+    /// The bytes every id stands for (`vocab_size` entries; special tokens as their content,
+    /// see [`Tokenizer::is_special`]): what a grammar engine builds its token trie from.
+    /// Errors when the vocabulary is of a form whose bytes are unknown (not byte-level or
+    /// SentencePiece style) or a byte-level name has a character outside the alphabet.
+    pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        crate::token_bytes::token_bytes(&self.inner, self.vocab_size)
+    }
+
     /// The text of one token as a client would see it (special tokens included).
     pub fn token_text(&self, id: TokenId) -> Result<String> {
         self.decode(&[id], false)

@@ -1,5 +1,5 @@
-//! Plain data shared by every Ferrum layer: ids, the forward batch, sampling parameters,
-//! finish reasons, and the one small seeded generator ([`SplitMix64`]). No tensors and no I/O
+//! Plain data shared by every Ferrum layer: ids, the forward batch, sampling parameters (with a
+//! constrained request's [`StructuredOutput`]), finish reasons, and the one small seeded generator ([`SplitMix64`]). No tensors and no I/O
 //! live here.
 
 pub mod batch;
@@ -7,12 +7,14 @@ mod error;
 mod finish;
 mod sampling;
 pub mod splitmix;
+mod structured;
 
 pub use batch::{ForwardBatch, SeqSlice};
 pub use error::{Result, TypesError};
 pub use finish::FinishReason;
 pub use sampling::{SamplingParams, MAX_LOGPROBS};
 pub use splitmix::SplitMix64;
+pub use structured::StructuredOutput;
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -3,7 +3,7 @@
 //! Invariant after [`SamplingParams::validate`]: every float is finite and in range, every
 //! token id is inside the vocabulary, and `temperature == 0` means greedy.
 
-use crate::{Result, TokenId, TypesError};
+use crate::{Result, StructuredOutput, TokenId, TypesError};
 
 /// Most top logprobs a request may ask for (OpenAI's limit).
 pub const MAX_LOGPROBS: usize = 20;
@@ -44,6 +44,8 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// Constrains the output to a schema, regex, choice or grammar.
+    pub structured: Option<StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -66,6 +68,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             skip_special_tokens: true,
+            structured: None,
         }
     }
 }
@@ -165,6 +168,15 @@ impl SamplingParams {
         }
         if self.stop.iter().any(String::is_empty) {
             return bad("stop", "stop strings must not be empty");
+        }
+        match &self.structured {
+            Some(StructuredOutput::Choice(c)) if c.is_empty() => {
+                return bad("structured", "a choice needs at least one string");
+            }
+            Some(StructuredOutput::Choice(c)) if c.iter().any(String::is_empty) => {
+                return bad("structured", "the strings of a choice must not be empty");
+            }
+            _ => {}
         }
         if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
             return bad(

@@ -10,6 +10,7 @@
 //!   template's `system`; an assistant message without content has empty content.
 
 use super::sampling::{max_tokens, SamplingFields};
+use super::structured::StructuredFields;
 use super::unsupported::refuse;
 use super::wire::{from_value, parse_body, Count, Flag, List, Text};
 use super::Options;
@@ -28,6 +29,7 @@ use std::fmt;
 pub struct ChatCompletionRequest {
     pub sampling: SamplingFields,
     pub chat: ChatFields,
+    pub structured: StructuredFields,
 }
 
 /// The fields only the chat endpoint has.
@@ -46,17 +48,11 @@ pub struct ChatFields {
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
-    pub response_format: Option<Value>,
     pub audio: Option<Value>,
     pub modalities: Option<Value>,
     pub prediction: Option<Value>,
     pub web_search_options: Option<Value>,
     pub reasoning_effort: Option<Value>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<Value>,
-    pub guided_choice: Option<Value>,
-    pub guided_grammar: Option<Value>,
-    pub structured_outputs: Option<Value>,
 }
 
 /// One message, as sent.
@@ -160,20 +156,11 @@ const UNSUPPORTED_CHAT: &[(&str, &str)] = &[
     ("tool_choice", "tool calling"),
     ("functions", "function calling"),
     ("function_call", "function calling"),
-    (
-        "response_format",
-        "structured output (JSON mode, JSON schema)",
-    ),
     ("audio", "audio output"),
     ("modalities", "output modalities other than text"),
     ("prediction", "predicted outputs"),
     ("web_search_options", "web search"),
     ("reasoning_effort", "reasoning effort"),
-    ("guided_json", "guided decoding"),
-    ("guided_regex", "guided decoding"),
-    ("guided_choice", "guided decoding"),
-    ("guided_grammar", "guided decoding"),
-    ("structured_outputs", "structured output"),
 ];
 
 impl ChatCompletionRequest {
@@ -187,6 +174,7 @@ impl ChatCompletionRequest {
         Ok(ChatCompletionRequest {
             sampling: from_value(body)?,
             chat: from_value(body)?,
+            structured: from_value(body)?,
         })
     }
 
@@ -199,17 +187,11 @@ impl ChatCompletionRequest {
             "tool_choice" => c.tool_choice.as_ref(),
             "functions" => c.functions.as_ref(),
             "function_call" => c.function_call.as_ref(),
-            "response_format" => c.response_format.as_ref(),
             "audio" => c.audio.as_ref(),
             "modalities" => c.modalities.as_ref(),
             "prediction" => c.prediction.as_ref(),
             "web_search_options" => c.web_search_options.as_ref(),
             "reasoning_effort" => c.reasoning_effort.as_ref(),
-            "guided_json" => c.guided_json.as_ref(),
-            "guided_regex" => c.guided_regex.as_ref(),
-            "guided_choice" => c.guided_choice.as_ref(),
-            "guided_grammar" => c.guided_grammar.as_ref(),
-            "structured_outputs" => c.structured_outputs.as_ref(),
             _ => None,
         })?;
         let messages = c.messages.as_ref().map_or(&[][..], |List(m)| m);
@@ -252,6 +234,7 @@ impl ChatCompletionRequest {
             None => max_tokens("max_tokens", c.max_tokens)?,
         };
         let mut opts = self.sampling.options(max)?;
+        opts.set_constraint(self.structured.constraint()?);
         let logprobs = c.logprobs.is_some_and(|Flag(b)| b);
         if let Some(Count(k)) = c.top_logprobs {
             if k > MAX_LOGPROBS {

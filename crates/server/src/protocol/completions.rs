@@ -6,6 +6,7 @@
 //! [`CompletionRequest::refuse_unsupported`], which the route calls before admitting.
 
 use super::sampling::{max_tokens, SamplingFields};
+use super::structured::StructuredFields;
 use super::unsupported::refuse;
 use super::wire::{from_value, parse_body, token_id, Count, Flag};
 use super::{Options, COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_N};
@@ -21,6 +22,7 @@ use serde_json::Value;
 pub struct CompletionRequest {
     pub sampling: SamplingFields,
     pub completion: CompletionFields,
+    pub structured: StructuredFields,
 }
 
 /// The fields only the completions endpoint has.
@@ -36,12 +38,6 @@ pub struct CompletionFields {
     /// Put the prompt's text before each completion.
     pub echo: Option<Flag>,
     pub suffix: Option<Value>,
-    pub response_format: Option<Value>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<Value>,
-    pub guided_choice: Option<Value>,
-    pub guided_grammar: Option<Value>,
-    pub structured_outputs: Option<Value>,
 }
 
 /// One prompt of a completions request.
@@ -101,18 +97,7 @@ pub struct AdmittedCompletion {
 }
 
 /// Features of the completions API that Ferrum does not have (key, what it is).
-const UNSUPPORTED_COMPLETIONS: &[(&str, &str)] = &[
-    ("suffix", "a suffix (fill in the middle)"),
-    (
-        "response_format",
-        "structured output (JSON mode, JSON schema)",
-    ),
-    ("guided_json", "guided decoding"),
-    ("guided_regex", "guided decoding"),
-    ("guided_choice", "guided decoding"),
-    ("guided_grammar", "guided decoding"),
-    ("structured_outputs", "structured output"),
-];
+const UNSUPPORTED_COMPLETIONS: &[(&str, &str)] = &[("suffix", "a suffix (fill in the middle)")];
 
 impl CompletionRequest {
     /// Reads a body (see [`super::wire`]): types checked, nothing else.
@@ -125,6 +110,7 @@ impl CompletionRequest {
         Ok(CompletionRequest {
             sampling: from_value(body)?,
             completion: from_value(body)?,
+            structured: from_value(body)?,
         })
     }
 
@@ -133,12 +119,6 @@ impl CompletionRequest {
         let c = &self.completion;
         refuse(UNSUPPORTED_COMPLETIONS, |key| match key {
             "suffix" => c.suffix.as_ref(),
-            "response_format" => c.response_format.as_ref(),
-            "guided_json" => c.guided_json.as_ref(),
-            "guided_regex" => c.guided_regex.as_ref(),
-            "guided_choice" => c.guided_choice.as_ref(),
-            "guided_grammar" => c.guided_grammar.as_ref(),
-            "structured_outputs" => c.structured_outputs.as_ref(),
             _ => None,
         })
     }
@@ -148,6 +128,7 @@ impl CompletionRequest {
         let c = self.completion;
         let max = max_tokens("max_tokens", c.max_tokens)?.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         let mut opts = self.sampling.options(max)?;
+        opts.set_constraint(self.structured.constraint()?);
         if let Some(Count(b)) = c.best_of {
             if b != opts.params.n {
                 return Err(ServerError::unsupported(

@@ -4,8 +4,7 @@
 //! parameter):
 //! 1. [`wire`]: the body parsed into derive-based types ([`ChatCompletionRequest`],
 //!    [`CompletionRequest`]); a type error names the field's path (`messages[0].role`).
-//! 2. `refuse_unsupported`: known OpenAI features Ferrum lacks (tools, structured output,
-//!    audio, ...) are refused naming the parameter instead of being dropped, so a client never
+//! 2. `refuse_unsupported`: known OpenAI features Ferrum lacks (tools, audio, ...) are refused naming the parameter instead of being dropped, so a client never
 //!    gets an answer to a question it did not ask. The types still parse and carry them.
 //! 3. `admit`: ranges, limits and cross-field rules; the result ([`AdmittedChat`],
 //!    [`AdmittedCompletion`]) holds the engine's sampling parameters and the messages the chat
@@ -18,6 +17,7 @@ pub mod chat;
 pub mod completions;
 pub mod response;
 pub mod sampling;
+pub mod structured;
 pub mod tokenize;
 pub mod unsupported;
 pub mod wire;
@@ -49,6 +49,24 @@ pub struct Options {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the token counts.
     pub include_usage: bool,
+    /// The field the request's constraint (`params.structured`) came from.
+    pub constraint_param: Option<String>,
+}
+
+impl Options {
+    /// Sets the request's structured-output constraint.
+    pub fn set_constraint(&mut self, c: Option<structured::Constraint>) {
+        match c {
+            Some(c) => {
+                self.params.structured = Some(c.spec);
+                self.constraint_param = Some(c.param);
+            }
+            None => {
+                self.params.structured = None;
+                self.constraint_param = None;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -107,8 +125,8 @@ mod tests {
                 "tools",
             ),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
-                "response_format",
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
+                "response_format.type",
             ),
             (r#"{"messages":[{"role":"user","content":"x"}],"n":0}"#, "n"),
             (
@@ -177,10 +195,14 @@ mod tests {
             "response_format":{"type":"json_object"}}"#;
         let r = ChatCompletionRequest::from_body(body.as_bytes()).unwrap();
         let format: serde_json::Value = serde_json::from_str(r#"{"type":"json_object"}"#).unwrap();
-        assert_eq!(r.chat.response_format, Some(format));
+        assert_eq!(r.structured.response_format, Some(format));
         // Parsed and carried, but still refused by the routes.
         assert_eq!(param_of(r.refuse_unsupported().unwrap_err()), "tools");
         let a = r.admit().unwrap();
+        assert_eq!(
+            a.opts.params.structured,
+            Some(ferrum_types::StructuredOutput::JsonObject)
+        );
         let call = &a.messages[1].tool_calls[0];
         assert_eq!(
             (call.id.as_str(), call.function.name.as_str()),

@@ -146,12 +146,14 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos.is_some_and(|Flag(b)| b),
             logprobs: None,
             skip_special_tokens: self.skip_special_tokens.is_none_or(|Flag(b)| b),
+            structured: None,
         };
         Ok(Options {
             model: self.model.as_ref().map(|Text(m)| m.clone()),
             params,
             stream,
             include_usage,
+            constraint_param: None,
         })
     }
 

@@ -1,8 +1,8 @@
 //! Known OpenAI features that Ferrum does not serve yet: a request that asks for one is
 //! refused with a 400 naming the parameter (code `unsupported_parameter`) instead of being
 //! answered as if it had not asked. A feature's neutral value (`tools: []`,
-//! `tool_choice: "none"`, `response_format: {"type": "text"}`, text-only `modalities`, an
-//! empty `suffix`) asks for nothing and passes.
+//! `tool_choice: "none"`, text-only `modalities`, an empty `suffix`) asks for nothing and
+//! passes.
 
 use crate::error::{Result, ServerError};
 use serde_json::Value;
@@ -12,10 +12,6 @@ pub fn is_harmless(key: &str, v: &Value) -> bool {
     match key {
         "tools" | "functions" => v.as_array().is_some_and(Vec::is_empty),
         "tool_choice" => v.as_str() == Some("none"),
-        "response_format" => {
-            v.get("type").and_then(Value::as_str) == Some("text")
-                && v.as_object().is_some_and(|o| o.len() == 1)
-        }
         "modalities" => v
             .as_array()
             .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),

@@ -1,0 +1,160 @@
+//! [`GuideCompiler`]: the tokenizer's trie and llguidance's parser factory, and the
+//! translation of each [`StructuredOutput`] form into an llguidance grammar.
+
+use super::gbnf;
+use super::Guide;
+use crate::{EngineError, Result};
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::{StructuredOutput, TokenId};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use std::sync::Arc;
+
+/// The tokenizer as llguidance sees it: the trie of token bytes. Text is tokenized greedily
+/// over the trie, byte for byte (a SentencePiece tokenizer's own encoding would add its dummy
+/// prefix space), and declared non-canonical, so llguidance never forces tokens by it.
+struct TokenizerView {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for TokenizerView {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+/// Compiles constraints for one tokenizer. Building it walks the whole vocabulary (tens of
+/// milliseconds for 150k tokens); build it once and share it.
+pub struct GuideCompiler {
+    factory: ParserFactory,
+    /// The model's vocabulary (logits rows); may exceed the tokenizer's.
+    model_vocab: usize,
+    eos: Arc<[TokenId]>,
+}
+
+impl std::fmt::Debug for GuideCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuideCompiler")
+            .field("model_vocab", &self.model_vocab)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error of a constraint that cannot be used.
+fn constraint_err(spec: &StructuredOutput, msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Constraint {
+        kind: spec.kind(),
+        msg: msg.to_string(),
+    }
+}
+
+/// `s` as a regex matching exactly `s`.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() || c == ' ' || !c.is_ascii() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\x{{{:x}}}", c as u32));
+        }
+    }
+    out
+}
+
+impl GuideCompiler {
+    /// `eos` are the ids that end a sequence (the model's stop ids); a complete constraint
+    /// allows exactly these. `model_vocab` is the number of logits per row.
+    pub fn new(tokenizer: &Tokenizer, eos: &[TokenId], model_vocab: usize) -> Result<Self> {
+        let unusable = |msg: String| EngineError::Constraint {
+            kind: "structured output",
+            msg,
+        };
+        let &first_eos = eos
+            .first()
+            .ok_or_else(|| unusable("the model has no end-of-sequence token".into()))?;
+        let mut words = tokenizer.token_bytes()?;
+        for (id, w) in words.iter_mut().enumerate() {
+            if tokenizer.is_special(id as TokenId) {
+                w.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
+            }
+        }
+        let info = TokRxInfo::new(words.len() as u32, first_eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let env: TokEnv = Arc::new(TokenizerView { trie });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| unusable(format!("cannot build the token trie: {e}")))?;
+        factory.quiet();
+        Ok(GuideCompiler {
+            factory,
+            model_vocab,
+            eos: eos.into(),
+        })
+    }
+
+    /// The llguidance grammar of a constraint.
+    fn grammar(spec: &StructuredOutput) -> Result<TopLevelGrammar> {
+        Ok(match spec {
+            StructuredOutput::JsonSchema(text) => {
+                let schema: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| constraint_err(spec, format!("the schema is not JSON: {e}")))?;
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(constraint_err(
+                        spec,
+                        "a schema must be a JSON object (or true/false)",
+                    ));
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            StructuredOutput::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            }
+            StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            StructuredOutput::Choice(choices) => {
+                let alts: Vec<String> = choices.iter().map(|c| regex_escape(c)).collect();
+                TopLevelGrammar::from_regex(&format!("(?:{})", alts.join("|")))
+            }
+            StructuredOutput::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            StructuredOutput::Gbnf(src) => {
+                let lark = gbnf::to_lark(src).map_err(|e| constraint_err(spec, e))?;
+                TopLevelGrammar::from_lark(lark)
+            }
+        })
+    }
+
+    /// Compiles a constraint and computes its first mask; errors name what does not compile.
+    pub fn compile(&self, spec: &StructuredOutput) -> Result<Guide> {
+        let grammar = Self::grammar(spec)?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| constraint_err(spec, e))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(constraint_err(spec, e));
+        }
+        let mut guide = Guide::new(matcher, spec.kind(), self.model_vocab, self.eos.clone());
+        guide.compute_mask().map_err(|e| constraint_err(spec, e))?;
+        Ok(guide)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regex_escape_leaves_no_metacharacter() {
+        assert_eq!(regex_escape("a.b"), "a\\x{2e}b");
+        assert_eq!(regex_escape("(x|y)*"), "\\x{28}x\\x{7c}y\\x{29}\\x{2a}");
+        assert_eq!(regex_escape("héllo wörld"), "héllo wörld");
+    }
+}

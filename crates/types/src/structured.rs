@@ -1,0 +1,36 @@
+//! What a constrained request asks its output to be: [`StructuredOutput`], carried in
+//! [`crate::SamplingParams`]. The forms are kept as the client wrote them (a schema's JSON
+//! text, a regex, a grammar's source); the engine compiles them against the tokenizer, and
+//! a form that does not compile is refused before the request is scheduled.
+
+/// A constraint on a request's output. The output is a complete match of the constraint, or
+/// stops short of one only when a length limit ends it first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StructuredOutput {
+    /// A JSON value valid under this JSON Schema (its JSON text).
+    JsonSchema(String),
+    /// Any JSON object (OpenAI's `{"type": "json_object"}`).
+    JsonObject,
+    /// A text matching this regular expression as a whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+    /// A grammar in llama.cpp's GBNF.
+    Gbnf(String),
+}
+
+impl StructuredOutput {
+    /// The constraint's kind, as errors and logs name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StructuredOutput::JsonSchema(_) => "JSON schema",
+            StructuredOutput::JsonObject => "JSON object",
+            StructuredOutput::Regex(_) => "regex",
+            StructuredOutput::Choice(_) => "choice",
+            StructuredOutput::Lark(_) => "Lark grammar",
+            StructuredOutput::Gbnf(_) => "GBNF grammar",
+        }
+    }
+}
