@@ -10,6 +10,7 @@ mod inspect;
 mod model_path;
 mod run;
 mod serve;
+mod structured;
 mod tokenize;
 
 use clap::{Parser, Subcommand};

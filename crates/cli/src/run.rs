@@ -2,6 +2,7 @@
 //! the text to stdout, with time to first token and decode speed on stderr.
 
 use crate::common::{load_parts, need_text, single_engine, EngineArgs, ModelArgs, SamplingArgs};
+use crate::structured::StructuredArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use ferrum_engine::GenerateRequest;
@@ -28,6 +29,8 @@ pub struct RunArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten, next_help_heading = "Structured output (one of)")]
+    structured: StructuredArgs,
     /// Offline batch mode: one JSON request per line ({"prompt" | "prompt_ids", "max_tokens",
     /// "temperature", "top_p", "top_k", "seed", "stop", "n", "chat"}), all run at once.
     #[arg(long, conflicts_with_all = ["prompt", "prompt_ids"])]
@@ -47,6 +50,11 @@ pub struct RunArgs {
 
 pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(file) = &args.prompts_file {
+        if args.structured.constraint()?.is_some() {
+            bail!(
+                "the structured-output flags apply to one prompt; batch lines cannot take them yet"
+            );
+        }
         return crate::batch::run_batch(
             &args.model,
             &args.engine,
@@ -60,7 +68,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     let (model, text, load_time) = load_parts(&args.model)?;
     let vocab = model.config().vocab_size;
-    let params = args.sampling.params(vocab)?;
+    let mut params = args.sampling.params(vocab)?;
+    params.structured = args.structured.constraint()?;
     let prompt: Vec<TokenId> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(t), None) if args.chat => {
