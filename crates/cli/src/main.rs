@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Generate a continuation of a prompt, streaming the text.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Chat with a model interactively, using its chat template.
     Chat(chat::ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
