@@ -28,7 +28,7 @@ pub struct StructuredArgs {
     pub grammar: Option<PathBuf>,
 }
 
-fn read(flag: &str, path: &PathBuf) -> Result<String> {
+fn read(flag: &str, path: &std::path::Path) -> Result<String> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{flag} {}: cannot read the file", path.display()))?;
     if text.trim().is_empty() {

@@ -36,7 +36,7 @@ fn model_path() -> Option<PathBuf> {
     None
 }
 
-fn start(path: &PathBuf, cfg: &EngineConfig) -> (EngineHandle, Arc<Tokenizer>) {
+fn start(path: &std::path::Path, cfg: &EngineConfig) -> (EngineHandle, Arc<Tokenizer>) {
     let model = load_model(path, &LoadOptions::default()).unwrap();
     let tok = load_text_assets(path).unwrap().tokenizer;
     (
