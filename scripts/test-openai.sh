@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Drives a real `ferrum serve` with the official `openai` Python client: installs the client
-# into a venv (target/openai-venv), builds the binary, and runs tests/openai on the tiny fixture
-# and, when it has been fetched (scripts/fetch-smollm2.sh), on SmolLM2.
+# (and `jsonschema`, which checks structured output) into a venv (target/openai-venv), builds the
+# binary, and runs tests/openai on the tiny fixture and, when they have been fetched
+# (scripts/fetch-smollm2.sh, scripts/fetch-model.sh qwen2.5-coder-0.5b), on SmolLM2 and on
+# Qwen2.5-Coder-0.5B (structured output).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 OPENAI_VERSION="3.54.0"
+JSONSCHEMA_VERSION="4.25.1"
 venv="target/openai-venv"
 python=$(command -v python3 || command -v python || true)
 if [ -z "$python" ]; then
   echo "test-openai: python3 is needed" >&2
   exit 1
 fi
-if ! "$venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
-  echo "test-openai: installing openai==$OPENAI_VERSION into $venv" >&2
+if ! "$venv/bin/python" -c "import openai, jsonschema, importlib.metadata as m, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or m.version('jsonschema') != '$JSONSCHEMA_VERSION')" 2>/dev/null; then
+  echo "test-openai: installing openai==$OPENAI_VERSION and jsonschema==$JSONSCHEMA_VERSION into $venv" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
 fi
 
 cargo build --quiet --bin ferrum
@@ -25,6 +28,11 @@ export FERRUM_FIXTURES="$PWD/tests/fixtures"
 export FERRUM_SMOLLM2="${FERRUM_SMOLLM2:-${FERRUM_MODELS_DIR:-$PWD/models}/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ ! -s "$FERRUM_SMOLLM2" ] && [ -n "${CI:-}" ]; then
   echo "test-openai: $FERRUM_SMOLLM2 is missing (run scripts/fetch-smollm2.sh)" >&2
+  exit 1
+fi
+export FERRUM_QWEN05="${FERRUM_QWEN05:-${FERRUM_MODELS_DIR:-$PWD/models}/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf}"
+if [ ! -s "$FERRUM_QWEN05" ] && [ -n "${CI:-}" ]; then
+  echo "test-openai: $FERRUM_QWEN05 is missing (run scripts/fetch-model.sh qwen2.5-coder-0.5b)" >&2
   exit 1
 fi
 "$venv/bin/python" -m unittest discover -s tests/openai -t tests/openai -v "$@"
