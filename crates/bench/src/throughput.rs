@@ -5,15 +5,17 @@
 
 use anyhow::{bail, Result};
 use ferrum_engine::{EngineHandle, Event, GenerateRequest};
-use ferrum_types::{SamplingParams, TokenId};
+use ferrum_types::{SamplingParams, StructuredOutput, TokenId};
 use std::time::Instant;
 
 /// What to run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ThroughputConfig {
     pub num_prompts: usize,
     pub input_len: usize,
     pub output_len: usize,
+    /// Constrains every request (the engine needs the model's tokenizer then).
+    pub structured: Option<StructuredOutput>,
 }
 
 /// What it took.
@@ -41,8 +43,13 @@ pub fn throughput(engine: &EngineHandle, cfg: &ThroughputConfig) -> Result<Throu
     let params = SamplingParams {
         max_tokens: Some(cfg.output_len),
         ignore_eos: true,
+        structured: cfg.structured.clone(),
         ..SamplingParams::greedy()
     };
+    if let Some(spec) = &cfg.structured {
+        // The first constraint builds the tokenizer's trie: not part of the measurement.
+        engine.compile_guide(spec)?;
+    }
     let start = Instant::now();
     let mut streams = Vec::with_capacity(cfg.num_prompts);
     for r in 0..cfg.num_prompts {

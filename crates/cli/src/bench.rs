@@ -62,6 +62,10 @@ pub struct ThroughputArgs {
     output_len: usize,
     #[command(flatten, next_help_heading = "Batching engine")]
     engine: EngineArgs,
+    /// Constrain every request (what constrained decoding costs). Requests end early when
+    /// their constraint is complete, so pick one that is not (say an unbounded JSON array).
+    #[command(flatten, next_help_heading = "Structured output (one of)")]
+    structured: crate::structured::StructuredArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -211,26 +215,34 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
         num_prompts: args.num_prompts,
         input_len: args.input_len,
         output_len: args.output_len,
+        structured: args.structured.constraint()?,
     };
     if cfg.num_prompts == 0 || cfg.input_len == 0 || cfg.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be at least 1");
     }
-    let (model, _, _) = load_parts(&args.model)?;
+    let (model, text, _) = load_parts(&args.model)?;
     let device = model.device_name();
     let engine_cfg = args
         .engine
         .config(args.model.max_model_len, args.num_prompts)?;
+    let tokenizer = match &cfg.structured {
+        Some(_) => Some(crate::common::need_text(&text)?.tokenizer.clone()),
+        None => None,
+    };
     let engine = crate::common::start_engine(
         model,
-        None,
+        tokenizer,
         &engine_cfg,
         &args.engine.speculative,
         &args.model,
     )?;
     let r = ferrum_bench::throughput(&engine, &cfg);
-    let spec = engine.metrics().spec;
+    let m = engine.metrics();
+    let spec = m.spec;
     engine.shutdown();
     let r = r?;
+    let per_mask_us = m.structured_mask_seconds * 1e6 / m.structured_masks.max(1) as f64;
+    let wait_share = m.structured_mask_wait_seconds / r.elapsed_s;
     if args.json {
         println!(
             "{}",
@@ -248,6 +260,10 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
                 "mean_acceptance_length": spec.mean_acceptance_length(),
                 "spec_draft_tokens": spec.num_draft_tokens,
                 "spec_accepted_tokens": spec.num_accepted_tokens,
+                "structured": cfg.structured.as_ref().map(|s| s.kind()),
+                "structured_masks": m.structured_masks,
+                "structured_mask_us": per_mask_us,
+                "structured_mask_wait_share": wait_share,
             })
         );
     } else {
@@ -266,6 +282,15 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
             r.total_tok_s,
             r.requests_per_s
         );
+        if let Some(s) = &cfg.structured {
+            println!(
+                "structured output ({}): {} masks, {per_mask_us:.0} us each; steps waited {:.3} s for masks ({:.1}% of the run)",
+                s.kind(),
+                m.structured_masks,
+                m.structured_mask_wait_seconds,
+                wait_share * 100.0
+            );
+        }
     }
     Ok(())
 }

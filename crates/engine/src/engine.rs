@@ -103,6 +103,8 @@ pub(crate) struct EngineCore {
     spec: Option<SpeculativeConfig>,
     /// This step's speculative counters, added to the metrics once per step.
     spec_step: SpecCounters,
+    /// This step's structured-output counters, likewise.
+    mask_step: MaskCounters,
     /// Scratch for one sequence's proposals.
     proposal: Vec<TokenId>,
     /// The draft model, with `Proposer::Draft`.
@@ -116,18 +118,41 @@ pub(crate) struct EngineCore {
     pub(crate) faults: crate::config::FaultInjection,
 }
 
+/// Structured output's counters of one step.
+#[derive(Debug, Default)]
+struct MaskCounters {
+    masks: u64,
+    seconds: f64,
+    wait_seconds: f64,
+}
+
+/// Computes a guide's mask unless it has one, counting it.
+fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), String> {
+    if g.has_mask() {
+        return Ok(());
+    }
+    let t = Instant::now();
+    let r = g.compute_mask();
+    c.masks += 1;
+    c.seconds += t.elapsed().as_secs_f64();
+    r
+}
+
 /// Computes the mask of every guide that lacks one (on the mask thread, during the forward
 /// pass). Returns the requests whose constraint failed, with the reason.
-fn compute_masks(seqs: &mut HashMap<RequestId, SeqState>) -> Vec<(RequestId, String)> {
+fn compute_masks(
+    seqs: &mut HashMap<RequestId, SeqState>,
+) -> (Vec<(RequestId, String)>, MaskCounters) {
     let mut failed = Vec::new();
+    let mut c = MaskCounters::default();
     for seq in seqs.values_mut() {
         if let Some(g) = seq.guide.as_mut() {
-            if let Err(e) = g.compute_mask() {
+            if let Err(e) = compute_mask(g, &mut c) {
                 failed.push((seq.request, format!("request failed: {e}")));
             }
         }
     }
-    failed
+    (failed, c)
 }
 
 /// Marks the engine unhealthy when dropped: at the end of the loop, or while a panic unwinds.
@@ -191,6 +216,7 @@ impl EngineCore {
             steps: 0,
             spec: None,
             spec_step: SpecCounters::default(),
+            mask_step: MaskCounters::default(),
             proposal: Vec::new(),
             draft: None,
             proposing: Vec::new(),
@@ -534,13 +560,20 @@ impl EngineCore {
                     .name("ferrum-masks".into())
                     .spawn_scoped(scope, || compute_masks(seqs));
                 let logits = model.forward(batch, kv);
+                let waited = Instant::now();
                 let masks = match masks {
                     Ok(h) => h.join().map_err(|p| panic_message(p.as_ref())),
                     Err(e) => Err(format!("cannot start the mask thread: {e}")),
                 };
+                let masks = masks.map(|(f, mut c)| {
+                    c.wait_seconds = waited.elapsed().as_secs_f64();
+                    (f, c)
+                });
                 (logits, masks)
             });
-            failed.extend(masks.map_err(EngineError::Invalid)?);
+            let (f, c) = masks.map_err(EngineError::Invalid)?;
+            failed.extend(f);
+            self.mask_step = c;
             logits?
         } else {
             self.model.forward(&self.batch, &mut self.kv)?
@@ -593,7 +626,8 @@ impl EngineCore {
             for i in 0..num_rows {
                 let row = first_row + i;
                 let l = &logits[row * vocab..(row + 1) * vocab];
-                if let Some(Err(e)) = seq.guide.as_mut().map(Guide::compute_mask) {
+                let counters = &mut self.mask_step;
+                if let Some(Err(e)) = seq.guide.as_mut().map(|g| compute_mask(g, counters)) {
                     self.failed
                         .push((seq.request, format!("request failed: {e}")));
                     break;
@@ -674,6 +708,10 @@ impl EngineCore {
         if let Ok(mut m) = self.metrics.lock() {
             m.generation_tokens += new_tokens;
             self.spec_step.drain_into(&mut m.spec);
+            let c = std::mem::take(&mut self.mask_step);
+            m.structured_masks += c.masks;
+            m.structured_mask_seconds += c.seconds;
+            m.structured_mask_wait_seconds += c.wait_seconds;
             for l in &self.latencies {
                 match l {
                     Latency::FirstToken(d) => m.time_to_first_token.observe(d.as_secs_f64()),

@@ -1,6 +1,7 @@
 //! Engine metrics, kept by the engine thread and read by anyone holding the handle:
 //! latency histograms (TTFT, inter-token, end to end), queue and KV gauges, prefix-cache and
-//! preemption counters, token counters, speculative decoding's counters. The server exports
+//! preemption counters, token counters, speculative decoding's and structured output's
+//! counters. The server exports
 //! them as Prometheus text.
 
 /// A cumulative histogram over fixed bucket bounds (seconds), Prometheus style.
@@ -116,6 +117,13 @@ pub struct Metrics {
     pub generation_tokens: u64,
     pub requests_finished: u64,
     pub spec: SpecCounters,
+    /// Structured output: token masks computed, the seconds spent computing them (on the
+    /// mask thread, during forward passes, and on the engine thread for the rows of accepted
+    /// proposals), and the seconds the engine waited for the mask thread after a forward pass
+    /// (what constrained decoding added to steps).
+    pub structured_masks: u64,
+    pub structured_mask_seconds: f64,
+    pub structured_mask_wait_seconds: f64,
     /// False once the engine loop has stopped (after an error or a shutdown).
     pub healthy: bool,
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
@@ -137,6 +145,9 @@ impl Default for Metrics {
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
             preemptions: 0,
+            structured_masks: 0,
+            structured_mask_seconds: 0.0,
+            structured_mask_wait_seconds: 0.0,
             prompt_tokens: 0,
             generation_tokens: 0,
             requests_finished: 0,

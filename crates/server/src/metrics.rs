@@ -158,6 +158,24 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     for (name, help, v) in counters {
         o.metric(name, "counter", help, v as f64);
     }
+    o.metric(
+        "ferrum_structured_output_masks_total",
+        "counter",
+        "Structured output: token masks computed.",
+        m.structured_masks as f64,
+    );
+    o.metric(
+        "ferrum_structured_output_mask_seconds_total",
+        "counter",
+        "Structured output: seconds spent computing token masks (mostly overlapped with forward passes).",
+        m.structured_mask_seconds,
+    );
+    o.metric(
+        "ferrum_structured_output_mask_wait_seconds_total",
+        "counter",
+        "Structured output: seconds steps waited for masks after their forward pass.",
+        m.structured_mask_wait_seconds,
+    );
     let per_pos = "ferrum_spec_decode_num_accepted_tokens_per_pos_total";
     let _ = writeln!(
         o.text,
