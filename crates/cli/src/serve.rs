@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes (larger ones get 413).
     #[arg(long, default_value_t = 8 << 20)]
     max_request_bytes: usize,
+    /// How the model writes tool calls: hermes (Qwen2.5/3), llama3 (Llama 3.1/3.2) or
+    /// mistral (default: read off the chat template).
+    #[arg(long, value_name = "FORMAT", value_parser = ["hermes", "llama3", "mistral"])]
+    tool_call_parser: Option<String>,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -86,6 +90,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_request_bytes,
         grace_period: Duration::from_secs_f64(args.shutdown_timeout),
         http_threads: 2,
+        tool_call_parser: args
+            .tool_call_parser
+            .as_deref()
+            .and_then(ferrum_server::tools::ToolFormat::from_name),
     };
     let has_template = chat_template.is_some();
     ferrum_server::run(engine, chat_template, &server, |addr| {

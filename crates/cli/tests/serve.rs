@@ -312,7 +312,7 @@ async fn error_statuses() {
                 .to_string(),
             key,
             400,
-            Some("tools"),
+            Some("tools[0].function"),
         ),
         (
             "/v1/completions",

@@ -128,7 +128,7 @@ struct MaskCounters {
 
 /// Computes a guide's mask unless it has one, counting it.
 fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), String> {
-    if g.has_mask() {
+    if !g.needs_mask() {
         return Ok(());
     }
     let t = Instant::now();
@@ -550,7 +550,7 @@ impl EngineCore {
         let needs_masks = self
             .seqs
             .values()
-            .any(|q| q.guide.as_ref().is_some_and(|g| !g.has_mask()));
+            .any(|q| q.guide.as_ref().is_some_and(Guide::needs_mask));
         let logits = if needs_masks {
             // The guides' masks on a helper thread while the forward pass runs.
             let (seqs, failed) = (&mut self.seqs, &mut self.failed);
@@ -632,7 +632,7 @@ impl EngineCore {
                         .push((seq.request, format!("request failed: {e}")));
                     break;
                 }
-                let guide = seq.guide.as_ref();
+                let guide = seq.guide.as_ref().filter(|g| g.is_active());
                 let (sample, is_proposal) = match proposals.get(i) {
                     Some(&p) => {
                         verified += 1;

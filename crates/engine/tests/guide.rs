@@ -355,3 +355,57 @@ fn sentencepiece_byte_fallback_tokens() {
     g.consume(3 + 0xA9).unwrap();
     assert_eq!(allowed(&mut g, v), vec![2]);
 }
+
+#[test]
+fn a_triggered_constraint_is_free_until_its_trigger() {
+    let tok = byte_level();
+    let v = tok.vocab_size();
+    let spec = StructuredOutput::Triggered {
+        trigger: "a{".into(),
+        grammar: "start: \"a{\" /[a-z]/ \"}\"".into(),
+    };
+    let mut g = compile(&tok, spec);
+    assert!(!g.is_active());
+    // Free text: anything goes, EOS included, and no mask is computed.
+    for &t in b"say " {
+        g.compute_mask().unwrap();
+        assert!(!g.is_active() && !g.has_mask());
+        g.consume(t as TokenId).unwrap();
+    }
+    assert!(!g.is_stopped());
+    // The trigger spans two tokens ('a' then '{'): the grammar starts with it.
+    g.consume(b'a' as TokenId).unwrap();
+    assert!(!g.is_active());
+    g.consume(b'{' as TokenId).unwrap();
+    assert!(g.is_active());
+    let a = allowed(&mut g, v);
+    assert_eq!(a.len(), 26, "{a:?}");
+    g.consume(b'q' as TokenId).unwrap();
+    assert_eq!(allowed(&mut g, v), vec![b'}' as TokenId]);
+    g.consume(b'}' as TokenId).unwrap();
+    assert!(g.is_stopped());
+    // A trigger that is one token opens the grammar only as that token.
+    let spec = StructuredOutput::Triggered {
+        trigger: "{\"".into(),
+        grammar: "start: <[259]> /[0-9]/".into(),
+    };
+    let mut g = compile(&tok, spec);
+    g.consume(b'{' as TokenId).unwrap();
+    g.consume(b'"' as TokenId).unwrap();
+    assert!(!g.is_active(), "spelled out in pieces, the trigger is text");
+    g.consume(merged(b"{\"")).unwrap();
+    assert!(g.is_active());
+    assert_eq!(
+        allowed(&mut g, v),
+        (b'0' as TokenId..=b'9' as TokenId).collect::<Vec<_>>()
+    );
+    // A grammar that does not start with its trigger is refused.
+    let e = compile_err(
+        &tok,
+        StructuredOutput::Triggered {
+            trigger: "<x>".into(),
+            grammar: "start: \"y\"".into(),
+        },
+    );
+    assert!(e.contains("does not start with its trigger"), "{e}");
+}

@@ -1,17 +1,22 @@
 //! `POST /v1/chat/completions`: messages through the model's chat template, one engine
 //! request with `n` samples, answered as one `chat.completion` or a stream of
-//! `chat.completion.chunk`s.
+//! `chat.completion.chunk`s. With tools, each choice's output goes through the tool-call
+//! parser of the model's format ([`crate::tools`]): calls become `tool_calls` (in a stream,
+//! the call's index, id and name first, then its arguments in pieces) with
+//! `finish_reason: "tool_calls"`, and none of the call markup reaches `content`.
 
 use crate::error::{Result, ServerError};
 use crate::generate::{collect, finite, Envelope, Merged, TokenLogprob};
 use crate::json::json_response;
 use crate::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionObject, Delta,
-    TokenLogprobEntry, TopLogprob,
+    FunctionDelta, FunctionOut, TokenLogprobEntry, ToolCallDelta, ToolCallOut, TopLogprob,
 };
 use crate::protocol::ChatCompletionRequest;
 use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
+use crate::tools::parser::parse_whole;
+use crate::tools::{ToolCallParser, ToolEvent};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -28,9 +33,8 @@ pub async fn chat_completions(
 ) -> Result<Response> {
     let body = s.body(body)?;
     let req = ChatCompletionRequest::from_body(&body)?;
-    // Tools parse, but are not served yet.
     req.refuse_unsupported()?;
-    let req = req.admit()?;
+    let mut req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
     let Some(template) = s.template.clone() else {
         return Err(ServerError::bad(
@@ -50,6 +54,22 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
+    let tool_format = match &req.tool_request {
+        Some(tr) => {
+            let format = s.tool_format.ok_or_else(|| {
+                ServerError::param(
+                    "tools",
+                    "this model's chat template does not take tools (or its call format is not known: pass --tool-call-parser)",
+                )
+            })?;
+            req.opts.params.structured = format.constraint(tr, &s.tokenizer);
+            req.opts.constraint_param = Some("tools".into());
+            // The call markup may be special tokens: the parser must see them.
+            req.opts.params.skip_special_tokens = false;
+            Some(format)
+        }
+        None => None,
+    };
     let guide = s.compile_constraint(&req.opts).await?;
     let params = req.opts.params;
     s.check_context(prompt.len(), params.max_tokens, "messages")?;
@@ -71,6 +91,9 @@ pub async fn chat_completions(
         n,
         logprobs: req.logprobs,
         tokenizer: s.tokenizer.clone(),
+        parsers: (0..n)
+            .map(|_| tool_format.map(ToolCallParser::new))
+            .collect(),
     };
     if req.opts.stream {
         return Ok(sse_response(merged, fmt, n, req.opts.include_usage));
@@ -79,16 +102,38 @@ pub async fn chat_completions(
     let choices: Vec<ChatChoice> = choices
         .iter()
         .enumerate()
-        .map(|(i, c)| ChatChoice {
-            finish_reason: c.finish.as_ref().map(FinishReason::as_openai),
-            index: i,
-            logprobs: req.logprobs.then(|| ChatLogprobs {
-                content: c.logprobs.iter().map(|l| fmt.entry(l)).collect(),
-            }),
-            message: AssistantMessage {
-                content: c.text.clone(),
-                role: "assistant",
-            },
+        .map(|(i, c)| {
+            let (content, calls) = match tool_format {
+                Some(f) => parse_whole(f, &c.text),
+                None => (c.text.clone(), Vec::new()),
+            };
+            let tool_calls: Vec<ToolCallOut> = calls
+                .into_iter()
+                .enumerate()
+                .map(|(k, call)| ToolCallOut {
+                    id: fmt.call_id(i, k),
+                    kind: "function",
+                    function: FunctionOut {
+                        name: call.name,
+                        arguments: call.arguments,
+                    },
+                })
+                .collect();
+            ChatChoice {
+                finish_reason: c
+                    .finish
+                    .as_ref()
+                    .map(|f| finish_reason(f, !tool_calls.is_empty())),
+                index: i,
+                logprobs: req.logprobs.then(|| ChatLogprobs {
+                    content: c.logprobs.iter().map(|l| fmt.entry(l)).collect(),
+                }),
+                message: AssistantMessage {
+                    content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
+                    role: "assistant",
+                    tool_calls,
+                },
+            }
         })
         .collect();
     Ok(json_response(
@@ -107,16 +152,82 @@ pub fn top_logprob(tok: &Tokenizer, id: TokenId, logprob: f32) -> TopLogprob {
     }
 }
 
+/// `tool_calls` when a choice that made calls stopped, else OpenAI's reason.
+fn finish_reason(f: &FinishReason, has_calls: bool) -> &'static str {
+    match f.as_openai() {
+        "stop" if has_calls => "tool_calls",
+        r => r,
+    }
+}
+
 struct ChatChunks {
     env: Envelope,
     n: usize,
     logprobs: bool,
     tokenizer: Arc<Tokenizer>,
+    /// Per choice, the tool-call parser when the request has tools.
+    parsers: Vec<Option<ToolCallParser>>,
 }
 
 type Chunk = CompletionObject<ChatChunkChoice>;
 
 impl ChatChunks {
+    /// The id of call `k` of choice `choice`: unique per response.
+    fn call_id(&self, choice: usize, k: usize) -> String {
+        let base = self.env.id.trim_start_matches("chatcmpl-");
+        format!("call_{base}_{choice}_{k}")
+    }
+
+    /// The deltas of a choice's text: as it is, or through its tool-call parser.
+    fn deltas(&mut self, choice: usize, text: &str, last: bool) -> Vec<Delta> {
+        let events = match self.parsers.get_mut(choice).and_then(Option::as_mut) {
+            None => {
+                return if text.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![text_delta(text)]
+                }
+            }
+            Some(p) => {
+                let mut ev = p.push(text);
+                if last {
+                    ev.extend(p.finish());
+                }
+                ev
+            }
+        };
+        events
+            .into_iter()
+            .map(|ev| match ev {
+                ToolEvent::Content(t) => text_delta(&t),
+                ToolEvent::CallStart { index, name } => Delta {
+                    tool_calls: Some(vec![ToolCallDelta {
+                        index,
+                        id: Some(self.call_id(choice, index)),
+                        kind: Some("function"),
+                        function: FunctionDelta {
+                            name: Some(name),
+                            arguments: String::new(),
+                        },
+                    }]),
+                    ..Delta::default()
+                },
+                ToolEvent::Arguments { index, text } => Delta {
+                    tool_calls: Some(vec![ToolCallDelta {
+                        index,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta {
+                            name: None,
+                            arguments: text,
+                        },
+                    }]),
+                    ..Delta::default()
+                },
+            })
+            .collect()
+    }
+
     fn entry(&self, l: &TokenLogprob) -> TokenLogprobEntry {
         let t = top_logprob(&self.tokenizer, l.token, l.logprob);
         TokenLogprobEntry {
@@ -153,7 +264,7 @@ impl ChatChunks {
 fn text_delta(text: &str) -> Delta {
     Delta {
         content: Some(text.to_string()),
-        role: None,
+        ..Delta::default()
     }
 }
 
@@ -166,31 +277,47 @@ impl ChunkFormat for ChatChunks {
                 let delta = Delta {
                     content: Some(String::new()),
                     role: Some("assistant"),
+                    tool_calls: None,
                 };
                 self.chunk(i, delta, None, None)
             })
             .collect()
     }
 
-    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Chunk> {
-        let logprobs = match (&lp, self.logprobs) {
+    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Vec<Chunk> {
+        let mut logprobs = match (&lp, self.logprobs) {
             (Some(l), true) => Some(ChatLogprobs {
                 content: vec![self.entry(l)],
             }),
             _ => None,
         };
-        if text.is_empty() && logprobs.is_none() {
-            return None;
+        let mut deltas = self.deltas(choice, text, false);
+        if deltas.is_empty() && logprobs.is_some() {
+            deltas.push(Delta::default());
         }
-        Some(self.chunk(choice, text_delta(text), logprobs, None))
+        deltas
+            .into_iter()
+            .map(|d| self.chunk(choice, d, logprobs.take(), None))
+            .collect()
     }
 
     fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Chunk> {
-        let mut out = Vec::with_capacity(2);
-        if !text.is_empty() {
-            out.push(self.chunk(choice, text_delta(text), None, None));
-        }
-        out.push(self.chunk(choice, Delta::default(), None, Some(reason.as_openai())));
+        let mut out: Vec<Chunk> = self
+            .deltas(choice, text, true)
+            .into_iter()
+            .map(|d| self.chunk(choice, d, None, None))
+            .collect();
+        let has_calls = self
+            .parsers
+            .get(choice)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| !p.calls().is_empty());
+        out.push(self.chunk(
+            choice,
+            Delta::default(),
+            None,
+            Some(finish_reason(reason, has_calls)),
+        ));
         out
     }
 

@@ -182,7 +182,7 @@ impl ChunkFormat for CompletionChunks {
         out
     }
 
-    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Option<Chunk> {
+    fn token(&mut self, choice: usize, text: &str, lp: Option<TokenLogprob>) -> Vec<Chunk> {
         let logprobs = match (lp, self.logprobs) {
             (Some(l), true) => {
                 let mut lists = CompletionLogprobs::default();
@@ -193,9 +193,9 @@ impl ChunkFormat for CompletionChunks {
             _ => None,
         };
         if text.is_empty() && logprobs.is_none() {
-            return None;
+            return Vec::new();
         }
-        Some(self.chunk(choice, text, logprobs, None))
+        vec![self.chunk(choice, text, logprobs, None)]
     }
 
     fn finish(&mut self, choice: usize, text: &str, reason: &FinishReason) -> Vec<Chunk> {

@@ -27,6 +27,7 @@ pub mod protocol;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod tools;
 
 pub use error::{Result, ServerError};
 pub use routes::router;
@@ -54,6 +55,8 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     /// Tokio worker threads for HTTP (the engine has its own threads).
     pub http_threads: usize,
+    /// The tool-call format, overriding the one read off the chat template.
+    pub tool_call_parser: Option<tools::ToolFormat>,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             grace_period: Duration::from_secs(30),
             http_threads: 2,
+            tool_call_parser: None,
         }
     }
 }
@@ -102,13 +106,17 @@ pub fn run(
     cfg: &ServerConfig,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
-    let state = Arc::new(AppState::new(
+    let mut state = AppState::new(
         engine.clone(),
         template,
         cfg.served_model_name.clone(),
         cfg.api_key.clone(),
         cfg.max_body_bytes,
-    )?);
+    )?;
+    if cfg.tool_call_parser.is_some() {
+        state.tool_format = cfg.tool_call_parser;
+    }
+    let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.http_threads.max(1))
         .thread_name("ferrum-http")

@@ -28,13 +28,13 @@ pub trait ChunkFormat: Send + 'static {
     type Choice: Serialize;
     /// Chunks before any token.
     fn start(&mut self) -> Vec<CompletionObject<Self::Choice>>;
-    /// The chunk for one token of `choice`, if it has anything to say.
+    /// The chunks for one token of `choice` (none when it has nothing to say).
     fn token(
         &mut self,
         choice: usize,
         text: &str,
         logprob: Option<TokenLogprob>,
-    ) -> Option<CompletionObject<Self::Choice>>;
+    ) -> Vec<CompletionObject<Self::Choice>>;
     /// The chunks that end `choice`: held-back text, then the finish reason.
     fn finish(
         &mut self,
@@ -97,7 +97,7 @@ impl<F: ChunkFormat> Streamer<F> {
                         top_logprobs,
                     } => {
                         let lp = TokenLogprob::of(token, logprob, top_logprobs);
-                        if let Some(c) = self.fmt.token(p * self.n + index, &text, lp) {
+                        for c in self.fmt.token(p * self.n + index, &text, lp) {
                             self.push(c);
                         }
                     }

@@ -3,6 +3,7 @@
 
 use crate::error::{Result, ServerError};
 use crate::protocol::Options;
+use crate::tools::ToolFormat;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
@@ -18,6 +19,9 @@ pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
+    /// How this model writes tool calls: `--tool-call-parser`, or read off the template;
+    /// `None` when the template takes no tools.
+    pub tool_format: Option<ToolFormat>,
     /// The name clients pass as `model`.
     pub model_name: String,
     pub api_key: Option<String>,
@@ -51,9 +55,13 @@ impl AppState {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
             ^ (u64::from(std::process::id()) << 40);
+        let tool_format = template
+            .as_ref()
+            .and_then(|t| ToolFormat::detect(t.source()));
         Ok(AppState {
             engine,
             tokenizer,
+            tool_format,
             template: template.map(Arc::new),
             model_name,
             api_key,

@@ -19,6 +19,11 @@ pub enum StructuredOutput {
     Lark(String),
     /// A grammar in llama.cpp's GBNF.
     Gbnf(String),
+    /// Free text until the output produces `trigger` (a tool call opening, say), then a Lark
+    /// grammar whose output starts with the trigger itself. A trigger that is one token of the
+    /// vocabulary starts the grammar only as that token (its text spelled out in pieces is
+    /// free text).
+    Triggered { trigger: String, grammar: String },
 }
 
 impl StructuredOutput {
@@ -31,6 +36,7 @@ impl StructuredOutput {
             StructuredOutput::Choice(_) => "choice",
             StructuredOutput::Lark(_) => "Lark grammar",
             StructuredOutput::Gbnf(_) => "GBNF grammar",
+            StructuredOutput::Triggered { .. } => "triggered grammar",
         }
     }
 }

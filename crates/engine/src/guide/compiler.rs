@@ -122,7 +122,9 @@ impl GuideCompiler {
                 let alts: Vec<String> = choices.iter().map(|c| regex_escape(c)).collect();
                 TopLevelGrammar::from_regex(&format!("(?:{})", alts.join("|")))
             }
-            StructuredOutput::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            StructuredOutput::Lark(src) | StructuredOutput::Triggered { grammar: src, .. } => {
+                TopLevelGrammar::from_lark(src.clone())
+            }
             StructuredOutput::Gbnf(src) => {
                 let lark = gbnf::to_lark(src).map_err(|e| constraint_err(spec, e))?;
                 TopLevelGrammar::from_lark(lark)
@@ -142,6 +144,39 @@ impl GuideCompiler {
             return Err(constraint_err(spec, e));
         }
         let mut guide = Guide::new(matcher, spec.kind(), self.model_vocab, self.eos.clone());
+        if let StructuredOutput::Triggered { trigger, .. } = spec {
+            if trigger.is_empty() {
+                return Err(constraint_err(spec, "the trigger is empty"));
+            }
+            let trie = self.factory.tok_env().tok_trie();
+            let as_token = (0..trie.vocab_size() as TokenId).find(|&t| {
+                let b = trie.token(t);
+                b.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                    .unwrap_or(b)
+                    == trigger.as_bytes()
+            });
+            // The grammar must accept the trigger as the model would produce it.
+            let mut probe = guide.fork();
+            let opens = match as_token {
+                Some(t) => probe.consume(t),
+                None => trie
+                    .greedy_tokenize(trigger.as_bytes())
+                    .iter()
+                    .try_for_each(|&t| probe.consume(t)),
+            };
+            opens.map_err(|e| {
+                constraint_err(
+                    spec,
+                    format!("the grammar does not start with its trigger: {e}"),
+                )
+            })?;
+            guide.set_trigger(
+                trigger.as_bytes().to_vec(),
+                as_token,
+                self.factory.tok_env().clone(),
+            );
+            return Ok(guide);
+        }
         guide.compute_mask().map_err(|e| constraint_err(spec, e))?;
         Ok(guide)
     }

@@ -2,9 +2,20 @@
 //! tokens it allows next.
 
 use ferrum_types::TokenId;
-use llguidance::toktrie::SimpleVob;
+use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use llguidance::Matcher;
 use std::sync::Arc;
+
+/// A triggered constraint before its trigger: the output is free text, watched for the trigger.
+#[derive(Clone)]
+struct Pending {
+    trigger: Vec<u8>,
+    /// The trigger's one token, when it is one: only that token opens the grammar.
+    token: Option<TokenId>,
+    /// The output's last bytes (fewer than the trigger's), to find a trigger that spans tokens.
+    tail: Vec<u8>,
+    env: TokEnv,
+}
 
 /// A sequence's constraint: offers the mask of its current state, consumes sampled tokens.
 #[derive(Clone)]
@@ -16,6 +27,8 @@ pub struct Guide {
     model_vocab: usize,
     /// The ids that end a sequence: a complete constraint allows exactly these.
     eos: Arc<[TokenId]>,
+    /// A triggered constraint that has not seen its trigger yet.
+    pending: Option<Box<Pending>>,
 }
 
 impl std::fmt::Debug for Guide {
@@ -41,7 +54,69 @@ impl Guide {
             mask: None,
             model_vocab,
             eos,
+            pending: None,
         }
+    }
+
+    /// Makes this a triggered constraint: free text until `trigger` (as the token `token`
+    /// when it is one), then the grammar, which starts with the trigger.
+    pub(super) fn set_trigger(&mut self, trigger: Vec<u8>, token: Option<TokenId>, env: TokEnv) {
+        self.mask = None;
+        self.pending = Some(Box::new(Pending {
+            trigger,
+            token,
+            tail: Vec::new(),
+            env,
+        }));
+    }
+
+    /// Whether the constraint applies to the next token (a triggered one only after its
+    /// trigger).
+    pub fn is_active(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// Whether the next token needs a mask that is not computed yet.
+    pub fn needs_mask(&self) -> bool {
+        self.is_active() && self.mask.is_none()
+    }
+
+    /// Watches a free-text token for the trigger; on it, the grammar starts with the output
+    /// from the trigger on.
+    fn watch(&mut self, token: TokenId) -> Result<(), String> {
+        let Some(p) = self.pending.as_mut() else {
+            return Ok(());
+        };
+        let opened: Vec<TokenId> = match p.token {
+            Some(t) if t == token => vec![t],
+            Some(_) => return Ok(()),
+            None => {
+                let trie: &TokTrie = p.env.tok_trie();
+                let b = trie.token(token);
+                let b = b
+                    .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                    .unwrap_or(b);
+                p.tail.extend_from_slice(b);
+                let found = p
+                    .tail
+                    .windows(p.trigger.len())
+                    .position(|w| w == p.trigger.as_slice());
+                match found {
+                    Some(at) => trie.greedy_tokenize(&p.tail[at..]),
+                    None => {
+                        let keep = p.trigger.len() - 1;
+                        let cut = p.tail.len().saturating_sub(keep);
+                        p.tail.drain(..cut);
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.pending = None;
+        for t in opened {
+            self.matcher.consume_token(t).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     /// The constraint's kind (`JSON schema`, `regex`, ...).
@@ -57,13 +132,14 @@ impl Guide {
             mask: self.mask.clone(),
             model_vocab: self.model_vocab,
             eos: self.eos.clone(),
+            pending: self.pending.clone(),
         }
     }
 
     /// Computes the mask of the current state, unless it is computed already. A state that
     /// allows no token at all is an error (the constraint cannot be completed).
     pub fn compute_mask(&mut self) -> Result<(), String> {
-        if self.mask.is_some() {
+        if !self.needs_mask() {
             return Ok(());
         }
         let mask = self
@@ -133,6 +209,9 @@ impl Guide {
     /// A complete constraint that stopped takes an end-of-sequence id and stays as it is.
     pub fn consume(&mut self, token: TokenId) -> Result<(), String> {
         self.mask = None;
+        if self.pending.is_some() {
+            return self.watch(token);
+        }
         if self.matcher.is_stopped() && !self.matcher.is_error() && self.eos.contains(&token) {
             return Ok(());
         }
@@ -141,12 +220,15 @@ impl Guide {
 
     /// Whether the constraint is complete and allows nothing more (or failed).
     pub fn is_stopped(&self) -> bool {
-        self.matcher.is_stopped()
+        self.is_active() && self.matcher.is_stopped()
     }
 
     /// How many of `tokens`, from the first, the current state accepts in a row (the
     /// state itself does not change): a proposal is cut to this before it is verified.
     pub fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
+        if !self.is_active() {
+            return tokens.len();
+        }
         self.matcher.validate_tokens(tokens).unwrap_or(0)
     }
 

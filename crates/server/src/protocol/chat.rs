@@ -15,6 +15,7 @@ use super::unsupported::refuse;
 use super::wire::{from_value, parse_body, Count, Flag, List, Text};
 use super::Options;
 use crate::error::{Result, ServerError};
+use crate::tools::{ToolChoice, ToolRequest};
 use ferrum_tokenizer::{ChatMessage, Content, ContentPart, FunctionCall, ToolCall};
 use ferrum_types::MAX_LOGPROBS;
 use serde::de::{SeqAccess, Visitor};
@@ -46,6 +47,7 @@ pub struct ChatFields {
     /// OpenAI's tool definitions, passed to the chat template as `tools`.
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     pub audio: Option<Value>,
@@ -145,6 +147,9 @@ pub struct AdmittedChat {
     pub messages: Vec<ChatMessage>,
     /// The template's `tools`: a non-empty array, or `None`.
     pub tools: Option<Value>,
+    /// The request's tools, choice and parallelism, unless it has no tools or
+    /// `tool_choice: "none"`.
+    pub tool_request: Option<ToolRequest>,
     pub add_generation_prompt: bool,
     /// `logprobs: true`: the sampled token's logprob per token, with `top_logprobs` more.
     pub logprobs: bool,
@@ -152,9 +157,10 @@ pub struct AdmittedChat {
 
 /// Features of the chat API that Ferrum does not have (key, what it is).
 const UNSUPPORTED_CHAT: &[(&str, &str)] = &[
-    ("tools", "tool calling"),
-    ("tool_choice", "tool calling"),
-    ("functions", "function calling"),
+    (
+        "functions",
+        "function calling (the legacy API; use 'tools')",
+    ),
     ("function_call", "function calling"),
     ("audio", "audio output"),
     ("modalities", "output modalities other than text"),
@@ -183,8 +189,6 @@ impl ChatCompletionRequest {
     pub fn refuse_unsupported(&self) -> Result<()> {
         let c = &self.chat;
         refuse(UNSUPPORTED_CHAT, |key| match key {
-            "tools" => c.tools.as_ref(),
-            "tool_choice" => c.tool_choice.as_ref(),
             "functions" => c.functions.as_ref(),
             "function_call" => c.function_call.as_ref(),
             "audio" => c.audio.as_ref(),
@@ -197,18 +201,12 @@ impl ChatCompletionRequest {
         let messages = c.messages.as_ref().map_or(&[][..], |List(m)| m);
         for (i, m) in messages.iter().enumerate() {
             if let Some(Text(r)) = &m.role {
-                if r == "tool" || r == "function" {
+                if r == "function" {
                     return Err(ServerError::unsupported(
                         &format!("messages[{i}].role"),
-                        &format!("the '{r}' role (tool calling)"),
+                        "the 'function' role (the legacy API; use 'tool')",
                     ));
                 }
-            }
-            if m.tool_calls.is_some() {
-                return Err(ServerError::unsupported(
-                    &format!("messages[{i}].tool_calls"),
-                    "tool calling",
-                ));
             }
             if let Some(MessageContent::Parts(parts)) = &m.content {
                 for (j, p) in parts.iter().enumerate() {
@@ -267,11 +265,28 @@ impl ChatCompletionRequest {
             .enumerate()
             .map(|(i, m)| admit_message(i, m))
             .collect::<Result<_>>()?;
-        let tools = c.tools.filter(|t| !t.as_array().is_some_and(Vec::is_empty));
+        let tool_request = crate::tools::request::read(
+            c.tools.as_ref(),
+            c.tool_choice.as_ref(),
+            c.parallel_tool_calls.as_ref(),
+        )?
+        .filter(|t| t.choice != ToolChoice::None);
+        if let (Some(_), Some(p)) = (&tool_request, &opts.constraint_param) {
+            return Err(ServerError::param(
+                p.as_str(),
+                format!("'{p}' and tool calls both constrain the output; give one (or tool_choice 'none')"),
+            ));
+        }
+        // `tool_choice: "none"`: the template does not see the tools either.
+        let tools = c
+            .tools
+            .filter(|t| !t.as_array().is_some_and(Vec::is_empty))
+            .filter(|_| tool_request.is_some());
         Ok(AdmittedChat {
             opts,
             messages,
             tools,
+            tool_request,
             add_generation_prompt: c.add_generation_prompt.is_none_or(|Flag(b)| b),
             logprobs,
         })

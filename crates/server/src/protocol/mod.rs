@@ -122,7 +122,7 @@ mod tests {
         let cases = [
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}"#,
-                "tools",
+                "tools[0].function",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
@@ -161,7 +161,7 @@ mod tests {
                 "messages[0].role",
             ),
             (
-                r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+                r#"{"messages":[{"role":"function","content":"x"}]}"#,
                 "messages[0].role",
             ),
             (
@@ -196,13 +196,14 @@ mod tests {
         let r = ChatCompletionRequest::from_body(body.as_bytes()).unwrap();
         let format: serde_json::Value = serde_json::from_str(r#"{"type":"json_object"}"#).unwrap();
         assert_eq!(r.structured.response_format, Some(format));
-        // Parsed and carried, but still refused by the routes.
-        assert_eq!(param_of(r.refuse_unsupported().unwrap_err()), "tools");
+        r.refuse_unsupported().unwrap();
+        // A response format and tool calls both constrain the output.
+        assert_eq!(param_of(r.clone().admit().unwrap_err()), "response_format");
+        let mut r = r;
+        r.structured.response_format = None;
         let a = r.admit().unwrap();
-        assert_eq!(
-            a.opts.params.structured,
-            Some(ferrum_types::StructuredOutput::JsonObject)
-        );
+        assert_eq!(a.tool_request.as_ref().map(|t| t.tools.len()), Some(1));
+
         let call = &a.messages[1].tool_calls[0];
         assert_eq!(
             (call.id.as_str(), call.function.name.as_str()),

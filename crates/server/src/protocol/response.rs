@@ -66,8 +66,46 @@ pub struct ChatChoice {
 /// The assistant's answer in a `chat.completion`.
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
     pub role: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call of an answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    pub function: FunctionOut,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// A called function: its name and its arguments as JSON text.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionOut {
+    pub arguments: String,
+    pub name: String,
+}
+
+/// A piece of a streamed tool call: index, id, type and name first, then arguments.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    pub function: FunctionDelta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub index: usize,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+}
+
+/// A piece of a streamed call's function.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    pub arguments: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// A choice of a `chat.completion.chunk`.
@@ -88,6 +126,8 @@ pub struct Delta {
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// A chat choice's logprobs: one entry per token.
@@ -234,8 +274,16 @@ mod tests {
                     content: vec![entry.clone()],
                 }),
                 message: AssistantMessage {
-                    content: "hi".into(),
+                    content: Some("hi".into()),
                     role: "assistant",
+                    tool_calls: vec![ToolCallOut {
+                        function: FunctionOut {
+                            arguments: "{}".into(),
+                            name: "f".into(),
+                        },
+                        id: "call_1".into(),
+                        kind: "function",
+                    }],
                 },
             }],
             created: 1,
@@ -250,6 +298,15 @@ mod tests {
                 delta: Delta {
                     content: Some(String::new()),
                     role: Some("assistant"),
+                    tool_calls: Some(vec![ToolCallDelta {
+                        function: FunctionDelta {
+                            arguments: String::new(),
+                            name: Some("f".into()),
+                        },
+                        id: Some("call_1".into()),
+                        index: 0,
+                        kind: Some("function"),
+                    }]),
                 },
                 finish_reason: None,
                 index: 0,

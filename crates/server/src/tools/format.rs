@@ -1,0 +1,186 @@
+//! The tool-call formats of the model families and the grammars that enforce them.
+
+use super::request::{ToolChoice, ToolRequest};
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::StructuredOutput;
+use serde_json::{json, Value};
+
+/// How a model family writes its tool calls (see the module docs of [`super`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Llama3,
+    Mistral,
+}
+
+impl ToolFormat {
+    /// The names `--tool-call-parser` takes.
+    pub const NAMES: &'static [&'static str] = &["hermes", "llama3", "mistral"];
+
+    pub fn from_name(name: &str) -> Option<ToolFormat> {
+        match name {
+            "hermes" => Some(ToolFormat::Hermes),
+            "llama3" | "llama3_json" => Some(ToolFormat::Llama3),
+            "mistral" => Some(ToolFormat::Mistral),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3 => "llama3",
+            ToolFormat::Mistral => "mistral",
+        }
+    }
+
+    /// The format a chat template asks for, from its source; `None` when the template does
+    /// not take tools or its format is not one of these.
+    pub fn detect(template: &str) -> Option<ToolFormat> {
+        if !template.contains("tools") {
+            return None;
+        }
+        if template.contains("<tool_call>") {
+            Some(ToolFormat::Hermes)
+        } else if template.contains("[TOOL_CALLS]") || template.contains("[AVAILABLE_TOOLS]") {
+            Some(ToolFormat::Mistral)
+        } else if template.contains("<|start_header_id|>") {
+            Some(ToolFormat::Llama3)
+        } else {
+            None
+        }
+    }
+
+    /// The text that opens a call (for `llama3`, the start of its JSON object).
+    pub fn open(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "<tool_call>",
+            ToolFormat::Llama3 => "{\"name\"",
+            ToolFormat::Mistral => "[TOOL_CALLS]",
+        }
+    }
+
+    /// The text that closes a call block, when the format has one.
+    pub fn close(self) -> Option<&'static str> {
+        match self {
+            ToolFormat::Hermes => Some("</tool_call>"),
+            _ => None,
+        }
+    }
+
+    /// The key of a call's arguments.
+    pub fn arguments_key(self) -> &'static str {
+        match self {
+            ToolFormat::Llama3 => "parameters",
+            _ => "arguments",
+        }
+    }
+
+    /// Whether the open text is kept in the call's JSON (`llama3`) rather than stripped.
+    pub fn open_is_json(self) -> bool {
+        self == ToolFormat::Llama3
+    }
+
+    /// The schema of one call to any of `req`'s callable tools.
+    fn call_schema(self, req: &ToolRequest) -> Value {
+        let key = self.arguments_key();
+        let calls: Vec<Value> = req
+            .tools
+            .iter()
+            .filter(|t| match &req.choice {
+                ToolChoice::Function(n) => &t.name == n,
+                _ => true,
+            })
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, key: t.parameters},
+                    "required": ["name", key],
+                    "additionalProperties": false
+                })
+            })
+            .collect();
+        let mut schema = match <[Value; 1]>::try_from(calls) {
+            Ok([one]) => one,
+            Err(many) => json!({"anyOf": many}),
+        };
+        // The calls as the families' templates show them, `{"name": "f", "arguments": {...}}`:
+        // one space after `:` and `,`, no line breaks (a small model given free whitespace
+        // drifts into pretty-printing, and from there into repeating itself).
+        schema["x-guidance"] = json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": "
+        });
+        schema
+    }
+
+    /// A literal in the grammar: the token, when the text is one token of the vocabulary
+    /// (so the model writes it as it was trained to), else the text.
+    fn literal(text: &str, tok: &Tokenizer) -> String {
+        match tok.token_to_id(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => serde_json::to_string(text).unwrap_or_default(),
+        }
+    }
+
+    /// The constraint for a request's tool calls: the calls only (`required`, a named
+    /// function), or free text until a call opens (`auto`); `None` for `none`.
+    pub fn constraint(self, req: &ToolRequest, tok: &Tokenizer) -> Option<StructuredOutput> {
+        let many = req.parallel && !matches!(req.choice, ToolChoice::Function(_));
+        let schema = self.call_schema(req);
+        let grammar = match self {
+            ToolFormat::Hermes => {
+                let open = Self::literal("<tool_call>", tok);
+                let close = Self::literal("</tool_call>", tok);
+                let rest = if many { " (\"\\n\" call)*" } else { "" };
+                format!("start: call{rest}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n")
+            }
+            ToolFormat::Llama3 => {
+                let rest = if many { " (\"; \" body)*" } else { "" };
+                format!("start: body{rest}\nbody: %json {schema}\n")
+            }
+            ToolFormat::Mistral => {
+                let open = Self::literal("[TOOL_CALLS]", tok);
+                let mut list = json!({"type": "array", "items": schema, "minItems": 1});
+                if !many {
+                    list["maxItems"] = json!(1);
+                }
+                format!("start: {open} body\nbody: %json {list}\n")
+            }
+        };
+        match req.choice {
+            ToolChoice::None => None,
+            ToolChoice::Required | ToolChoice::Function(_) => Some(StructuredOutput::Lark(grammar)),
+            ToolChoice::Auto => Some(StructuredOutput::Triggered {
+                trigger: self.open().to_string(),
+                grammar,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_from_templates() {
+        assert_eq!(
+            ToolFormat::detect("{% if tools %}<tool_call>{{ x }}</tool_call>{% endif %}"),
+            Some(ToolFormat::Hermes)
+        );
+        assert_eq!(
+            ToolFormat::detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}"),
+            Some(ToolFormat::Mistral)
+        );
+        assert_eq!(
+            ToolFormat::detect("<|start_header_id|>{% if tools %}{% endif %}"),
+            Some(ToolFormat::Llama3)
+        );
+        assert_eq!(ToolFormat::detect("<|im_start|>{{ m }}"), None);
+        for n in ToolFormat::NAMES {
+            assert_eq!(ToolFormat::from_name(n).map(ToolFormat::name), Some(*n));
+        }
+    }
+}

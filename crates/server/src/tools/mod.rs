@@ -1,0 +1,22 @@
+//! Tool calling: the request's `tools` and `tool_choice` ([`request`]), the model family's
+//! call format and the grammar that enforces it ([`format`]), and the parser that turns the
+//! model's output into `tool_calls`, streaming or whole ([`parser`]).
+//!
+//! Formats, chosen from the chat template (or `--tool-call-parser`):
+//! - `hermes` (Qwen2.5, Qwen3): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
+//!   one block per call;
+//! - `llama3` (Llama 3.1/3.2): `{"name": ..., "parameters": {...}}`, calls separated by `; `;
+//! - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+//!
+//! `tool_choice: "required"` and a named function constrain the whole output to calls whose
+//! arguments follow the function's `parameters` schema; `auto` leaves text free until the
+//! model opens a call (a triggered grammar), then constrains the call the same way; `none`
+//! neither parses nor constrains.
+
+pub mod format;
+pub mod parser;
+pub mod request;
+
+pub use format::ToolFormat;
+pub use parser::{ParsedCall, ToolCallParser, ToolEvent};
+pub use request::{Tool, ToolChoice, ToolRequest};

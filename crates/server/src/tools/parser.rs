@@ -1,0 +1,518 @@
+//! [`ToolCallParser`]: a model's output, fed as text deltas, split into content and tool
+//! calls, as events a stream can send at once: content, then per call its name
+//! ([`ToolEvent::CallStart`]) and its arguments' JSON text in pieces
+//! ([`ToolEvent::Arguments`]). A whole answer is the same parser over the whole text, so a
+//! streamed answer reassembles to exactly the non-streamed one.
+//!
+//! Invariants: no text of the call markup (open and close texts, the call objects) reaches
+//! content; text that may be the start of an open text is held back until it is decided;
+//! whitespace between or after calls is not content.
+
+use super::ToolFormat;
+
+/// What a piece of output produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    Content(String),
+    /// Call `index` (0-based, in order) calls `name`.
+    CallStart {
+        index: usize,
+        name: String,
+    },
+    /// More of call `index`'s arguments (JSON text).
+    Arguments {
+        index: usize,
+        text: String,
+    },
+}
+
+/// A call, whole.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParsedCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A value being read at the top level of a call object.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Str,
+    Nested,
+    Primitive,
+}
+
+/// What is known of one call object so far.
+#[derive(Debug, Default)]
+struct ObjectScan {
+    /// Byte offset just past the object's closing brace.
+    end: Option<usize>,
+    name: Option<String>,
+    /// The arguments value: its start and, once read, its end.
+    args: Option<(usize, Option<usize>)>,
+}
+
+/// Reads the top level of the JSON object at the start of `text` (after whitespace) as far as
+/// it goes. `None` when `text` does not start with an object.
+fn scan_object(text: &str, args_key: &str) -> Option<ObjectScan> {
+    #[derive(PartialEq)]
+    enum Expect {
+        Key,
+        Colon,
+        Value,
+        In(Kind),
+        After,
+    }
+    let mut out = ObjectScan::default();
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    let mut expect = Expect::Key;
+    let (mut str_start, mut val_start) = (0usize, 0usize);
+    let mut key = String::new();
+    let end_value = |key: &str, vs: usize, ve: usize, out: &mut ObjectScan| {
+        if key == "name" {
+            out.name = serde_json::from_str::<String>(&text[vs..ve]).ok();
+        } else if key == args_key {
+            out.args = Some((vs, Some(ve)));
+        }
+    };
+    for (i, c) in text.char_indices() {
+        if depth == 0 {
+            match c {
+                c if c.is_whitespace() => continue,
+                '{' => {
+                    depth = 1;
+                    continue;
+                }
+                _ => return None,
+            }
+        }
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == '"' {
+                in_str = false;
+                if depth == 1 {
+                    match expect {
+                        Expect::Key => {
+                            key = serde_json::from_str(&text[str_start..=i]).unwrap_or_default();
+                            expect = Expect::Colon;
+                        }
+                        Expect::In(Kind::Str) => {
+                            end_value(&key, val_start, i + 1, &mut out);
+                            expect = Expect::After;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                if depth == 1 {
+                    str_start = i;
+                    if expect == Expect::Value {
+                        val_start = i;
+                        expect = Expect::In(Kind::Str);
+                    }
+                }
+            }
+            '{' | '[' => {
+                if depth == 1 && expect == Expect::Value {
+                    val_start = i;
+                    expect = Expect::In(Kind::Nested);
+                }
+                depth += 1;
+            }
+            '}' | ']' => {
+                depth -= 1;
+                if depth == 1 && expect == Expect::In(Kind::Nested) {
+                    end_value(&key, val_start, i + 1, &mut out);
+                    expect = Expect::After;
+                } else if depth == 0 {
+                    if expect == Expect::In(Kind::Primitive) {
+                        end_value(&key, val_start, i, &mut out);
+                    }
+                    out.end = Some(i + 1);
+                    return Some(out);
+                }
+            }
+            ':' if depth == 1 && expect == Expect::Colon => expect = Expect::Value,
+            ',' if depth == 1 => {
+                if expect == Expect::In(Kind::Primitive) {
+                    end_value(&key, val_start, i, &mut out);
+                }
+                expect = Expect::Key;
+            }
+            c if c.is_whitespace() => {}
+            _ if depth == 1 && expect == Expect::Value => {
+                val_start = i;
+                expect = Expect::In(Kind::Primitive);
+            }
+            _ => {}
+        }
+    }
+    if key == args_key {
+        if let Expect::In(_) = expect {
+            out.args = Some((val_start, None));
+        }
+    }
+    Some(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Text,
+    /// Inside a group of calls (after the open text).
+    Calls,
+    /// After a call object, before the close text (`hermes`).
+    Close,
+}
+
+/// Splits one choice's output into content and tool calls; see the module docs.
+#[derive(Debug)]
+pub struct ToolCallParser {
+    format: ToolFormat,
+    state: State,
+    /// Text not yet turned into events.
+    buf: String,
+    /// Calls started so far.
+    calls: Vec<ParsedCall>,
+    /// Bytes of the current call's arguments already sent.
+    args_sent: usize,
+    /// Whether the current call's start was sent.
+    started: bool,
+    /// `mistral`: inside the list of calls.
+    in_list: bool,
+    /// `llama3`: after a call, before a `;` that opens the next or anything else that ends
+    /// the calls.
+    between: bool,
+}
+
+impl ToolCallParser {
+    pub fn new(format: ToolFormat) -> ToolCallParser {
+        ToolCallParser {
+            format,
+            state: State::Text,
+            buf: String::new(),
+            calls: Vec::new(),
+            args_sent: 0,
+            started: false,
+            in_list: false,
+            between: false,
+        }
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> &[ParsedCall] {
+        &self.calls
+    }
+
+    fn content(&self, text: &str, out: &mut Vec<ToolEvent>) {
+        if text.is_empty() || (!self.calls.is_empty() && text.trim().is_empty()) {
+            return;
+        }
+        out.push(ToolEvent::Content(text.to_string()));
+    }
+
+    /// Feeds a piece of output; returns what it decided.
+    pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        while self.step(&mut out) {}
+        out
+    }
+
+    /// Ends the output: held-back text is content; an unfinished call stays as far as it got.
+    pub fn finish(&mut self) -> Vec<ToolEvent> {
+        let mut out = self.push("");
+        if self.state == State::Text {
+            let rest = std::mem::take(&mut self.buf);
+            self.content(&rest, &mut out);
+        } else {
+            self.buf.clear();
+        }
+        out
+    }
+
+    /// One step of the state machine; `true` when it changed state and should run again.
+    fn step(&mut self, out: &mut Vec<ToolEvent>) -> bool {
+        let open = self.format.open();
+        match self.state {
+            State::Text => {
+                if let Some(at) = self.buf.find(open) {
+                    let before = self.buf[..at].to_string();
+                    self.content(&before, out);
+                    let skip = if self.format.open_is_json() {
+                        at
+                    } else {
+                        at + open.len()
+                    };
+                    self.buf.drain(..skip);
+                    self.state = State::Calls;
+                    self.in_list = false;
+                    self.between = false;
+                    return true;
+                }
+                // Hold back a tail that may be the start of the open text.
+                let keep = (1..open.len().min(self.buf.len() + 1))
+                    .rev()
+                    .find(|&k| {
+                        self.buf.is_char_boundary(self.buf.len() - k)
+                            && open.starts_with(&self.buf[self.buf.len() - k..])
+                    })
+                    .unwrap_or(0);
+                let cut = self.buf.len() - keep;
+                let text: String = self.buf.drain(..cut).collect();
+                self.content(&text, out);
+                false
+            }
+            State::Calls => self.step_calls(out),
+            State::Close => {
+                let Some(close) = self.format.close() else {
+                    self.state = State::Text;
+                    return true;
+                };
+                let trimmed = self.buf.trim_start();
+                if let Some(rest) = trimmed.strip_prefix(close) {
+                    self.buf = rest.to_string();
+                    self.state = State::Text;
+                    return true;
+                }
+                if close.starts_with(trimmed) {
+                    return false; // wait for the rest of the close text
+                }
+                self.state = State::Text;
+                true
+            }
+        }
+    }
+
+    fn step_calls(&mut self, out: &mut Vec<ToolEvent>) -> bool {
+        if self.between {
+            let t = self.buf.trim_start();
+            match t.chars().next() {
+                None => return false,
+                Some(';') => {
+                    let skip = self.buf.len() - t.len() + 1;
+                    self.buf.drain(..skip);
+                    self.between = false;
+                    let t = self.buf.trim_start();
+                    let skip = self.buf.len() - t.len();
+                    self.buf.drain(..skip);
+                    return true;
+                }
+                Some(_) => {
+                    self.between = false;
+                    self.state = State::Text;
+                    return true;
+                }
+            }
+        }
+        if self.format == ToolFormat::Mistral {
+            let t = self.buf.trim_start();
+            if !self.in_list {
+                match t.chars().next() {
+                    None => return false,
+                    Some('[') => {
+                        let skip = self.buf.len() - t.len() + 1;
+                        self.buf.drain(..skip);
+                        self.in_list = true;
+                    }
+                    Some(_) => {
+                        self.state = State::Text;
+                        return true;
+                    }
+                }
+            }
+            let t = self
+                .buf
+                .trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+            let skip = self.buf.len() - t.len();
+            self.buf.drain(..skip);
+            match self.buf.chars().next() {
+                None => return false,
+                Some(']') => {
+                    self.buf.drain(..1);
+                    self.state = State::Text;
+                    return true;
+                }
+                Some(_) => {}
+            }
+        }
+        let key = self.format.arguments_key();
+        let Some(scan) = scan_object(&self.buf, key) else {
+            // Not a call object after all: the rest is text.
+            self.state = State::Text;
+            return true;
+        };
+        if !self.started {
+            let Some(name) = scan.name.clone() else {
+                return false;
+            };
+            let index = self.calls.len();
+            self.calls.push(ParsedCall {
+                name: name.clone(),
+                arguments: String::new(),
+            });
+            out.push(ToolEvent::CallStart { index, name });
+            self.started = true;
+            self.args_sent = 0;
+        }
+        let index = self.calls.len() - 1;
+        if let Some((start, end)) = scan.args {
+            let end = end.unwrap_or(self.buf.len());
+            if end > start + self.args_sent {
+                let text = self.buf[start + self.args_sent..end].to_string();
+                self.args_sent += text.len();
+                self.calls[index].arguments.push_str(&text);
+                out.push(ToolEvent::Arguments { index, text });
+            }
+        }
+        let Some(end) = scan.end else {
+            return false;
+        };
+        if scan.args.is_none() && self.calls[index].arguments.is_empty() {
+            // A call without arguments: an empty object, as OpenAI's clients expect.
+            self.calls[index].arguments.push_str("{}");
+            out.push(ToolEvent::Arguments {
+                index,
+                text: "{}".into(),
+            });
+        }
+        self.buf.drain(..end);
+        self.started = false;
+        match self.format {
+            ToolFormat::Hermes => {
+                self.state = State::Close;
+                true
+            }
+            ToolFormat::Mistral => true,
+            ToolFormat::Llama3 => {
+                self.between = true;
+                true
+            }
+        }
+    }
+}
+
+/// Runs a whole output through the parser: the content and the calls.
+pub fn parse_whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) {
+    let mut p = ToolCallParser::new(format);
+    let mut content = String::new();
+    for ev in p.push(text).into_iter().chain(p.finish()) {
+        if let ToolEvent::Content(c) = ev {
+            content.push_str(&c);
+        }
+    }
+    (content, p.calls.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `text` in pieces of `step` bytes (at char boundaries) and reassembles.
+    fn streamed(format: ToolFormat, text: &str, step: usize) -> (String, Vec<ParsedCall>) {
+        let mut p = ToolCallParser::new(format);
+        let mut content = String::new();
+        let mut calls: Vec<ParsedCall> = Vec::new();
+        let mut evs = Vec::new();
+        let mut i = 0;
+        while i < text.len() {
+            let mut j = (i + step).min(text.len());
+            while !text.is_char_boundary(j) {
+                j += 1;
+            }
+            evs.extend(p.push(&text[i..j]));
+            i = j;
+        }
+        evs.extend(p.finish());
+        for ev in evs {
+            match ev {
+                ToolEvent::Content(c) => content.push_str(&c),
+                ToolEvent::CallStart { index, name } => {
+                    assert_eq!(index, calls.len());
+                    calls.push(ParsedCall {
+                        name,
+                        arguments: String::new(),
+                    });
+                }
+                ToolEvent::Arguments { index, text } => calls[index].arguments.push_str(&text),
+            }
+        }
+        (content, calls)
+    }
+
+    fn call(name: &str, args: &str) -> ParsedCall {
+        ParsedCall {
+            name: name.into(),
+            arguments: args.into(),
+        }
+    }
+
+    #[test]
+    fn every_format_at_every_split() {
+        let cases = [
+            (
+                ToolFormat::Hermes,
+                "Let me check. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\\"}\", \"n\": [1, {\"x\": 2}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+                "Let me check. ",
+                vec![
+                    call("get_weather", "{\"city\": \"Paris \\\"}\", \"n\": [1, {\"x\": 2}]}"),
+                    call("now", "{}"),
+                ],
+            ),
+            (
+                ToolFormat::Hermes,
+                "No tools needed: 1 < 2 and <tool is not a call.",
+                "No tools needed: 1 < 2 and <tool is not a call.",
+                vec![],
+            ),
+            (
+                ToolFormat::Llama3,
+                "{\"name\": \"a\", \"parameters\": {\"k\": \"é\"}}; {\"name\": \"b\", \"parameters\": {}}",
+                "",
+                vec![call("a", "{\"k\": \"é\"}"), call("b", "{}")],
+            ),
+            (
+                ToolFormat::Mistral,
+                "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": 1}}, {\"arguments\": {\"z\": true}, \"name\": \"b\"}]",
+                "",
+                vec![call("a", "{\"q\": 1}"), call("b", "{\"z\": true}")],
+            ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+                "",
+                vec![call("f", "{}")],
+            ),
+        ];
+        for (format, text, content, calls) in cases {
+            assert_eq!(
+                parse_whole(format, text),
+                (content.to_string(), calls.clone()),
+                "{text}"
+            );
+            for step in 1..=text.len() {
+                assert_eq!(
+                    streamed(format, text, step),
+                    (content.to_string(), calls.clone()),
+                    "{text} in pieces of {step}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_unfinished_call_keeps_what_it_has() {
+        let (content, calls) = parse_whole(
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"par",
+        );
+        assert_eq!(content, "");
+        assert_eq!(calls, vec![call("f", "{\"a\": \"par")]);
+    }
+}
