@@ -163,6 +163,69 @@ impl ToolFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::parser::{parse_whole, ParsedCall};
+    use crate::tools::request::read;
+    use ferrum_engine::GuideCompiler;
+    use ferrum_tokenizer::load_special_tokens;
+    use std::path::PathBuf;
+
+    /// The tiny fixture's byte-level tokenizer (49k tokens, no tool tokens).
+    fn tokenizer() -> Tokenizer {
+        let dir =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-smollm");
+        let special = load_special_tokens(&dir).unwrap();
+        Tokenizer::from_json_file(&dir.join("tokenizer.json"), special).unwrap()
+    }
+
+    /// Each format's grammar accepts its own call text token by token, ends there, and the
+    /// parser reads the same call back; `auto` leaves text before the call free.
+    #[test]
+    fn grammars_accept_their_calls_and_the_parser_reads_them() {
+        let tok = tokenizer();
+        let eos = tok.special().stop_token_ids.clone();
+        let compiler = GuideCompiler::new(&tok, &eos, tok.vocab_size()).unwrap();
+        let tools = json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]);
+        let cases = [
+            (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
+            (ToolFormat::Llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+            (ToolFormat::Mistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"),
+        ];
+        let want = vec![ParsedCall {
+            name: "get_weather".into(),
+            arguments: "{\"city\": \"Oslo\"}".into(),
+        }];
+        for (format, call) in cases {
+            for (choice, prefix) in [("required", ""), ("auto", "Let me look that up. ")] {
+                let req = read(Some(&tools), Some(&json!(choice)), Some(&json!(false)))
+                    .unwrap()
+                    .unwrap();
+                let spec = format.constraint(&req, &tok).unwrap();
+                let mut g = compiler
+                    .compile(&spec)
+                    .unwrap_or_else(|e| panic!("{format:?}: {e}"));
+                let text = format!("{prefix}{call}");
+                for t in tok.encode(&text, false).unwrap() {
+                    g.compute_mask().unwrap();
+                    assert!(
+                        !g.is_active() || g.allows(t),
+                        "{format:?} {choice}: token {t} of {text:?} refused"
+                    );
+                    g.consume(t).unwrap();
+                }
+                assert!(
+                    g.is_stopped(),
+                    "{format:?} {choice}: the grammar should be complete"
+                );
+                assert_eq!(
+                    parse_whole(format, &text),
+                    (prefix.to_string(), want.clone())
+                );
+            }
+        }
+    }
 
     #[test]
     fn formats_from_templates() {

@@ -116,12 +116,14 @@ pub fn read_choice(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice> {
             "none" => ToolChoice::None,
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
-            other => return Err(ServerError::param(
-                p,
-                format!(
+            other => {
+                return Err(ServerError::param(
+                    p,
+                    format!(
                     "'tool_choice' must be 'none', 'auto', 'required' or a function, got {other:?}"
                 ),
-            )),
+                ))
+            }
         },
         Some(Value::Object(o)) => {
             let name = o
