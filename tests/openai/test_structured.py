@@ -99,9 +99,9 @@ def schemas():
     return s
 
 
-@unittest.skipUnless(QWEN05 and os.path.isfile(QWEN05),
-                     "Qwen2.5-Coder-0.5B is missing (scripts/fetch-model.sh qwen2.5-coder-0.5b)")
-class StructuredOutput(unittest.TestCase):
+class QwenServer:
+    """A test case's server of Qwen2.5-Coder-0.5B, served as `qwen`, shared by its tests."""
+
     @classmethod
     def setUpClass(cls):
         cls.server = Server(QWEN05, "qwen", "--max-num-seqs", "64")
@@ -110,6 +110,11 @@ class StructuredOutput(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
+
+
+@unittest.skipUnless(QWEN05 and os.path.isfile(QWEN05),
+                     "Qwen2.5-Coder-0.5B is missing (scripts/fetch-model.sh qwen2.5-coder-0.5b)")
+class StructuredOutput(QwenServer, unittest.TestCase):
 
     def ask(self, content, **kw):
         kw.setdefault("max_tokens", 400)

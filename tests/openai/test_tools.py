@@ -18,7 +18,7 @@ import jsonschema
 import openai
 
 from test_openai import Server, SMOLLM2
-from test_structured import QWEN05
+from test_structured import QWEN05, QwenServer
 
 
 def fn(name, props, required=None, desc=""):
@@ -73,16 +73,7 @@ def schema_of(tools, name):
 
 @unittest.skipUnless(QWEN05 and os.path.isfile(QWEN05),
                      "Qwen2.5-Coder-0.5B is missing (scripts/fetch-model.sh qwen2.5-coder-0.5b)")
-class ToolCalling(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = Server(QWEN05, "qwen", "--max-num-seqs", "32")
-        cls.client = cls.server.client(timeout=600)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
+class ToolCalling(QwenServer, unittest.TestCase):
     def ask(self, content, **kw):
         kw.setdefault("max_tokens", 200)
         kw.setdefault("temperature", 0)

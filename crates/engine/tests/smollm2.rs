@@ -5,32 +5,15 @@
 //! (scripts/fetch-smollm2.sh); skips without it, except under CI (`CI` set).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use ferrum_engine::{
     EngineConfig, EngineHandle, Event, GenerateRequest, NgramProposer, Proposer, SpeculativeConfig,
     Usage,
 };
 use ferrum_models::{load_model, load_text_assets, LoadOptions};
 use ferrum_types::{SamplingParams, TokenId};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-fn model_path() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing under CI",
-        p.display()
-    );
-    eprintln!(
-        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
-        p.display()
-    );
-    None
-}
 
 /// Token ids, time to first token and usage of one request.
 fn run(e: &EngineHandle, prompt: &[TokenId]) -> (Vec<TokenId>, Duration, Usage) {
@@ -59,7 +42,9 @@ fn run(e: &EngineHandle, prompt: &[TokenId]) -> (Vec<TokenId>, Duration, Usage) 
 
 #[test]
 fn shared_prefix_hits_the_cache_and_gives_the_same_tokens() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = common::smollm2_path() else {
+        return;
+    };
     let model = load_model(&path, &LoadOptions::default()).unwrap();
     let text = load_text_assets(&path).unwrap();
     let tok = text.tokenizer;
@@ -98,7 +83,9 @@ fn shared_prefix_hits_the_cache_and_gives_the_same_tokens() {
 
 #[test]
 fn ngram_speculation_keeps_greedy_output() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = common::smollm2_path() else {
+        return;
+    };
     let text = load_text_assets(&path).unwrap();
     let msgs = [ferrum_tokenizer::ChatMessage::new(
         "user",

@@ -8,6 +8,8 @@
 //! except under CI (`CI` set).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use ferrum_engine::{
     EngineConfig, EngineError, EngineHandle, Event, GenerateRequest, KvCacheSize, NgramProposer,
     Proposer, SpeculativeConfig,
@@ -15,26 +17,7 @@ use ferrum_engine::{
 use ferrum_models::{load_model, load_text_assets, LoadOptions};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FinishReason, SamplingParams, StructuredOutput, TokenId};
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn model_path() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing under CI",
-        p.display()
-    );
-    eprintln!(
-        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
-        p.display()
-    );
-    None
-}
 
 fn start(path: &std::path::Path, cfg: &EngineConfig) -> (EngineHandle, Arc<Tokenizer>) {
     let model = load_model(path, &LoadOptions::default()).unwrap();
@@ -134,7 +117,9 @@ fn check_person(text: &str) {
 
 #[test]
 fn constrained_outputs_are_batch_invariant_and_valid() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = common::smollm2_path() else {
+        return;
+    };
     let (e, tok) = start(&path, &EngineConfig::default());
     let p_json = chat(&tok, "Describe a person as JSON.");
     let p_num = chat(&tok, "What year did the Berlin wall fall?");
@@ -204,7 +189,9 @@ fn constrained_outputs_are_batch_invariant_and_valid() {
 
 #[test]
 fn parallel_samples_preemption_and_speculation() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = common::smollm2_path() else {
+        return;
+    };
     let choice = StructuredOutput::Choice(vec![
         "red".into(),
         "green".into(),

@@ -28,6 +28,26 @@ pub fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
     EngineHandle::start(model(name), None, &cfg).unwrap()
 }
 
+/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-smollm2.sh), or `None` with a
+/// skip message when it is absent; under CI (`CI` set) a missing model is a failure.
+pub fn smollm2_path() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing under CI",
+        p.display()
+    );
+    eprintln!(
+        "skipping: {} is missing (run scripts/fetch-smollm2.sh)",
+        p.display()
+    );
+    None
+}
+
 /// Waits until no sequence runs or waits and every KV block is free (nothing leaked).
 pub fn wait_for_idle(e: &EngineHandle) {
     let t = Instant::now();

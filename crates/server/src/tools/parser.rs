@@ -290,18 +290,21 @@ impl ToolCallParser {
         }
     }
 
+    /// Drops leading whitespace; the next character, if any.
+    fn skip_space(&mut self) -> Option<char> {
+        let skip = self.buf.len() - self.buf.trim_start().len();
+        self.buf.drain(..skip);
+        self.buf.chars().next()
+    }
+
     fn step_calls(&mut self, out: &mut Vec<ToolEvent>) -> bool {
         if self.between {
-            let t = self.buf.trim_start();
-            match t.chars().next() {
+            match self.skip_space() {
                 None => return false,
                 Some(';') => {
-                    let skip = self.buf.len() - t.len() + 1;
-                    self.buf.drain(..skip);
+                    self.buf.drain(..1);
                     self.between = false;
-                    let t = self.buf.trim_start();
-                    let skip = self.buf.len() - t.len();
-                    self.buf.drain(..skip);
+                    self.skip_space();
                     return true;
                 }
                 Some(_) => {
@@ -312,13 +315,11 @@ impl ToolCallParser {
             }
         }
         if self.format == ToolFormat::Mistral {
-            let t = self.buf.trim_start();
             if !self.in_list {
-                match t.chars().next() {
+                match self.skip_space() {
                     None => return false,
                     Some('[') => {
-                        let skip = self.buf.len() - t.len() + 1;
-                        self.buf.drain(..skip);
+                        self.buf.drain(..1);
                         self.in_list = true;
                     }
                     Some(_) => {
