@@ -67,10 +67,11 @@ fn scan_object(text: &str, args_key: &str) -> Option<ObjectScan> {
     let mut expect = Expect::Key;
     let (mut str_start, mut val_start) = (0usize, 0usize);
     let mut key = String::new();
+    // The first `name` and arguments count (a streamed call cannot take back what it sent).
     let end_value = |key: &str, vs: usize, ve: usize, out: &mut ObjectScan| {
-        if key == "name" {
+        if key == "name" && out.name.is_none() {
             out.name = serde_json::from_str::<String>(&text[vs..ve]).ok();
-        } else if key == args_key {
+        } else if key == args_key && out.args.is_none_or(|(s, _)| s == vs) {
             out.args = Some((vs, Some(ve)));
         }
     };
@@ -154,7 +155,7 @@ fn scan_object(text: &str, args_key: &str) -> Option<ObjectScan> {
             _ => {}
         }
     }
-    if key == args_key {
+    if key == args_key && out.args.is_none() {
         if let Expect::In(_) = expect {
             out.args = Some((val_start, None));
         }
@@ -210,11 +211,20 @@ impl ToolCallParser {
         &self.calls
     }
 
-    fn content(&self, text: &str, out: &mut Vec<ToolEvent>) {
-        if text.is_empty() || (!self.calls.is_empty() && text.trim().is_empty()) {
-            return;
+    /// Text as content: once a call has been made, without its trailing whitespace (which is
+    /// content only when more text follows it, and never before or after a call).
+    fn after_calls<'t>(&self, text: &'t str) -> &'t str {
+        if self.calls.is_empty() {
+            text
+        } else {
+            text.trim_end()
         }
-        out.push(ToolEvent::Content(text.to_string()));
+    }
+
+    fn content(&self, text: &str, out: &mut Vec<ToolEvent>) {
+        if !text.is_empty() {
+            out.push(ToolEvent::Content(text.to_string()));
+        }
     }
 
     /// Feeds a piece of output; returns what it decided.
@@ -230,6 +240,7 @@ impl ToolCallParser {
         let mut out = self.push("");
         if self.state == State::Text {
             let rest = std::mem::take(&mut self.buf);
+            let rest = self.after_calls(&rest).to_string();
             self.content(&rest, &mut out);
         } else {
             self.buf.clear();
@@ -243,7 +254,7 @@ impl ToolCallParser {
         match self.state {
             State::Text => {
                 if let Some(at) = self.buf.find(open) {
-                    let before = self.buf[..at].to_string();
+                    let before = self.after_calls(&self.buf[..at]).to_string();
                     self.content(&before, out);
                     let skip = if self.format.open_is_json() {
                         at
@@ -264,7 +275,8 @@ impl ToolCallParser {
                             && open.starts_with(&self.buf[self.buf.len() - k..])
                     })
                     .unwrap_or(0);
-                let cut = self.buf.len() - keep;
+                // After a call, trailing whitespace waits for text to follow it.
+                let cut = self.after_calls(&self.buf[..self.buf.len() - keep]).len();
                 let text: String = self.buf.drain(..cut).collect();
                 self.content(&text, out);
                 false
@@ -342,6 +354,10 @@ impl ToolCallParser {
                 }
                 Some(_) => {}
             }
+        }
+        // Whitespace before a call object is markup, however the output is split.
+        if !self.started && self.skip_space().is_none() {
+            return false;
         }
         let key = self.format.arguments_key();
         let Some(scan) = scan_object(&self.buf, key) else {
