@@ -1,5 +1,5 @@
 //! Tool calling: the request's `tools` and `tool_choice` ([`request`]), the model family's
-//! call format and the grammar that enforces it ([`format`]), and the parser that turns the
+//! call format and the grammar that enforces it ([`mod@format`]), and the parser that turns the
 //! model's output into `tool_calls`, streaming or whole ([`parser`]).
 //!
 //! Formats, chosen from the chat template (or `--tool-call-parser`):
