@@ -1,7 +1,8 @@
 //! Tokenizers and chat templates against Hugging Face references: SmolLM2's tokenizer.json and
 //! GGUF metadata against transformers' ids and renders, and GGUF vocabularies of several
 //! families (byte-level BPE with each pre-tokenizer, SentencePiece) against the ids HF
-//! tokenizers gives for the same text (`tests/fixtures/vocab/*.inp/.out`).
+//! tokenizers gives for the same text (`tests/fixtures/vocab/*.inp/.out`), and whose token
+//! bytes spell that text back.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -122,10 +123,24 @@ fn check_vocab(name: &str) -> usize {
     let tok = &assets.tokenizer;
     let mut failures = Vec::new();
     let cases = vocab_cases(&path);
+    // The bytes each token stands for (what structured output's token trie is built from):
+    // the reference ids' bytes spell the text (after SentencePiece's dummy prefix space).
+    let bytes = tok.token_bytes().unwrap();
     for (text, want) in &cases {
         let ids = tok.encode(text, false).unwrap();
         if &ids != want {
             failures.push(format!("{text:?}: got {ids:?}, want {want:?}"));
+        }
+        let spelled: Vec<u8> = want
+            .iter()
+            .flat_map(|&id| bytes[id as usize].clone())
+            .collect();
+        let prefixed = [b" ", text.as_bytes()].concat();
+        if spelled != text.as_bytes() && spelled != prefixed {
+            failures.push(format!(
+                "{text:?}: the token bytes of {want:?} spell {:?}",
+                String::from_utf8_lossy(&spelled)
+            ));
         }
     }
     assert!(
