@@ -162,6 +162,8 @@ class ToolCalling(QwenServer, unittest.TestCase):
             (dict(tools=tools, tool_choice="sometimes"), "tool_choice"),
             (dict(tools=tools, tool_choice="required", response_format={"type": "json_object"}), "response_format"),
             (dict(tools=tools, tool_choice="required", parallel_tool_calls="yes"), "parallel_tool_calls"),
+            (dict(tools=[fn("f", {"a": {"type": "array", "uniqueItems": True}})], tool_choice="required"),
+             "tools[0].function.parameters"),
         ]
         for kw, param in cases:
             with self.subTest(param=param):

@@ -293,6 +293,15 @@ tail   ::= ( "!" | [^a-z!\n] . )?
     ] {
         assert!(!accepts(&g, bad), "accepted {bad:?}");
     }
+    // Character by character, as GBNF matches: a literal never shuts out a class or `.` that
+    // matches the same characters.
+    let g = compile(
+        &tok,
+        StructuredOutput::Gbnf("root ::= [a-z]+ | \"none\"".into()),
+    );
+    assert!(accepts(&g, "nope") && accepts(&g, "none") && accepts(&g, "no"));
+    let g = compile(&tok, StructuredOutput::Gbnf("root ::= .* \"END\"".into()));
+    assert!(accepts(&g, "ENTEREND") && accepts(&g, "END") && !accepts(&g, "ENTER"));
 }
 
 /// A SentencePiece-style vocabulary: byte fallback tokens `<0x00>`..`<0xFF>` (ids 3..259),
@@ -373,6 +382,14 @@ fn a_triggered_constraint_is_free_until_its_trigger() {
         g.consume(t as TokenId).unwrap();
     }
     assert!(!g.is_stopped());
+    // A token that completes the trigger but carries text the grammar refuses there: that was
+    // free text after all, and the guide goes on watching.
+    g.consume(b'a' as TokenId).unwrap();
+    g.consume(merged(b"{\"")).unwrap();
+    assert!(!g.is_active());
+    // A padding id past the tokenizer's vocabulary is no text.
+    g.consume(v as TokenId + 5).unwrap();
+    assert!(!g.is_active());
     // The trigger spans two tokens ('a' then '{'): the grammar starts with it.
     g.consume(b'a' as TokenId).unwrap();
     assert!(!g.is_active());

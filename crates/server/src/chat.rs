@@ -16,7 +16,7 @@ use crate::protocol::ChatCompletionRequest;
 use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use crate::tools::parser::parse_whole;
-use crate::tools::{ToolCallParser, ToolEvent};
+use crate::tools::{ToolCallParser, ToolEvent, ToolRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -24,7 +24,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use ferrum_engine::GenerateRequest;
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::{FinishReason, TokenId};
+use ferrum_types::{FinishReason, StructuredOutput, TokenId};
 use std::sync::Arc;
 
 pub async fn chat_completions(
@@ -64,13 +64,19 @@ pub async fn chat_completions(
             })?;
             req.opts.params.structured = format.constraint(tr, &s.tokenizer);
             req.opts.constraint_param = Some("tools".into());
-            // The call markup may be special tokens: the parser must see them.
-            req.opts.params.skip_special_tokens = false;
+            // Call markup made of special tokens must reach the parser as text.
+            if format.markup_is_special(&s.tokenizer) {
+                req.opts.params.skip_special_tokens = false;
+            }
             Some(format)
         }
         None => None,
     };
-    let guide = s.compile_constraint(&req.opts).await?;
+    let guide = match s.compile_constraint(&req.opts).await {
+        Ok(g) => g,
+        // Name the tool whose parameters do not compile.
+        Err(e) => return Err(tool_error(&s, req.tool_request.as_ref(), e).await),
+    };
     let params = req.opts.params;
     s.check_context(prompt.len(), params.max_tokens, "messages")?;
     let n = params.n;
@@ -150,6 +156,24 @@ pub fn top_logprob(tok: &Tokenizer, id: TokenId, logprob: f32) -> TopLogprob {
         logprob: finite(logprob),
         token: text,
     }
+}
+
+/// A tool-call grammar that does not compile: the 400 names the first tool whose `parameters`
+/// schema does not compile on its own, when one does not.
+async fn tool_error(s: &AppState, tools: Option<&ToolRequest>, e: ServerError) -> ServerError {
+    let Some(tools) = tools else {
+        return e;
+    };
+    for (i, t) in tools.tools.iter().enumerate() {
+        let engine = s.engine.clone();
+        let spec = StructuredOutput::JsonSchema(t.parameters.to_string());
+        let compiled = tokio::task::spawn_blocking(move || engine.compile_guide(&spec)).await;
+        if let Ok(Err(err)) = compiled {
+            let p = format!("tools[{i}].function.parameters");
+            return ServerError::param(p.clone(), format!("'{p}': {err}"));
+        }
+    }
+    e
 }
 
 /// `tool_calls` when a choice that made calls stopped, else OpenAI's reason.

@@ -7,9 +7,12 @@
 //! \[ \] \xHH \uHHHH \UHHHHHHHH`. The rule `root` is where the output starts.
 //!
 //! The translation: `start: r_root`; a rule `name` becomes `r_name` (an upper-case letter `X`
-//! becomes `_x`, so distinct GBNF names stay distinct: GBNF names have no `_`); literals become
-//! Lark strings, classes and `.` become one-character regexes written with `\x{...}` escapes
-//! only, groups and repetitions keep their form. Token references (`<...>`) are refused.
+//! becomes `_x`, so distinct GBNF names stay distinct: GBNF names have no `_`); a literal
+//! becomes a sequence of one-character Lark strings, and classes and `.` one-character regexes
+//! written with `\x{...}` escapes only, so every lexeme is one character, as GBNF matches (a
+//! longer lexeme would win over a class at the same place and never give back: `[a-z]+ |
+//! "none"` must take "nope"); groups and repetitions keep their form; postfix operators may
+//! follow spaces and each other. Token references (`<...>`) are refused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -166,7 +169,7 @@ impl<'a> Parser<'a> {
 
     fn literal(&mut self, out: &mut String) -> Result<()> {
         self.pos += 1; // the opening quote
-        let mut lit = String::new();
+        let mut chars = Vec::new();
         loop {
             match self.peek() {
                 None => return self.err("a literal without its closing quote"),
@@ -176,17 +179,24 @@ impl<'a> Parser<'a> {
                 }
                 Some(_) => {
                     let c = self.char()?;
-                    push_lark_char(&mut lit, c);
+                    let mut one = String::from("\"");
+                    push_lark_char(&mut one, c);
+                    one.push('"');
+                    chars.push(one);
                 }
             }
         }
-        if lit.is_empty() {
+        // One lexeme per character: GBNF matches character by character, and a longer
+        // lexeme would win over a class at the same place without ever giving back.
+        match chars.len() {
             // The empty string: an optional nothing.
-            out.push_str("[\"\"]");
-        } else {
-            out.push('"');
-            out.push_str(&lit);
-            out.push('"');
+            0 => out.push_str("[\"\"]"),
+            1 => out.push_str(&chars[0]),
+            _ => {
+                out.push('(');
+                out.push_str(&chars.join(" "));
+                out.push(')');
+            }
         }
         Ok(())
     }
@@ -324,20 +334,33 @@ impl<'a> Parser<'a> {
                     ))
                 }
             }
-            // Postfix operators.
+            // Postfix operators, after spaces, any number of them (each applies to all before).
             let mut keep = true;
-            match self.peek() {
-                Some(op @ (b'*' | b'+' | b'?')) => {
-                    self.pos += 1;
-                    elem.push(op as char);
-                }
-                Some(b'{') => match self.braces()? {
-                    Some(r) => {
-                        elem = format!("({elem}){r}");
+            let mut postfixed = false;
+            loop {
+                let save = (self.pos, self.line);
+                self.skip_space(nested);
+                match self.peek() {
+                    Some(op @ (b'*' | b'+' | b'?')) => {
+                        self.pos += 1;
+                        if postfixed {
+                            elem = format!("({elem})");
+                        }
+                        elem.push(op as char);
+                        postfixed = true;
                     }
-                    None => keep = false,
-                },
-                _ => {}
+                    Some(b'{') => match self.braces()? {
+                        Some(r) => {
+                            elem = format!("({elem}){r}");
+                            postfixed = true;
+                        }
+                        None => keep = false,
+                    },
+                    _ => {
+                        (self.pos, self.line) = save;
+                        break;
+                    }
+                }
             }
             if keep {
                 if !out.is_empty() {
@@ -435,7 +458,7 @@ mod tests {
         assert_eq!(
             lark,
             "start: r_root\n\
-             r_root: \"a\\\"b\" r_item* (r_x | \"y\")+ r_item?\n\
+             r_root: (\"a\" \"\\\"\" \"b\") r_item* (r_x | \"y\")+ r_item?\n\
              r_item: /[\\x{61}-\\x{7a}\\x{30}-\\x{39}]/ | \"\\u000a\"\n\
              r_x: (\"x\"){2,3} /(?s:.)/ /[^\\x{5d}]/\n"
         );
@@ -445,16 +468,20 @@ mod tests {
     fn names_comments_continuations_and_escapes() {
         let g = "# a comment\nroot ::= Item-A # trailing\n  | \"\\x41\\u00e9\\U0001F600\"\n\nItem-A ::= (\n  \"p\"\n  \"q\"\n)";
         let lark = to_lark(g).unwrap();
-        assert!(lark.contains("r_root: r__item-_a | \"Aé😀\""), "{lark}");
+        assert!(
+            lark.contains("r_root: r__item-_a | (\"A\" \"é\" \"😀\")"),
+            "{lark}"
+        );
         assert!(lark.contains("r__item-_a: (\"p\" \"q\")"), "{lark}");
     }
 
     #[test]
     fn repetition_forms() {
-        let lark = to_lark("root ::= \"a\"{3} \"b\"{1,} \"c\"{,2} \"d\"{0}").unwrap();
+        let lark =
+            to_lark("root ::= \"a\"{3} \"b\"{1,} \"c\"{,2} \"d\"{0} \"e\" * \"f\"+?").unwrap();
         assert_eq!(
             lark,
-            "start: r_root\nr_root: (\"a\"){3,3} (\"b\"){1,} (\"c\"){0,2}\n"
+            "start: r_root\nr_root: (\"a\"){3,3} (\"b\"){1,} (\"c\"){0,2} \"e\"* (\"f\"+)?\n"
         );
     }
 

@@ -83,16 +83,24 @@ impl Guide {
 
     /// Watches a free-text token for the trigger; on it, the grammar starts with the output
     /// from the trigger on.
-    fn watch(&mut self, token: TokenId) -> Result<(), String> {
+    /// The output from the trigger on may not fit the grammar (a token that completed the
+    /// trigger carried more text than the grammar takes there): then it was free text after
+    /// all, and watching goes on.
+    fn watch(&mut self, token: TokenId) {
         let Some(p) = self.pending.as_mut() else {
-            return Ok(());
+            return;
         };
+        let trie: &TokTrie = p.env.tok_trie();
         let opened: Vec<TokenId> = match p.token {
             Some(t) if t == token => vec![t],
-            Some(_) => return Ok(()),
+            Some(_) => return,
             None => {
-                let trie: &TokTrie = p.env.tok_trie();
-                let b = trie.token(token);
+                // Ids past the tokenizer's vocabulary (a model's padding rows) are no text.
+                let b: &[u8] = if (token as usize) < trie.vocab_size() {
+                    trie.token(token)
+                } else {
+                    &[]
+                };
                 let b = b
                     .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
                     .unwrap_or(b);
@@ -101,22 +109,27 @@ impl Guide {
                     .tail
                     .windows(p.trigger.len())
                     .position(|w| w == p.trigger.as_slice());
+                let keep = p.trigger.len() - 1;
                 match found {
-                    Some(at) => trie.greedy_tokenize(&p.tail[at..]),
+                    Some(at) => {
+                        let toks = trie.greedy_tokenize(&p.tail[at..]);
+                        // Whatever happens next, this occurrence is decided.
+                        p.tail.drain(..=at);
+                        toks
+                    }
                     None => {
-                        let keep = p.trigger.len() - 1;
                         let cut = p.tail.len().saturating_sub(keep);
                         p.tail.drain(..cut);
-                        return Ok(());
+                        return;
                     }
                 }
             }
         };
-        self.pending = None;
-        for t in opened {
-            self.matcher.consume_token(t).map_err(|e| e.to_string())?;
+        let mut trial = self.matcher.deep_clone();
+        if opened.iter().all(|&t| trial.consume_token(t).is_ok()) && !trial.is_error() {
+            self.matcher = trial;
+            self.pending = None;
         }
-        Ok(())
     }
 
     /// The constraint's kind (`JSON schema`, `regex`, ...).
@@ -210,7 +223,8 @@ impl Guide {
     pub fn consume(&mut self, token: TokenId) -> Result<(), String> {
         self.mask = None;
         if self.pending.is_some() {
-            return self.watch(token);
+            self.watch(token);
+            return Ok(());
         }
         if self.matcher.is_stopped() && !self.matcher.is_error() && self.eos.contains(&token) {
             return Ok(());
@@ -229,7 +243,13 @@ impl Guide {
         if !self.is_active() {
             return tokens.len();
         }
-        self.matcher.validate_tokens(tokens).unwrap_or(0)
+        // An id past the tokenizer's vocabulary would put the matcher in an error state.
+        let n = self
+            .matcher
+            .tok_env()
+            .map_or(0, |e| e.tok_trie().vocab_size());
+        let known = tokens.iter().take_while(|&&t| (t as usize) < n).count();
+        self.matcher.validate_tokens(&tokens[..known]).unwrap_or(0)
     }
 
     /// The number of logits per row of the model this guide is for.

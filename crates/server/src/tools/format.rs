@@ -100,19 +100,32 @@ impl ToolFormat {
                 })
             })
             .collect();
-        let mut schema = match <[Value; 1]>::try_from(calls) {
+        match <[Value; 1]>::try_from(calls) {
             Ok([one]) => one,
             Err(many) => json!({"anyOf": many}),
-        };
-        // The calls as the families' templates show them, `{"name": "f", "arguments": {...}}`:
-        // one space after `:` and `,`, no line breaks (a small model given free whitespace
-        // drifts into pretty-printing, and from there into repeating itself).
+        }
+    }
+
+    /// A `%json` schema with the calls' separators, as the families' templates show them,
+    /// `{"name": "f", "arguments": {...}}`: one space after `:` and `,`, no line breaks (a
+    /// small model given free whitespace drifts into pretty-printing, and from there into
+    /// repeating itself). llguidance reads these settings at the top of the schema only.
+    fn compact(mut schema: Value) -> Value {
         schema["x-guidance"] = json!({
             "whitespace_flexible": false,
             "item_separator": ", ",
             "key_separator": ": "
         });
         schema
+    }
+
+    /// Whether the format's markup is made of special tokens of this vocabulary (which the
+    /// detokenizer would leave out of the text unless told otherwise).
+    pub fn markup_is_special(self, tok: &Tokenizer) -> bool {
+        [self.open(), self.close().unwrap_or("")]
+            .iter()
+            .filter_map(|m| tok.token_to_id(m))
+            .any(|id| tok.is_special(id))
     }
 
     /// A literal in the grammar: the token, when the text is one token of the vocabulary
@@ -128,7 +141,7 @@ impl ToolFormat {
     /// function), or free text until a call opens (`auto`); `None` for `none`.
     pub fn constraint(self, req: &ToolRequest, tok: &Tokenizer) -> Option<StructuredOutput> {
         let many = req.parallel && !matches!(req.choice, ToolChoice::Function(_));
-        let schema = self.call_schema(req);
+        let schema = Self::compact(self.call_schema(req));
         let grammar = match self {
             ToolFormat::Hermes => {
                 let open = Self::literal("<tool_call>", tok);
@@ -142,10 +155,12 @@ impl ToolFormat {
             }
             ToolFormat::Mistral => {
                 let open = Self::literal("[TOOL_CALLS]", tok);
-                let mut list = json!({"type": "array", "items": schema, "minItems": 1});
+                let mut list =
+                    json!({"type": "array", "items": self.call_schema(req), "minItems": 1});
                 if !many {
                     list["maxItems"] = json!(1);
                 }
+                let list = Self::compact(list);
                 format!("start: {open} body\nbody: %json {list}\n")
             }
         };

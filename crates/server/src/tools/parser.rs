@@ -41,126 +41,150 @@ enum Kind {
     Primitive,
 }
 
-/// What is known of one call object so far.
+/// What the scanner expects next at the top level of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+enum Expect {
+    #[default]
+    Key,
+    Colon,
+    Value,
+    In(Kind),
+    After,
+}
+
+/// Reads the top level of one call object as its text grows, from where it stopped (so a long
+/// argument costs linear time, however it is split). Offsets are into the parser's buffer,
+/// which keeps the object's text until the object ends.
 #[derive(Debug, Default)]
 struct ObjectScan {
     /// Byte offset just past the object's closing brace.
     end: Option<usize>,
+    /// The first `name`'s value.
     name: Option<String>,
-    /// The arguments value: its start and, once read, its end.
+    /// The first arguments value: its start and, once read, its end.
     args: Option<(usize, Option<usize>)>,
+    /// Where reading goes on.
+    pos: usize,
+    depth: usize,
+    in_str: bool,
+    esc: bool,
+    expect: Expect,
+    str_start: usize,
+    val_start: usize,
+    key: String,
 }
 
-/// Reads the top level of the JSON object at the start of `text` (after whitespace) as far as
-/// it goes. `None` when `text` does not start with an object.
-fn scan_object(text: &str, args_key: &str) -> Option<ObjectScan> {
-    #[derive(PartialEq)]
-    enum Expect {
-        Key,
-        Colon,
-        Value,
-        In(Kind),
-        After,
-    }
-    let mut out = ObjectScan::default();
-    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
-    let mut expect = Expect::Key;
-    let (mut str_start, mut val_start) = (0usize, 0usize);
-    let mut key = String::new();
-    // The first `name` and arguments count (a streamed call cannot take back what it sent).
-    let end_value = |key: &str, vs: usize, ve: usize, out: &mut ObjectScan| {
-        if key == "name" && out.name.is_none() {
-            out.name = serde_json::from_str::<String>(&text[vs..ve]).ok();
-        } else if key == args_key && out.args.is_none_or(|(s, _)| s == vs) {
-            out.args = Some((vs, Some(ve)));
+impl ObjectScan {
+    /// A value of the current key ends at `ve`. The first `name` and arguments count (a
+    /// streamed call cannot take back what it sent).
+    fn end_value(&mut self, text: &str, args_key: &str, ve: usize) {
+        let vs = self.val_start;
+        if self.key == "name" && self.name.is_none() {
+            self.name = serde_json::from_str::<String>(&text[vs..ve]).ok();
+        } else if self.key == args_key && self.args.is_none_or(|(s, _)| s == vs) {
+            self.args = Some((vs, Some(ve)));
         }
-    };
-    for (i, c) in text.char_indices() {
-        if depth == 0 {
+    }
+
+    /// Reads on through `text` (the same text as last time, grown). `false` when the text
+    /// does not start with an object.
+    fn advance(&mut self, text: &str, args_key: &str) -> bool {
+        if self.end.is_some() {
+            return true;
+        }
+        let from = self.pos;
+        for (i, c) in text[from..].char_indices() {
+            let i = i + from;
+            self.pos = i + c.len_utf8();
+            if self.depth == 0 {
+                match c {
+                    c if c.is_whitespace() => continue,
+                    '{' => {
+                        self.depth = 1;
+                        continue;
+                    }
+                    _ => return false,
+                }
+            }
+            if self.in_str {
+                if self.esc {
+                    self.esc = false;
+                } else if c == '\\' {
+                    self.esc = true;
+                } else if c == '"' {
+                    self.in_str = false;
+                    if self.depth == 1 {
+                        match self.expect {
+                            Expect::Key => {
+                                self.key = serde_json::from_str(&text[self.str_start..=i])
+                                    .unwrap_or_default();
+                                self.expect = Expect::Colon;
+                            }
+                            Expect::In(Kind::Str) => {
+                                self.end_value(text, args_key, i + 1);
+                                self.expect = Expect::After;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                continue;
+            }
             match c {
-                c if c.is_whitespace() => continue,
-                '{' => {
-                    depth = 1;
-                    continue;
-                }
-                _ => return None,
-            }
-        }
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == '\\' {
-                esc = true;
-            } else if c == '"' {
-                in_str = false;
-                if depth == 1 {
-                    match expect {
-                        Expect::Key => {
-                            key = serde_json::from_str(&text[str_start..=i]).unwrap_or_default();
-                            expect = Expect::Colon;
+                '"' => {
+                    self.in_str = true;
+                    if self.depth == 1 {
+                        self.str_start = i;
+                        if self.expect == Expect::Value {
+                            self.val_start = i;
+                            self.expect = Expect::In(Kind::Str);
                         }
-                        Expect::In(Kind::Str) => {
-                            end_value(&key, val_start, i + 1, &mut out);
-                            expect = Expect::After;
+                    }
+                }
+                '{' | '[' => {
+                    if self.depth == 1 && self.expect == Expect::Value {
+                        self.val_start = i;
+                        self.expect = Expect::In(Kind::Nested);
+                    }
+                    self.depth += 1;
+                }
+                '}' | ']' => {
+                    self.depth -= 1;
+                    if self.depth == 1 && self.expect == Expect::In(Kind::Nested) {
+                        self.end_value(text, args_key, i + 1);
+                        self.expect = Expect::After;
+                    } else if self.depth == 0 {
+                        if self.expect == Expect::In(Kind::Primitive) {
+                            self.end_value(text, args_key, i);
                         }
-                        _ => {}
+                        self.end = Some(i + 1);
+                        return true;
                     }
                 }
+                ':' if self.depth == 1 && self.expect == Expect::Colon => {
+                    self.expect = Expect::Value
+                }
+                ',' if self.depth == 1 => {
+                    if self.expect == Expect::In(Kind::Primitive) {
+                        self.end_value(text, args_key, i);
+                    }
+                    self.expect = Expect::Key;
+                }
+                c if c.is_whitespace() => {}
+                _ if self.depth == 1 && self.expect == Expect::Value => {
+                    self.val_start = i;
+                    self.expect = Expect::In(Kind::Primitive);
+                }
+                _ => {}
             }
-            continue;
         }
-        match c {
-            '"' => {
-                in_str = true;
-                if depth == 1 {
-                    str_start = i;
-                    if expect == Expect::Value {
-                        val_start = i;
-                        expect = Expect::In(Kind::Str);
-                    }
-                }
+        if self.key == args_key && self.args.is_none() {
+            if let Expect::In(_) = self.expect {
+                self.args = Some((self.val_start, None));
             }
-            '{' | '[' => {
-                if depth == 1 && expect == Expect::Value {
-                    val_start = i;
-                    expect = Expect::In(Kind::Nested);
-                }
-                depth += 1;
-            }
-            '}' | ']' => {
-                depth -= 1;
-                if depth == 1 && expect == Expect::In(Kind::Nested) {
-                    end_value(&key, val_start, i + 1, &mut out);
-                    expect = Expect::After;
-                } else if depth == 0 {
-                    if expect == Expect::In(Kind::Primitive) {
-                        end_value(&key, val_start, i, &mut out);
-                    }
-                    out.end = Some(i + 1);
-                    return Some(out);
-                }
-            }
-            ':' if depth == 1 && expect == Expect::Colon => expect = Expect::Value,
-            ',' if depth == 1 => {
-                if expect == Expect::In(Kind::Primitive) {
-                    end_value(&key, val_start, i, &mut out);
-                }
-                expect = Expect::Key;
-            }
-            c if c.is_whitespace() => {}
-            _ if depth == 1 && expect == Expect::Value => {
-                val_start = i;
-                expect = Expect::In(Kind::Primitive);
-            }
-            _ => {}
         }
+        true
     }
-    if key == args_key && out.args.is_none() {
-        if let Expect::In(_) = expect {
-            out.args = Some((val_start, None));
-        }
-    }
-    Some(out)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -190,6 +214,8 @@ pub struct ToolCallParser {
     /// `llama3`: after a call, before a `;` that opens the next or anything else that ends
     /// the calls.
     between: bool,
+    /// The object being read.
+    scan: ObjectScan,
 }
 
 impl ToolCallParser {
@@ -203,6 +229,7 @@ impl ToolCallParser {
             started: false,
             in_list: false,
             between: false,
+            scan: ObjectScan::default(),
         }
     }
 
@@ -242,6 +269,11 @@ impl ToolCallParser {
             let rest = std::mem::take(&mut self.buf);
             let rest = self.after_calls(&rest).to_string();
             self.content(&rest, &mut out);
+        } else if !self.started {
+            // An unfinished object that named no function: content.
+            let rest = std::mem::take(&mut self.buf);
+            let rest = self.after_calls(&rest).to_string();
+            self.content(&rest, &mut out);
         } else {
             self.buf.clear();
         }
@@ -265,6 +297,7 @@ impl ToolCallParser {
                     self.state = State::Calls;
                     self.in_list = false;
                     self.between = false;
+                    self.scan = ObjectScan::default();
                     return true;
                 }
                 // Hold back a tail that may be the start of the open text.
@@ -326,7 +359,9 @@ impl ToolCallParser {
                 }
             }
         }
-        if self.format == ToolFormat::Mistral {
+        // Before an object starts: the list's and the whitespace's markup.
+        let fresh = self.scan.pos == 0;
+        if self.format == ToolFormat::Mistral && fresh {
             if !self.in_list {
                 match self.skip_space() {
                     None => return false,
@@ -356,18 +391,27 @@ impl ToolCallParser {
             }
         }
         // Whitespace before a call object is markup, however the output is split.
-        if !self.started && self.skip_space().is_none() {
+        if fresh && self.skip_space().is_none() {
             return false;
         }
         let key = self.format.arguments_key();
-        let Some(scan) = scan_object(&self.buf, key) else {
+        if !self.scan.advance(&self.buf, key) {
             // Not a call object after all: the rest is text.
+            self.scan = ObjectScan::default();
             self.state = State::Text;
             return true;
-        };
+        }
+        let scan = &self.scan;
         if !self.started {
             let Some(name) = scan.name.clone() else {
-                return false;
+                let Some(end) = scan.end else {
+                    return false;
+                };
+                // An object that names no function is not a call: it is content.
+                let text: String = self.buf.drain(..end).collect();
+                self.scan = ObjectScan::default();
+                self.content(&text, out);
+                return self.after_object();
             };
             let index = self.calls.len();
             self.calls.push(ParsedCall {
@@ -379,6 +423,7 @@ impl ToolCallParser {
             self.args_sent = 0;
         }
         let index = self.calls.len() - 1;
+        let scan = &self.scan;
         if let Some((start, end)) = scan.args {
             let end = end.unwrap_or(self.buf.len());
             if end > start + self.args_sent {
@@ -388,6 +433,7 @@ impl ToolCallParser {
                 out.push(ToolEvent::Arguments { index, text });
             }
         }
+        let scan = &self.scan;
         let Some(end) = scan.end else {
             return false;
         };
@@ -400,18 +446,20 @@ impl ToolCallParser {
             });
         }
         self.buf.drain(..end);
+        self.scan = ObjectScan::default();
         self.started = false;
+        self.after_object()
+    }
+
+    /// Where the format goes after an object: its close text, the list's next element, or
+    /// a `;` and the next call.
+    fn after_object(&mut self) -> bool {
         match self.format {
-            ToolFormat::Hermes => {
-                self.state = State::Close;
-                true
-            }
-            ToolFormat::Mistral => true,
-            ToolFormat::Llama3 => {
-                self.between = true;
-                true
-            }
+            ToolFormat::Hermes => self.state = State::Close,
+            ToolFormat::Mistral => {}
+            ToolFormat::Llama3 => self.between = true,
         }
+        true
     }
 }
 
@@ -506,6 +554,12 @@ mod tests {
                 "",
                 vec![call("f", "{}")],
             ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"tool\": \"x\"}\n</tool_call>\nDone.",
+                "{\"tool\": \"x\"}\nDone.",
+                vec![],
+            ),
         ];
         for (format, text, content, calls) in cases {
             assert_eq!(
@@ -521,6 +575,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_long_argument_streams_whole() {
+        let long = "x".repeat(200_000);
+        let text = format!(
+            "<tool_call>\n{{\"name\": \"w\", \"arguments\": {{\"s\": \"{long}\"}}}}\n</tool_call>"
+        );
+        let (content, calls) = streamed(ToolFormat::Hermes, &text, 1);
+        assert_eq!(content, "");
+        assert_eq!(calls, vec![call("w", &format!("{{\"s\": \"{long}\"}}"))]);
     }
 
     #[test]
