@@ -475,40 +475,53 @@ pub fn parse_whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) 
     (content, p.calls.clone())
 }
 
+/// Runs an output through the parser in pieces of `step` bytes (widened to character
+/// boundaries), as a stream would, and rebuilds the content and calls from the events alone:
+/// what a client reassembles. Errors when the events come out of order (a call's start out
+/// of sequence, arguments before their call's start).
+pub fn parse_in_pieces(
+    format: ToolFormat,
+    text: &str,
+    step: usize,
+) -> Result<(String, Vec<ParsedCall>), String> {
+    let mut p = ToolCallParser::new(format);
+    let mut events = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let mut j = (i + step.max(1)).min(text.len());
+        while !text.is_char_boundary(j) {
+            j += 1;
+        }
+        events.extend(p.push(&text[i..j]));
+        i = j;
+    }
+    events.extend(p.finish());
+    let mut content = String::new();
+    let mut calls: Vec<ParsedCall> = Vec::new();
+    for ev in events {
+        match ev {
+            ToolEvent::Content(c) => content.push_str(&c),
+            ToolEvent::CallStart { index, name } if index == calls.len() => {
+                calls.push(ParsedCall {
+                    name,
+                    arguments: String::new(),
+                });
+            }
+            ToolEvent::Arguments { index, text } if index + 1 == calls.len() => {
+                calls[index].arguments.push_str(&text);
+            }
+            ev => return Err(format!("out of order: {ev:?} after {} calls", calls.len())),
+        }
+    }
+    Ok((content, calls))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Feeds `text` in pieces of `step` bytes (at char boundaries) and reassembles.
     fn streamed(format: ToolFormat, text: &str, step: usize) -> (String, Vec<ParsedCall>) {
-        let mut p = ToolCallParser::new(format);
-        let mut content = String::new();
-        let mut calls: Vec<ParsedCall> = Vec::new();
-        let mut evs = Vec::new();
-        let mut i = 0;
-        while i < text.len() {
-            let mut j = (i + step).min(text.len());
-            while !text.is_char_boundary(j) {
-                j += 1;
-            }
-            evs.extend(p.push(&text[i..j]));
-            i = j;
-        }
-        evs.extend(p.finish());
-        for ev in evs {
-            match ev {
-                ToolEvent::Content(c) => content.push_str(&c),
-                ToolEvent::CallStart { index, name } => {
-                    assert_eq!(index, calls.len());
-                    calls.push(ParsedCall {
-                        name,
-                        arguments: String::new(),
-                    });
-                }
-                ToolEvent::Arguments { index, text } => calls[index].arguments.push_str(&text),
-            }
-        }
-        (content, calls)
+        parse_in_pieces(format, text, step).unwrap()
     }
 
     fn call(name: &str, args: &str) -> ParsedCall {
