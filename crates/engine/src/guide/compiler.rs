@@ -149,12 +149,12 @@ impl GuideCompiler {
                 return Err(constraint_err(spec, "the trigger is empty"));
             }
             let trie = self.factory.tok_env().tok_trie();
-            let as_token = (0..trie.vocab_size() as TokenId).find(|&t| {
-                let b = trie.token(t);
-                b.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
-                    .unwrap_or(b)
-                    == trigger.as_bytes()
-            });
+            // The trigger as one token of the vocabulary (a special one is marked in the trie):
+            // a lookup, not a walk over every token.
+            let marked = [&[TokTrie::SPECIAL_TOKEN_MARKER], trigger.as_bytes()].concat();
+            let as_token = trie
+                .token_id(trigger.as_bytes())
+                .or_else(|| trie.token_id(&marked));
             // The grammar must accept the trigger as the model would produce it.
             let mut probe = guide.fork();
             let opens = match as_token {
