@@ -286,8 +286,9 @@ fn seeded_sampling_is_reproducible_and_aborts_free_everything() {
 
 #[test]
 fn large_batches_step_aside() {
-    // Twelve sequences that decode in lockstep (same output length): with a limit of two no
-    // step proposes; with a limit of 64 they do.
+    // Twelve sequences of one request (`n = 12`) enter the engine together and decode in
+    // lockstep (same output length): with a limit of two no step proposes; with a limit of 64
+    // they do. One request, not twelve, so the engine cannot step between their arrivals.
     let drafts = |limit| {
         let e = engine(
             "tiny-qwen2",
@@ -296,16 +297,17 @@ fn large_batches_step_aside() {
                 ..EngineConfig::default()
             },
         );
-        let streams: Vec<_> = prompts()
-            .into_iter()
-            .map(|p| e.generate(GenerateRequest::new(p, greedy(12))).unwrap())
-            .collect();
-        let per_request: usize = streams
-            .into_iter()
-            .map(|s| collect(s).1.spec_draft_tokens)
-            .sum();
+        let p = SamplingParams {
+            n: 12,
+            seed: Some(3),
+            temperature: 0.8,
+            ..greedy(12)
+        };
+        let prompt = prompts().swap_remove(2);
+        let (ids, usage) = collect(e.generate(GenerateRequest::new(prompt, p)).unwrap());
+        assert_eq!(ids.len(), 12 * 12);
         let m = e.metrics().spec;
-        assert_eq!(per_request as u64, m.num_draft_tokens);
+        assert_eq!(usage.spec_draft_tokens as u64, m.num_draft_tokens);
         e.shutdown();
         m.num_drafts
     };
