@@ -9,6 +9,8 @@
 pub mod backend;
 mod config;
 mod error;
+mod family;
+mod gemma;
 mod gguf;
 mod inspect;
 mod kv_cache;
@@ -18,10 +20,13 @@ mod registry;
 mod safetensors;
 mod source;
 mod text;
+mod weights;
 
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
+pub use family::FamilyModel;
 pub use ferrum_types::{ForwardBatch, SeqSlice};
+pub use gemma::GemmaModel;
 pub use gguf::{GgufFile, GgufValue};
 pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;

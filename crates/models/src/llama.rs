@@ -10,9 +10,10 @@
 
 use crate::backend::{Backend, Buf, CpuBackend, Dims};
 use crate::source::{ModelFormat, WeightSource};
+use crate::weights::Loader;
 use crate::{KvCache, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::{AttentionShape, Rope};
-use ferrum_runtime::{Tensor, ThreadPool};
+use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
+use ferrum_runtime::ThreadPool;
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
 
@@ -43,7 +44,8 @@ pub struct LlamaModel<B: Backend = CpuBackend> {
     layers: Vec<Layer<B>>,
     final_norm: B::Vector,
     lm_head: B::Weight,
-    rope: Rope,
+    /// One rope for every layer (index 0 of the backend's).
+    ropes: [Rope; 1],
 }
 
 /// Tensor names of one source format.
@@ -100,30 +102,6 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
     match format {
         ModelFormat::HfFolder => format!("model.layers.{i}.{hf}"),
         ModelFormat::Gguf => format!("blk.{i}.{gguf}"),
-    }
-}
-
-/// Loads tensors and checks their shapes.
-struct Loader<'a> {
-    src: &'a WeightSource,
-}
-
-impl Loader<'_> {
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.src.tensor(name)?;
-        if t.shape() != shape {
-            return Err(ModelError::TensorShape {
-                path: self.src.path().to_path_buf(),
-                name: name.to_string(),
-                expected: shape.to_vec(),
-                actual: t.shape().to_vec(),
-            });
-        }
-        Ok(t)
-    }
-
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        Ok(self.tensor(name, &[len])?.to_f32_vec())
     }
 }
 
@@ -241,6 +219,7 @@ impl<B: Backend> LlamaModel<B> {
                     block_size: 0,
                     scale: 1.0 / (hd as f32).sqrt(),
                     sliding_window: c.layer_sliding_window[i],
+                    softcap: None,
                 },
             });
         }
@@ -265,7 +244,7 @@ impl<B: Backend> LlamaModel<B> {
             embed,
             lm_head,
             layers,
-            rope,
+            ropes: [rope],
             backend,
             config,
         })
@@ -328,9 +307,9 @@ impl<B: Backend> LlamaModel<B> {
             vocab: c.vocab_size,
         };
         let b = &mut self.backend;
-        b.begin(dims, batch, &self.rope)?;
+        b.begin(dims, batch, &self.ropes)?;
         // X: [t, h]
-        b.embed(&self.embed, batch)?;
+        b.embed(&self.embed, batch, 1.0)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let shape = AttentionShape {
                 block_size: kv.block_size(),
@@ -353,8 +332,8 @@ impl<B: Backend> LlamaModel<B> {
                 b.head_norm(Buf::Q, nq, eps)?;
                 b.head_norm(Buf::K, nk, eps)?;
             }
-            b.rope(&self.rope, Buf::Q)?;
-            b.rope(&self.rope, Buf::K)?;
+            b.rope(0, Buf::Q)?;
+            b.rope(0, Buf::K)?;
             b.write_kv(kv, li, &shape, batch)?;
             // Attn: [t, nh*hd]
             b.attend(kv, li, &shape, batch)?;
@@ -364,14 +343,20 @@ impl<B: Backend> LlamaModel<B> {
             let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
             b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
             // H: [t, h]
-            b.gated_linear(&layer.w_down, Buf::H)?;
+            b.gated_linear(&layer.w_down, GatedAct::Silu, Buf::H)?;
         }
         // The last layer's MLP output (the others' joined at the next layer's norm).
         if !self.layers.is_empty() {
             b.add_residual()?;
         }
         // [num_logits, vocab]
-        b.logits(&self.final_norm, eps, &self.lm_head, &batch.logits_indices)
+        b.logits(
+            &self.final_norm,
+            eps,
+            &self.lm_head,
+            &batch.logits_indices,
+            None,
+        )
     }
 }
 

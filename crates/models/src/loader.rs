@@ -1,9 +1,8 @@
 //! Opening a model path and building the right family for it.
 
-use crate::backend::CudaBackend;
-use crate::registry::Family;
+use crate::backend::{CpuBackend, CudaBackend};
 use crate::source::WeightSource;
-use crate::{KvCache, LlamaModel, ModelConfig, ModelError, Result};
+use crate::{FamilyModel, KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
 use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
 use ferrum_runtime::{Device, ThreadPool};
@@ -53,16 +52,16 @@ pub fn resolve_kv_dtype(src: &WeightSource, config: &ModelConfig, opts: &LoadOpt
 #[derive(Debug)]
 pub enum Model {
     /// On the CPU.
-    Llama(LlamaModel),
+    Cpu(FamilyModel<CpuBackend>),
     /// On a GPU (or the interpreted device).
-    LlamaGpu(LlamaModel<CudaBackend>),
+    Gpu(FamilyModel<CudaBackend>),
 }
 
 impl Model {
     pub fn config(&self) -> &ModelConfig {
         match self {
-            Model::Llama(m) => m.config(),
-            Model::LlamaGpu(m) => m.config(),
+            Model::Cpu(m) => m.config(),
+            Model::Gpu(m) => m.config(),
         }
     }
 
@@ -70,16 +69,16 @@ impl Model {
     /// model onto the same threads. `None` for a GPU model.
     pub fn compute_pool(&self) -> Option<&Arc<ThreadPool>> {
         match self {
-            Model::Llama(m) => Some(m.compute_pool()),
-            Model::LlamaGpu(_) => None,
+            Model::Cpu(m) => Some(m.backend().pool()),
+            Model::Gpu(_) => None,
         }
     }
 
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
     pub fn device_name(&self) -> String {
         match self {
-            Model::Llama(_) => "cpu".to_string(),
-            Model::LlamaGpu(m) => m.backend().gpu().lock().describe(),
+            Model::Cpu(_) => "cpu".to_string(),
+            Model::Gpu(m) => m.backend().gpu().lock().describe(),
         }
     }
 
@@ -87,8 +86,8 @@ impl Model {
     /// with the weights loaded): what the KV cache is sized from.
     pub fn device_memory(&self) -> Result<Option<(u64, u64)>> {
         match self {
-            Model::Llama(_) => Ok(None),
-            Model::LlamaGpu(m) => {
+            Model::Cpu(_) => Ok(None),
+            Model::Gpu(m) => {
                 let info = m.backend().gpu().lock().memory_info()?;
                 Ok(info.map(|(free, total)| (free as u64, total as u64)))
             }
@@ -98,24 +97,24 @@ impl Model {
     /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
         match self {
-            Model::Llama(m) => KvCache::new(m.config(), num_blocks, block_size),
-            Model::LlamaGpu(m) => m.backend().kv_cache(m.config(), num_blocks, block_size),
+            Model::Cpu(m) => KvCache::new(m.config(), num_blocks, block_size),
+            Model::Gpu(m) => m.backend().kv_cache(m.config(), num_blocks, block_size),
         }
     }
 
-    /// See [`LlamaModel::weight_bytes_per_token`].
+    /// See [`crate::LlamaModel::weight_bytes_per_token`].
     pub fn weight_bytes_per_token(&self) -> usize {
         match self {
-            Model::Llama(m) => m.weight_bytes_per_token(),
-            Model::LlamaGpu(m) => m.weight_bytes_per_token(),
+            Model::Cpu(m) => m.weight_bytes_per_token(),
+            Model::Gpu(m) => m.weight_bytes_per_token(),
         }
     }
 
-    /// See [`LlamaModel::forward`].
+    /// See [`crate::LlamaModel::forward`].
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         match self {
-            Model::Llama(m) => m.forward(batch, kv),
-            Model::LlamaGpu(m) => m.forward(batch, kv),
+            Model::Cpu(m) => m.forward(batch, kv),
+            Model::Gpu(m) => m.forward(batch, kv),
         }
     }
 }
@@ -162,7 +161,7 @@ pub fn load_model_on(path: &Path, opts: &LoadOptions, device: Device) -> Result<
             "a model on {device} does not take compute threads; leave them unset"
         )));
     }
-    Ok(Model::LlamaGpu(load_model_on_gpu(
+    Ok(Model::Gpu(load_model_on_gpu(
         path,
         opts,
         SharedGpu::new(gpu),
@@ -175,13 +174,11 @@ pub fn load_model_on_gpu(
     path: &Path,
     opts: &LoadOptions,
     gpu: SharedGpu,
-) -> Result<LlamaModel<CudaBackend>> {
+) -> Result<FamilyModel<CudaBackend>> {
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
-    match config.spec.family {
-        Family::Llama => LlamaModel::load_with(config, &src, CudaBackend::new(gpu)),
-    }
+    FamilyModel::load_with(config, &src, CudaBackend::new(gpu))
 }
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
@@ -190,12 +187,6 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     let pool = compute_pool(path, opts)?;
-    match config.spec.family {
-        Family::Llama => Ok(Model::Llama(LlamaModel::load(
-            config,
-            &src,
-            pool,
-            Linear::new(opts.precision),
-        )?)),
-    }
+    let backend = CpuBackend::new(pool, Linear::new(opts.precision));
+    Ok(Model::Cpu(FamilyModel::load_with(config, &src, backend)?))
 }

@@ -10,6 +10,9 @@ pub enum Family {
     /// Llama and its kin (Mistral, Qwen2, Qwen3, SmolLM): pre-norm decoder, RoPE, GQA,
     /// SiLU-gated MLP, RMSNorm.
     Llama,
+    /// Gemma 2 and 3: scaled embeddings, `(1 + w)` RMSNorms before and after attention and the
+    /// MLP, GELU(tanh)-gated MLP, local (sliding-window) and global layers, soft-capping.
+    Gemma,
 }
 
 /// What an architecture name means.
@@ -28,6 +31,15 @@ pub struct ArchSpec {
     pub sliding_window_by_layer_types: bool,
     /// GGUF files of this architecture store q/k rows in llama.cpp's interleaved-rope order.
     pub gguf_qk_permuted: bool,
+    /// Every `n`-th layer is global, the others slide (`layer i` is global when
+    /// `(i + 1) % n == 0`), unless the config lists `layer_types` or its own pattern; 0: the
+    /// architecture has no such pattern.
+    pub sliding_window_pattern: usize,
+    /// `attn_logit_softcapping` applies (Gemma 2; transformers' Gemma 3 ignores it).
+    pub attn_softcap: bool,
+    /// RoPE base of sliding-window layers when the file names none (Gemma 3: 10000); 0: they
+    /// share the global layers' rope.
+    pub default_local_rope_theta: u32,
 }
 
 const fn spec(name: &'static str) -> ArchSpec {
@@ -39,6 +51,9 @@ const fn spec(name: &'static str) -> ArchSpec {
         sliding_window_all_layers: false,
         sliding_window_by_layer_types: false,
         gguf_qk_permuted: false,
+        sliding_window_pattern: 0,
+        attn_softcap: false,
+        default_local_rope_theta: 0,
     }
 }
 
@@ -62,16 +77,40 @@ const QWEN3: ArchSpec = ArchSpec {
     ..spec("Qwen3ForCausalLM")
 };
 
+const GEMMA2: ArchSpec = ArchSpec {
+    family: Family::Gemma,
+    sliding_window_by_layer_types: true,
+    sliding_window_pattern: 2,
+    attn_softcap: true,
+    ..spec("Gemma2ForCausalLM")
+};
+const GEMMA3: ArchSpec = ArchSpec {
+    family: Family::Gemma,
+    qk_norm: true,
+    sliding_window_by_layer_types: true,
+    sliding_window_pattern: 6,
+    default_local_rope_theta: 10000,
+    ..spec("Gemma3ForCausalLM")
+};
+
 /// `(HF architectures name, spec)`.
-const HF: [(&str, ArchSpec); 4] = [
+const HF: [(&str, ArchSpec); 6] = [
     ("LlamaForCausalLM", LLAMA),
     ("MistralForCausalLM", MISTRAL),
     ("Qwen2ForCausalLM", QWEN2),
     ("Qwen3ForCausalLM", QWEN3),
+    ("Gemma2ForCausalLM", GEMMA2),
+    ("Gemma3ForCausalLM", GEMMA3),
 ];
 
 /// `(GGUF general.architecture, spec)`. llama.cpp writes Mistral and SmolLM as `llama`.
-const GGUF: [(&str, ArchSpec); 3] = [("llama", LLAMA), ("qwen2", QWEN2), ("qwen3", QWEN3)];
+const GGUF: [(&str, ArchSpec); 5] = [
+    ("llama", LLAMA),
+    ("qwen2", QWEN2),
+    ("qwen3", QWEN3),
+    ("gemma2", GEMMA2),
+    ("gemma3", GEMMA3),
+];
 
 /// The spec for a Hugging Face `architectures` entry.
 pub fn lookup_hf(name: &str) -> Option<ArchSpec> {
@@ -103,5 +142,7 @@ mod tests {
         assert!(lookup_gguf("llama").is_some_and(|s| s.gguf_qk_permuted));
         assert!(lookup_gguf("qwen3").is_some_and(|s| s.qk_norm && !s.gguf_qk_permuted));
         assert_eq!(lookup_hf("GPT2LMHeadModel"), None);
+        assert!(lookup_gguf("gemma3").is_some_and(|s| s.family == Family::Gemma && s.qk_norm));
+        assert!(lookup_hf("Gemma2ForCausalLM").is_some_and(|s| s.attn_softcap));
     }
 }

@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use ferrum_models::backend::CudaBackend;
-use ferrum_models::{load_model_on_gpu, ForwardBatch, KvCache, LlamaModel, LoadOptions};
+use ferrum_models::{load_model_on_gpu, FamilyModel, ForwardBatch, KvCache, LoadOptions};
 use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
 use std::path::Path;
 
@@ -44,14 +44,15 @@ fn devices() -> Vec<SharedGpu> {
     out
 }
 
-fn gpu_cache(model: &LlamaModel<CudaBackend>, tokens: usize, bs: usize) -> KvCache {
+fn gpu_cache(model: &FamilyModel<CudaBackend>, tokens: usize, bs: usize) -> KvCache {
     model
-        .with_backend(|b, c| b.kv_cache(c, tokens.div_ceil(bs) + 1, bs))
+        .backend()
+        .kv_cache(model.config(), tokens.div_ceil(bs) + 1, bs)
         .unwrap()
 }
 
 /// Logits at every prompt position in one pass, over a scrambled block table.
-fn prompt_logits(model: &mut LlamaModel<CudaBackend>, prompt: &[u32]) -> Vec<f32> {
+fn prompt_logits(model: &mut FamilyModel<CudaBackend>, prompt: &[u32]) -> Vec<f32> {
     let bs = 16;
     let mut kv = gpu_cache(model, prompt.len(), bs);
     let table: Vec<u32> = (0..kv.num_blocks() as u32).rev().collect();
@@ -63,7 +64,7 @@ fn prompt_logits(model: &mut LlamaModel<CudaBackend>, prompt: &[u32]) -> Vec<f32
 
 /// Greedy continuation: a prefill in two chunks (the second with prior context), then one
 /// decode step per token.
-fn greedy(model: &mut LlamaModel<CudaBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
+fn greedy(model: &mut FamilyModel<CudaBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
     let bs = 16;
     let mut kv = gpu_cache(model, prompt.len() + n, bs);
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();

@@ -77,6 +77,26 @@ fn tiny_mistral_swa() {
 }
 
 #[test]
+fn tiny_gemma3() {
+    fixture("tiny-gemma3");
+}
+
+#[test]
+fn tiny_gemma3_bf16() {
+    fixture("tiny-gemma3-bf16");
+}
+
+#[test]
+fn tiny_gemma2() {
+    fixture("tiny-gemma2");
+}
+
+#[test]
+fn tiny_gemma2_bf16() {
+    fixture("tiny-gemma2-bf16");
+}
+
+#[test]
 fn tiny_smollm_safetensors() {
     fixture("tiny-smollm");
 }

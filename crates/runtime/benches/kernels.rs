@@ -277,6 +277,7 @@ fn attention_case<E: KvElem>(
         block_size: 16,
         scale: 0.125,
         sliding_window: None,
+        softcap: None,
     };
     let blocks_per_seq = ctx.div_ceil(16);
     let num_blocks = seqs * blocks_per_seq;

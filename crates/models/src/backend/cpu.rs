@@ -3,13 +3,13 @@
 //! Weights are repacked at load into the int8, bf16 or float tiles [`Linear`] picks; a
 //! product's input is prepared once (quantized or rounded) for all the weights that read it,
 //! fused with the residual add and norm before it (`add_norm_prepare`) or the gated
-//! activation (`silu_mul_prepare`). Buffers grow to the largest batch seen and are reused.
+//! activation (`gated_prepare`). Buffers grow to the largest batch seen and are reused.
 
 use std::sync::Arc;
 
 use super::{Backend, Buf, Dims};
 use crate::{KvCache, ModelError, Result};
-use ferrum_runtime::cpu::{self, ActScratch, AttentionShape, Linear, Rope, Weight};
+use ferrum_runtime::cpu::{self, ActScratch, AttentionShape, GatedAct, Linear, Rope, Weight};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 
@@ -25,8 +25,8 @@ struct Scratch {
     up: Vec<f32>,
     rows: Vec<f32>,
     logits: Vec<f32>,
-    /// Cosine and sine of every token's rotary angles.
-    rope: Vec<f32>,
+    /// Cosine and sine of every token's rotary angles, one table per rope of the forward.
+    rope: Vec<Vec<f32>>,
     /// The current linear input, quantized (int8 path).
     qa: ActScratch,
     /// Attention's per-part softmax states of split decodes.
@@ -39,6 +39,8 @@ pub struct CpuBackend {
     pool: Arc<ThreadPool>,
     linear: Linear,
     dims: Dims,
+    /// The ropes of the current forward ([`Backend::begin`]).
+    ropes: Vec<Rope>,
     s: Scratch,
 }
 
@@ -49,6 +51,7 @@ impl CpuBackend {
             pool,
             linear,
             dims: Dims::default(),
+            ropes: Vec::new(),
             s: Scratch::default(),
         }
     }
@@ -143,7 +146,7 @@ impl Backend for CpuBackend {
         t.num_bytes() / t.rows().max(1)
     }
 
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()> {
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()> {
         self.dims = dims;
         let t = batch.num_tokens();
         let num_logits = batch.logits_indices.len();
@@ -162,13 +165,30 @@ impl Backend for CpuBackend {
         ] {
             buf.resize(len, 0.0);
         }
-        // [t, head_dim / 2, 2]
-        rope.angles(&batch.positions, &mut s.rope);
+        // Per rope: [t, head_dim / 2, 2]
+        s.rope.resize_with(ropes.len(), Vec::new);
+        for (rope, table) in ropes.iter().zip(&mut s.rope) {
+            rope.angles(&batch.positions, table);
+        }
+        // The model's ropes are the same every step: kept, not cloned again.
+        let same = self.ropes.len() == ropes.len()
+            && self
+                .ropes
+                .iter()
+                .zip(ropes)
+                .all(|(a, b)| a.inv_freq() == b.inv_freq());
+        if !same {
+            self.ropes = ropes.to_vec();
+        }
         Ok(())
     }
 
-    fn embed(&mut self, table: &Tensor, batch: &ForwardBatch) -> Result<()> {
-        Ok(cpu::embedding(table, &batch.token_ids, &mut self.s.x)?)
+    fn embed(&mut self, table: &Tensor, batch: &ForwardBatch, scale: f32) -> Result<()> {
+        cpu::embedding(table, &batch.token_ids, &mut self.s.x)?;
+        if scale != 1.0 {
+            self.s.x.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
     }
 
     fn add_norm_linear(
@@ -215,11 +235,16 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()> {
+    fn rope(&mut self, rope: usize, buf: Buf) -> Result<()> {
         let s = &mut self.s;
-        let table = std::mem::take(&mut s.rope);
-        rope.apply_with(buf_mut(s, buf), &table);
-        s.rope = table;
+        let (Some(r), Some(table)) = (self.ropes.get(rope), s.rope.get_mut(rope)) else {
+            return Err(ModelError::Invalid(format!(
+                "rope {rope} was not given to begin"
+            )));
+        };
+        let table = std::mem::take(table);
+        r.apply_with(buf_mut(s, buf), &table);
+        s.rope[rope] = table;
         Ok(())
     }
 
@@ -267,7 +292,7 @@ impl Backend for CpuBackend {
         Ok(self.linear.matmul(pool, &prepared, w, y)?)
     }
 
-    fn gated_linear(&mut self, w: &Weight, out: Buf) -> Result<()> {
+    fn gated_linear(&mut self, w: &Weight, act: GatedAct, out: Buf) -> Result<()> {
         let pool = &*self.pool;
         let inter = self.dims.intermediate;
         let (mut slots, qa) = slots(&mut self.s);
@@ -276,7 +301,7 @@ impl Backend for CpuBackend {
         let y = take(&mut slots, out)?;
         let input = self
             .linear
-            .silu_mul_prepare(pool, gate, up, inter, qa, &[w]);
+            .gated_prepare(pool, act, gate, up, inter, qa, &[w]);
         Ok(self.linear.matmul(pool, &input, w, y)?)
     }
 
@@ -285,7 +310,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn logits(&mut self, norm: &Vec<f32>, eps: f32, head: &Weight, rows: &[u32]) -> Result<&[f32]> {
+    fn logits(
+        &mut self,
+        norm: &Vec<f32>,
+        eps: f32,
+        head: &Weight,
+        rows: &[u32],
+        softcap: Option<f32>,
+    ) -> Result<&[f32]> {
         let pool = &*self.pool;
         let h = self.dims.hidden;
         let s = &mut self.s;
@@ -298,6 +330,9 @@ impl Backend for CpuBackend {
         // [num_logits, vocab]
         let input = self.linear.prepare(pool, &s.rows, h, &mut s.qa, &[head]);
         self.linear.matmul(pool, &input, head, &mut s.logits)?;
+        if let Some(cap) = softcap {
+            super::softcap_logits(&mut s.logits, cap);
+        }
         Ok(&s.logits)
     }
 }

@@ -12,7 +12,7 @@
 //! Buffer contents between operations follow [`super::Backend`]'s contract; a launch that
 //! fails is an error naming the kernel, and nothing is read back from a failed step.
 
-use ferrum_runtime::cpu::{AttentionShape, KvDtype, Rope};
+use ferrum_runtime::cpu::{AttentionShape, GatedAct, KvDtype, Rope};
 use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, KernelArg, SharedGpu};
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
@@ -125,7 +125,9 @@ pub struct CudaBackend {
     host_bytes: Vec<u8>,
     at: Indices,
     num_logits: usize,
-    inv_freq: Option<(DeviceBuffer, usize)>,
+    /// Per rope of the forward: its inverse frequencies on the device, and on the host (to
+    /// upload again only when they change).
+    inv_freq: Vec<(DeviceBuffer, Vec<f32>)>,
 }
 
 fn slot(b: Buf) -> usize {
@@ -180,7 +182,7 @@ impl CudaBackend {
             host_bytes: Vec::new(),
             at: Indices::default(),
             num_logits: 0,
-            inv_freq: None,
+            inv_freq: Vec::new(),
         }
     }
 
@@ -363,7 +365,7 @@ impl Backend for CudaBackend {
         t.buf.len() / t.rows.max(1)
     }
 
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()> {
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()> {
         self.dims = dims;
         let t = batch.num_tokens();
         self.tokens = t;
@@ -415,18 +417,27 @@ impl Backend for CudaBackend {
         bytes.extend(h.iter().flat_map(|v| v.to_le_bytes()));
         let ptr = self.indices.ensure(&self.gpu, bytes.len())?;
         self.gpu.lock().write(ptr, bytes)?;
-        if self.inv_freq.as_ref().map(|f| f.1) != Some(rope.inv_freq().len()) {
+        self.inv_freq.truncate(ropes.len());
+        for (i, rope) in ropes.iter().enumerate() {
+            if self.inv_freq.get(i).map(|f| f.1.as_slice()) == Some(rope.inv_freq()) {
+                continue;
+            }
             let bytes: Vec<u8> = rope
                 .inv_freq()
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
                 .collect();
-            self.inv_freq = Some((self.gpu.upload(&bytes)?, rope.inv_freq().len()));
+            let uploaded = (self.gpu.upload(&bytes)?, rope.inv_freq().to_vec());
+            if i < self.inv_freq.len() {
+                self.inv_freq[i] = uploaded;
+            } else {
+                self.inv_freq.push(uploaded);
+            }
         }
         Ok(())
     }
 
-    fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch) -> Result<()> {
+    fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch, scale: f32) -> Result<()> {
         let n = table.cols;
         let (name, stride) = match form(table.dtype)? {
             Form::Float(f) => (format!("gather_rows_{f}"), n),
@@ -441,7 +452,7 @@ impl Backend for CudaBackend {
             i32_arg(n, "hidden size")?,
             i32_arg(stride, "row stride")?,
             i32_arg(n, "row stride")?,
-            KernelArg::F32(1.0),
+            KernelArg::F32(scale),
         ];
         self.launch(&name, grid, &args)
     }
@@ -491,15 +502,14 @@ impl Backend for CudaBackend {
         self.rms_norm(x, None, x, w, self.tokens, width / w.len.max(1), width, eps)
     }
 
-    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()> {
-        let hd = rope.head_dim();
+    fn rope(&mut self, rope: usize, buf: Buf) -> Result<()> {
         let width = self.width(buf);
-        let freq = self
+        let (freq, half) = self
             .inv_freq
-            .as_ref()
-            .map(|f| f.0.ptr())
-            .ok_or_else(|| ModelError::Invalid("rope before begin".into()))?;
-        let half = rope.inv_freq().len();
+            .get(rope)
+            .map(|f| (f.0.ptr(), f.1.len()))
+            .ok_or_else(|| ModelError::Invalid(format!("rope {rope} was not given to begin")))?;
+        let hd = 2 * half;
         if half > self.block("rope", "HALF_BLOCK")? as usize {
             return Err(ModelError::Invalid(format!(
                 "rotary dimension {} is larger than the GPU kernel's",
@@ -568,7 +578,7 @@ impl Backend for CudaBackend {
             i32_arg(shape.block_size, "block size")?,
             i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
             KernelArg::F32(shape.scale),
-            KernelArg::F32(0.0),
+            KernelArg::F32(shape.softcap.unwrap_or(0.0)),
         ];
         let grid = [self.tokens as u32, shape.num_heads as u32, 1];
         self.launch(&name, grid, &args)
@@ -578,15 +588,15 @@ impl Backend for CudaBackend {
         self.gemm(self.buf(input)?, w, self.buf(out)?, self.tokens)
     }
 
-    fn gated_linear(&mut self, w: &GpuWeight, out: Buf) -> Result<()> {
+    fn gated_linear(&mut self, w: &GpuWeight, act: GatedAct, out: Buf) -> Result<()> {
         let n = self.dims.intermediate;
+        let kernel = match act {
+            GatedAct::Silu => "gated_silu",
+            GatedAct::GeluTanh => "gated_gelu_tanh",
+        };
         let (gate, up) = (self.buf(Buf::Gate)?, self.buf(Buf::Up)?);
-        let grid = [
-            self.tokens as u32,
-            cdiv(n, self.block("gated_silu", "BLOCK")?),
-            1,
-        ];
-        // In place: Gate = silu(Gate) * Up.
+        let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
+        // In place: Gate = act(Gate) * Up.
         let args = [
             p(gate),
             p(up),
@@ -596,7 +606,7 @@ impl Backend for CudaBackend {
             i32_arg(n, "row stride")?,
             i32_arg(n, "row stride")?,
         ];
-        self.launch("gated_silu", grid, &args)?;
+        self.launch(kernel, grid, &args)?;
         self.gemm(gate, w, self.buf(out)?, self.tokens)
     }
 
@@ -623,6 +633,7 @@ impl Backend for CudaBackend {
         eps: f32,
         head: &GpuWeight,
         rows: &[u32],
+        softcap: Option<f32>,
     ) -> Result<&[f32]> {
         let (n, h) = (rows.len(), self.dims.hidden);
         if n == 0 {
@@ -661,6 +672,9 @@ impl Backend for CudaBackend {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
+        if let Some(cap) = softcap {
+            super::softcap_logits(&mut self.host_logits, cap);
+        }
         Ok(&self.host_logits)
     }
 }

@@ -22,7 +22,7 @@ pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, GpuVector, GpuWeight};
 
 use crate::{KvCache, Result};
-use ferrum_runtime::cpu::{AttentionShape, Rope};
+use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
 use ferrum_runtime::Tensor;
 use ferrum_types::ForwardBatch;
 
@@ -91,10 +91,12 @@ pub trait Backend: std::fmt::Debug + Sized {
     /// Bytes of one row of `t`.
     fn table_row_bytes(t: &Self::Table) -> usize;
 
-    /// Sizes every buffer for `batch` and takes its positions' rotary angles.
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, rope: &Rope) -> Result<()>;
-    /// `X = table[batch.token_ids]`.
-    fn embed(&mut self, table: &Self::Table, batch: &ForwardBatch) -> Result<()>;
+    /// Sizes every buffer for `batch` and takes its positions' rotary angles under each of
+    /// `ropes` (a family with local and global layers has two; [`Backend::rope`] names one by
+    /// its index here).
+    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()>;
+    /// `X = table[batch.token_ids] * scale` (Gemma scales by `sqrt(hidden)`; others by 1).
+    fn embed(&mut self, table: &Self::Table, batch: &ForwardBatch, scale: f32) -> Result<()>;
     /// `X += H` when `add` (the previous sublayer's output joins the residual stream), then
     /// for each `(w, out)`: `out = rms_norm(X) * norm @ w^T`.
     fn add_norm_linear(
@@ -106,10 +108,12 @@ pub trait Backend: std::fmt::Debug + Sized {
     ) -> Result<()>;
     /// `buf += bias`, per row.
     fn add_bias(&mut self, buf: Buf, bias: &Self::Vector) -> Result<()>;
-    /// RMSNorm of every `head_dim` group of `buf`, in place (per-head q/k norm).
+    /// RMSNorm of every `w.len()`-wide group of `buf`, in place: a head (per-head q/k norm)
+    /// or the whole row (Gemma's post-attention and post-MLP norms of `H`).
     fn head_norm(&mut self, buf: Buf, w: &Self::Vector, eps: f32) -> Result<()>;
-    /// Rotates every head of `buf` by its token's angles.
-    fn rope(&mut self, rope: &Rope, buf: Buf) -> Result<()>;
+    /// Rotates every head of `buf` by its token's angles under `ropes[rope]` of
+    /// [`Backend::begin`].
+    fn rope(&mut self, rope: usize, buf: Buf) -> Result<()>;
     /// Writes `K` and `V` into layer `layer` of `kv` at the batch's slots.
     fn write_kv(
         &mut self,
@@ -128,16 +132,23 @@ pub trait Backend: std::fmt::Debug + Sized {
     ) -> Result<()>;
     /// `out = input @ w^T`.
     fn linear(&mut self, input: Buf, w: &Self::Weight, out: Buf) -> Result<()>;
-    /// `out = (silu(Gate) * Up) @ w^T`.
-    fn gated_linear(&mut self, w: &Self::Weight, out: Buf) -> Result<()>;
+    /// `out = (act(Gate) * Up) @ w^T`.
+    fn gated_linear(&mut self, w: &Self::Weight, act: GatedAct, out: Buf) -> Result<()>;
     /// `X += H`.
     fn add_residual(&mut self) -> Result<()>;
-    /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`.
+    /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`; with
+    /// `softcap`, each logit `l` becomes `cap * tanh(l / cap)` (Gemma's final soft-capping).
     fn logits(
         &mut self,
         norm: &Self::Vector,
         eps: f32,
         head: &Self::Weight,
         rows: &[u32],
+        softcap: Option<f32>,
     ) -> Result<&[f32]>;
+}
+
+/// `cap * tanh(l / cap)` of every logit (final logit soft-capping), on the host.
+pub(crate) fn softcap_logits(logits: &mut [f32], cap: f32) {
+    logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
 }

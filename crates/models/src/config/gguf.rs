@@ -7,7 +7,7 @@ use super::{max_layers, too_many_layers, ModelConfig, MAX_LAYERS};
 use crate::gguf::{GgufFile, GgufValue};
 use crate::registry;
 use crate::{ModelError, Result};
-use ferrum_runtime::cpu::{KvDtype, RopeScaling};
+use ferrum_runtime::cpu::{GatedAct, KvDtype, RopeScaling};
 use ferrum_runtime::DType;
 
 impl ModelConfig {
@@ -98,6 +98,24 @@ impl ModelConfig {
             },
         };
         let window = uint("attention.sliding_window")?;
+        let is_gemma = spec.family == registry::Family::Gemma;
+        let layer_sliding_window = if spec.sliding_window_pattern > 0 {
+            // llama.cpp's Gemma: every n-th layer global (n = 2 for Gemma 2, 6 for Gemma 3)
+            // unless the file says otherwise; the window defaults to 4096 as in transformers.
+            let key = "attention.sliding_window_pattern";
+            let n = uint(key)?.unwrap_or(spec.sliding_window_pattern);
+            if n == 0 {
+                return Err(err(&format!("{arch}.{key}"), "must be positive".into()));
+            }
+            let window = Some(window.unwrap_or(4096));
+            (0..num_hidden_layers)
+                .map(|i| if (i + 1) % n == 0 { None } else { window })
+                .collect()
+        } else {
+            vec![window; num_hidden_layers]
+        };
+        let positive =
+            |suffix: &str| -> Result<Option<f32>> { Ok(float(suffix)?.map(|v| v as f32)) };
         // llama.cpp's `general.file_type`: 1 = mostly F16, 32 = mostly BF16.
         let rope_table_dtype = match g.get("general.file_type").and_then(GgufValue::as_u64) {
             Some(1) => Some(DType::F16),
@@ -119,9 +137,35 @@ impl ModelConfig {
             rope_theta: float("rope.freq_base")?.unwrap_or(10000.0) as f32,
             rope_scaling,
             max_position_embeddings: uint("context_length")?.unwrap_or(2048),
-            layer_sliding_window: vec![window; num_hidden_layers],
+            layer_sliding_window,
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
+            // llama.cpp scales Gemma's scores by head_dim^-1/2 (the file has no
+            // query_pre_attn_scalar; they agree for the released sizes but the 27B).
+            attention_scale: None,
+            attn_logit_softcap: if spec.attn_softcap {
+                positive("attn_logit_softcapping")?
+            } else {
+                None
+            },
+            final_logit_softcap: if is_gemma {
+                positive("final_logit_softcapping")?
+            } else {
+                None
+            },
+            rope_local_theta: match (
+                positive("rope.freq_base_swa")?,
+                spec.default_local_rope_theta,
+            ) {
+                (_, 0) => None,
+                (Some(t), _) => Some(t),
+                (None, d) => Some(d as f32),
+            },
+            hidden_act: if is_gemma {
+                GatedAct::GeluTanh
+            } else {
+                GatedAct::Silu
+            },
             dtype: None,
             rope_table_dtype,
             kv_cache_dtype: KvDtype::F32,

@@ -11,7 +11,7 @@
 use super::{max_layers, too_many_layers, ModelConfig, MAX_LAYERS};
 use crate::registry;
 use crate::{ModelError, Result};
-use ferrum_runtime::cpu::{KvDtype, RopeScaling};
+use ferrum_runtime::cpu::{GatedAct, KvDtype, RopeScaling};
 use ferrum_runtime::DType;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
@@ -50,6 +50,17 @@ pub struct HfConfig {
     pub torch_dtype: Option<Str>,
     pub bos_token_id: Option<Ids>,
     pub eos_token_id: Option<Ids>,
+    /// Gemma: scores are scaled by `query_pre_attn_scalar^-1/2`.
+    pub query_pre_attn_scalar: Option<Float>,
+    pub attn_logit_softcapping: Option<Float>,
+    pub final_logit_softcapping: Option<Float>,
+    /// Gemma 3: the sliding layers' RoPE base.
+    pub rope_local_base_freq: Option<Float>,
+    /// Gemma 3 without `layer_types`: every n-th layer is global.
+    pub sliding_window_pattern: Option<Uint>,
+    /// The MLP's activation (Gemma's name, preferred) and the common name.
+    pub hidden_activation: Option<Str>,
+    pub hidden_act: Option<Str>,
 }
 
 /// `rope_scaling` or `rope_parameters`.
@@ -65,6 +76,9 @@ pub struct RopeParams {
     pub low_freq_factor: Option<Float>,
     pub high_freq_factor: Option<Float>,
     pub original_max_position_embeddings: Option<Float>,
+    /// transformers 5, families with local and global layers: parameters per layer type.
+    pub full_attention: Option<Box<RopeParams>>,
+    pub sliding_attention: Option<Box<RopeParams>>,
 }
 
 /// A non-negative integer.
@@ -226,9 +240,27 @@ impl ModelConfig {
             }
         };
         let (rope_theta, rope_scaling) = rope(path, &c)?;
+        let rope_local_theta = local_rope_theta(&c, spec.default_local_rope_theta);
         let sliding = c.sliding_window.map(|Uint(w)| w);
         let layer_sliding_window = if spec.sliding_window_all_layers {
             vec![sliding; num_hidden_layers]
+        } else if spec.sliding_window_pattern > 0 {
+            // Gemma: transformers' default window is 4096.
+            let window = Some(sliding.unwrap_or(4096));
+            match &c.layer_types {
+                Some(v) => layer_types_windows(path, v, window, num_hidden_layers)?,
+                None => {
+                    let n = c
+                        .sliding_window_pattern
+                        .map_or(spec.sliding_window_pattern, |Uint(n)| n);
+                    if n == 0 {
+                        return Err(err("sliding_window_pattern", "must be positive"));
+                    }
+                    (0..num_hidden_layers)
+                        .map(|i| if (i + 1) % n == 0 { None } else { window })
+                        .collect()
+                }
+            }
         } else if spec.sliding_window_by_layer_types {
             layer_windows(path, &c, sliding, num_hidden_layers)?
         } else {
@@ -241,6 +273,27 @@ impl ModelConfig {
             _ => None,
         };
         let flag = |v: Option<Bool>| v.is_some_and(|Bool(b)| b);
+        let float = |v: Option<Float>| v.map(|Float(x)| x as f32);
+        let is_gemma = spec.family == registry::Family::Gemma;
+        let act_key = if c.hidden_activation.is_some() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let hidden_act = match c.hidden_activation.as_ref().or(c.hidden_act.as_ref()) {
+            None if is_gemma => GatedAct::GeluTanh,
+            None => GatedAct::Silu,
+            Some(Str(a)) => match a.as_str() {
+                "silu" | "swish" => GatedAct::Silu,
+                "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => GatedAct::GeluTanh,
+                other => {
+                    return Err(err(
+                        act_key,
+                        &format!("`{other}` is not supported (silu, gelu_pytorch_tanh)"),
+                    ))
+                }
+            },
+        };
         let cfg = ModelConfig {
             architecture: arch.to_string(),
             spec,
@@ -260,6 +313,13 @@ impl ModelConfig {
             layer_sliding_window,
             tie_word_embeddings: flag(c.tie_word_embeddings),
             attention_bias: spec.qkv_bias || flag(c.attention_bias),
+            attention_scale: float(c.query_pre_attn_scalar)
+                .filter(|_| is_gemma)
+                .map(|s| 1.0 / s.sqrt()),
+            attn_logit_softcap: float(c.attn_logit_softcapping).filter(|_| spec.attn_softcap),
+            final_logit_softcap: float(c.final_logit_softcapping).filter(|_| is_gemma),
+            rope_local_theta,
+            hidden_act,
             dtype,
             rope_table_dtype,
             kv_cache_dtype: KvDtype::F32,
@@ -274,13 +334,24 @@ impl ModelConfig {
 /// RoPE base and scaling from either key style.
 fn rope(path: &Path, c: &HfConfig) -> Result<(f32, RopeScaling)> {
     // transformers 5: everything under `rope_parameters`; older: `rope_theta` + `rope_scaling`.
-    let (prefix, scaling) = match (&c.rope_parameters, &c.rope_scaling) {
+    // Families with local and global layers nest them by layer type; the global layers'
+    // parameters are the model's rope (the local base is read by `local_rope_theta`).
+    let params = c
+        .rope_parameters
+        .as_ref()
+        .map(|p| p.full_attention.as_deref().unwrap_or(p));
+    let (prefix, scaling) = match (params, &c.rope_scaling) {
+        (Some(p), _)
+            if c.rope_parameters
+                .as_ref()
+                .is_some_and(|q| q.full_attention.is_some()) =>
+        {
+            ("rope_parameters.full_attention", Some(p))
+        }
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s.as_ref()),
     };
-    let theta = c
-        .rope_parameters
-        .as_ref()
+    let theta = params
         .and_then(|p| p.rope_theta)
         .or(c.rope_theta)
         .map_or(10000.0, |Float(t)| t) as f32;
@@ -339,15 +410,33 @@ fn rope(path: &Path, c: &HfConfig) -> Result<(f32, RopeScaling)> {
     Ok((theta, scaling))
 }
 
-/// Per-layer windows for Qwen-style configs: `layer_types` when present, else
-/// `use_sliding_window` with `max_window_layers`.
-fn layer_windows(
+/// The sliding layers' RoPE base: `rope_parameters.sliding_attention.rope_theta`
+/// (transformers 5), `rope_local_base_freq`, or the architecture's default; `None` when the
+/// architecture has no separate local rope.
+fn local_rope_theta(c: &HfConfig, default: u32) -> Option<f32> {
+    if default == 0 {
+        return None;
+    }
+    let nested = c
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.sliding_attention.as_ref())
+        .and_then(|p| p.rope_theta);
+    Some(
+        nested
+            .or(c.rope_local_base_freq)
+            .map_or(default as f32, |Float(t)| t as f32),
+    )
+}
+
+/// Per-layer windows from `layer_types` (`full_attention` or `sliding_attention` per layer).
+fn layer_types_windows(
     path: &Path,
-    c: &HfConfig,
+    v: &Value,
     window: Option<usize>,
     num_layers: usize,
 ) -> Result<Vec<Option<usize>>> {
-    if let Some(v) = &c.layer_types {
+    {
         let types = v
             .as_array()
             .filter(|a| a.len() == num_layers)
@@ -370,6 +459,19 @@ fn layer_windows(
                 )),
             })
             .collect();
+    }
+}
+
+/// Per-layer windows for Qwen-style configs: `layer_types` when present, else
+/// `use_sliding_window` with `max_window_layers`.
+fn layer_windows(
+    path: &Path,
+    c: &HfConfig,
+    window: Option<usize>,
+    num_layers: usize,
+) -> Result<Vec<Option<usize>>> {
+    if let Some(v) = &c.layer_types {
+        return layer_types_windows(path, v, window, num_layers);
     }
     if !c.use_sliding_window.is_some_and(|Bool(b)| b) {
         return Ok(vec![None; num_layers]);

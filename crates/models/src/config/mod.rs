@@ -9,7 +9,7 @@ mod hf;
 
 use crate::registry::ArchSpec;
 use crate::{ModelError, Result};
-use ferrum_runtime::cpu::{KvDtype, RopeScaling, MAX_HEAD_DIM};
+use ferrum_runtime::cpu::{GatedAct, KvDtype, RopeScaling, MAX_HEAD_DIM};
 use ferrum_runtime::DType;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +35,17 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections have a bias.
     pub attention_bias: bool,
+    /// Multiplier of `q·k`; `None`: `1/sqrt(head_dim)` (Gemma: `query_pre_attn_scalar^-1/2`).
+    pub attention_scale: Option<f32>,
+    /// Scaled attention scores become `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_logit_softcap: Option<f32>,
+    /// Logits become `cap * tanh(l / cap)` (Gemma 2 and 3).
+    pub final_logit_softcap: Option<f32>,
+    /// RoPE base of the sliding-window layers, unscaled, where it differs from the global
+    /// layers' (Gemma 3's `rope_local_base_freq`).
+    pub rope_local_theta: Option<f32>,
+    /// The gated MLP's activation.
+    pub hidden_act: GatedAct,
     /// Stored dtype named by the config, if any (informational).
     pub dtype: Option<String>,
     /// Half-precision type the reference implementation keeps RoPE frequencies in: the
@@ -88,6 +99,16 @@ impl ModelConfig {
         }
         if self.layer_sliding_window.contains(&Some(0)) {
             return Err(err("sliding_window", "must be positive"));
+        }
+        for (key, v) in [
+            ("query_pre_attn_scalar", self.attention_scale),
+            ("attn_logit_softcapping", self.attn_logit_softcap),
+            ("final_logit_softcapping", self.final_logit_softcap),
+            ("rope_local_base_freq", self.rope_local_theta),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(err(key, "must be a positive number"));
+            }
         }
         Ok(())
     }

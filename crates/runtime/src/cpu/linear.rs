@@ -212,11 +212,13 @@ impl Linear {
         }
     }
 
-    /// `gate = silu(gate) * up` ([`super::silu_mul`]) fused with [`Linear::prepare`] for
+    /// `gate = act(gate) * up` ([`super::gated_mul`]) fused with [`Linear::prepare`] for
     /// `weights` (rows of `k`): one pass over the rows, the same bits as the separate steps.
-    pub fn silu_mul_prepare<'a>(
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_prepare<'a>(
         &self,
         pool: &ThreadPool,
+        act: super::GatedAct,
         gate: &'a mut [f32],
         up: &[f32],
         k: usize,
@@ -226,7 +228,7 @@ impl Linear {
         assert_eq!(
             gate.len(),
             up.len(),
-            "silu_mul_prepare: gate and up differ in size"
+            "gated_prepare: gate and up differ in size"
         );
         let forms = forms(gate.len(), k, weights);
         let gs = DisjointMut::new(gate);
@@ -234,7 +236,7 @@ impl Linear {
             let span = rows.start * k..rows.end * k;
             // SAFETY: the row ranges of different tasks do not overlap.
             let g = unsafe { gs.slice(span.start, span.len()) };
-            super::silu_mul(g, &up[span]);
+            super::gated_mul(act, g, &up[span]);
             conv.put(rows, g);
         });
         LinearInput {
@@ -496,7 +498,15 @@ mod tests {
                 int8.matmul(&pool, &a, w, &mut outa).unwrap();
                 let mut gb = x0.clone();
                 let mut sb = ActScratch::default();
-                let b = int8.silu_mul_prepare(&pool, &mut gb, &up, k, &mut sb, &[w]);
+                let b = int8.gated_prepare(
+                    &pool,
+                    super::super::GatedAct::Silu,
+                    &mut gb,
+                    &up,
+                    k,
+                    &mut sb,
+                    &[w],
+                );
                 let mut outb = vec![0f32; m * 32];
                 int8.matmul(&pool, &b, w, &mut outb).unwrap();
                 assert_eq!(b.x, &ga[..]);

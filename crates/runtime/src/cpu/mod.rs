@@ -22,7 +22,7 @@ mod rope;
 pub mod simd;
 pub mod stream;
 
-pub use activation::silu_mul;
+pub use activation::{gated_mul, gelu_tanh_mul, silu_mul, GatedAct};
 pub use attention::{
     paged_attention, write_kv, write_kv_par, AttentionShape, KvLayerMut, MAX_BLOCK_SIZE,
     MAX_HEAD_DIM,

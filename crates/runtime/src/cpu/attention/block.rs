@@ -68,7 +68,7 @@ pub(super) fn softmax_step(
     }
 }
 
-/// One pair against a block of any size (the reference arithmetic).
+/// One pair against a block of any size (the reference arithmetic), with soft-capping.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn block_any<E: KvElem>(
@@ -78,6 +78,7 @@ pub(super) fn block_any<E: KvElem>(
     bs: usize,
     range: (usize, usize),
     scale: f32,
+    softcap: Option<f32>,
     s: &mut SoftmaxState,
     acc: &mut [f32],
 ) {
@@ -86,6 +87,11 @@ pub(super) fn block_any<E: KvElem>(
     let mut probs = [0f32; MAX_BLOCK_SIZE];
     block_scores_any(qv, keys, bs, &mut scores[..bs]);
     scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
+    if let Some(cap) = softcap {
+        scores[..bs]
+            .iter_mut()
+            .for_each(|sc| *sc = cap * (*sc / cap).tanh());
+    }
     let block_max = visible_max(&scores[..bs], range);
     softmax_step(block_max, &scores[..bs], range, s, acc, &mut probs[..bs]);
     let (lo, hi) = range;

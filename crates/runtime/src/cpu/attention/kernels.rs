@@ -299,7 +299,9 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
                     far: far.take(),
                 };
                 let qv = |h: usize| &q[(t * nh + h) * hd..][..hd];
-                match (bs, hd, run.pairs.len()) {
+                // Soft-capped scores take the reference path (Gemma 2 only).
+                let fast_bs = if shape.softcap.is_some() { 0 } else { bs };
+                match (fast_bs, hd, run.pairs.len()) {
                     (16, 64, 1) => {
                         block_fast::<E, W, 64, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
@@ -342,6 +344,7 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
                                 bs,
                                 run.range,
                                 shape.scale,
+                                shape.softcap,
                                 &mut st[p],
                                 &mut out[p * hd..(p + 1) * hd],
                             );

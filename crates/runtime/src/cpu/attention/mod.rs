@@ -55,6 +55,8 @@ pub struct AttentionShape {
     pub scale: f32,
     /// Keys further back than this many positions are masked.
     pub sliding_window: Option<usize>,
+    /// Scaled scores become `cap * tanh(s / cap)` (Gemma 2's attention soft-capping).
+    pub softcap: Option<f32>,
 }
 
 impl AttentionShape {

@@ -19,6 +19,7 @@ fn parallel_kv_writes_equal_serial_ones() {
         block_size: 4,
         scale: 0.125,
         sliding_window: None,
+        softcap: None,
     };
     let n = 24;
     let row = shape.num_kv_heads * shape.head_dim;
@@ -49,6 +50,13 @@ fn parallel_kv_writes_equal_serial_ones() {
 
 #[test]
 fn matches_dense_softmax_through_a_shuffled_block_table() {
+    // Plain and soft-capped scores (Gemma 2: cap * tanh(s / cap)).
+    for softcap in [None, Some(0.7f32)] {
+        dense_check(softcap);
+    }
+}
+
+fn dense_check(softcap: Option<f32>) {
     let shape = AttentionShape {
         num_heads: 4,
         num_kv_heads: 2,
@@ -56,6 +64,7 @@ fn matches_dense_softmax_through_a_shuffled_block_table() {
         block_size: 4,
         scale: 0.5,
         sliding_window: Some(5),
+        softcap,
     };
     let len = 11;
     let table = [2u32, 0, 3];
@@ -97,6 +106,7 @@ fn matches_dense_softmax_through_a_shuffled_block_table() {
             let lo = (t + 1).saturating_sub(5);
             let s: Vec<f64> = (lo..=t)
                 .map(|j| super::super::dot(qv, &k[j * kvw + g * 8..][..8]) as f64 * 0.5)
+                .map(|x| softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh()))
                 .collect();
             let mx = s.iter().cloned().fold(f64::MIN, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
@@ -124,6 +134,7 @@ fn results_do_not_depend_on_grouping_or_batch() {
         block_size: 4,
         scale: 0.25,
         sliding_window: None,
+        softcap: None,
     };
     let kvw = 2 * 16;
     let f = |i: usize, s: f32| ((i as f32) * s).sin();
@@ -186,6 +197,7 @@ fn more_sequences_than_indexed_find_their_items() {
         block_size: 4,
         scale: 0.25,
         sliding_window: None,
+        softcap: None,
     };
     let f = |i: usize, s: f32| ((i as f32) * s).sin();
     let cache_len = 5 * 2 * 4 * 16;
@@ -248,6 +260,7 @@ fn split_decodes_equal_prefill_rows() {
             block_size: bs,
             scale: 0.3,
             sliding_window: window,
+            softcap: None,
         };
         let len = 2 * PART + 37;
         let kvw = 2 * hd;
@@ -330,6 +343,7 @@ fn half_caches_equal_an_f32_cache_of_the_rounded_values() {
                 block_size: bs,
                 scale: 0.3,
                 sliding_window: window,
+                softcap: None,
             };
             let len = PART + 45;
             let kvw = 2 * hd;
@@ -424,6 +438,7 @@ fn fast_paths_equal_the_general_ones() {
                     16,
                     range,
                     0.125,
+                    None,
                     &mut want_st[p],
                     &mut want[p * 64..(p + 1) * 64],
                 );

@@ -1,0 +1,57 @@
+//! One model of any family on backend `B`: the dispatch from [`crate::Family`] to its file.
+//! Every family offers the same four things (config, backend, bytes per token, forward), so
+//! the engine never learns which family it runs.
+
+use crate::backend::Backend;
+use crate::registry::Family;
+use crate::source::WeightSource;
+use crate::{GemmaModel, KvCache, LlamaModel, ModelConfig, Result};
+use ferrum_types::ForwardBatch;
+
+/// A loaded model of one family on backend `B`.
+#[derive(Debug)]
+pub enum FamilyModel<B: Backend> {
+    Llama(LlamaModel<B>),
+    Gemma(GemmaModel<B>),
+}
+
+impl<B: Backend> FamilyModel<B> {
+    /// Builds `config`'s family on `backend` from `src`.
+    pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
+        Ok(match config.spec.family {
+            Family::Llama => FamilyModel::Llama(LlamaModel::load_with(config, src, backend)?),
+            Family::Gemma => FamilyModel::Gemma(GemmaModel::load_with(config, src, backend)?),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            FamilyModel::Llama(m) => m.config(),
+            FamilyModel::Gemma(m) => m.config(),
+        }
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        match self {
+            FamilyModel::Llama(m) => m.backend(),
+            FamilyModel::Gemma(m) => m.backend(),
+        }
+    }
+
+    /// See [`LlamaModel::weight_bytes_per_token`].
+    pub fn weight_bytes_per_token(&self) -> usize {
+        match self {
+            FamilyModel::Llama(m) => m.weight_bytes_per_token(),
+            FamilyModel::Gemma(m) => m.weight_bytes_per_token(),
+        }
+    }
+
+    /// See [`LlamaModel::forward`].
+    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        match self {
+            FamilyModel::Llama(m) => m.forward(batch, kv),
+            FamilyModel::Gemma(m) => m.forward(batch, kv),
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The Gemma family: Gemma 2 and Gemma 3 (text), from Hugging Face folders and GGUF files.
+//!
+//! Each layer, with every RMSNorm scaling by `(1 + w)`:
+//! `x += post_attn_norm(o(attn(rope(qn(q(n1(x)))), rope(kn(k(n1(x)))), v(n1(x)))))`, then
+//! `x += post_mlp_norm(down(gelu_tanh(gate(n2(x))) * up(n2(x))))`. The embedding is scaled
+//! by `sqrt(hidden)`; the final logits may be soft-capped (`cap * tanh(l / cap)`).
+//!
+//! Differences between the two, all read from the config:
+//! - Gemma 3 has per-head q/k RMSNorm and a separate RoPE for its sliding-window (local)
+//!   layers (`rope_local_base_freq`, unscaled); global layers use `rope_theta` with the
+//!   config's scaling. Gemma 2 has neither, but soft-caps attention scores.
+//! - Which layers slide: `layer_types`, else every `sliding_window_pattern`-th layer is
+//!   global (Gemma 2 alternates, Gemma 3 has 5 local to 1 global).
+//! - Scores are scaled by `query_pre_attn_scalar^-1/2` (HF), `head_dim^-1/2` when absent.
+//!
+//! Hugging Face stores norm weights as `w` (the model computes `1 + w`); llama.cpp's converter
+//! stores `1 + w`. The `+1` is folded in at load for HF folders, so the forward runs plain
+//! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
+
+use crate::backend::{Backend, Buf, CpuBackend, Dims};
+use crate::source::{ModelFormat, WeightSource};
+use crate::weights::Loader;
+use crate::{KvCache, ModelConfig, ModelError, Result};
+use ferrum_runtime::cpu::{AttentionShape, Rope, RopeScaling};
+use ferrum_runtime::ThreadPool;
+use ferrum_types::ForwardBatch;
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
+    /// Per-head q and k RMSNorm weights (Gemma 3).
+    qk_norm: Option<[B::Vector; 2]>,
+    post_attn_norm: B::Vector,
+    pre_mlp_norm: B::Vector,
+    post_mlp_norm: B::Vector,
+    w_gate: B::Weight,
+    w_up: B::Weight,
+    w_down: B::Weight,
+    attn: AttentionShape,
+    /// Index of this layer's rope in [`GemmaModel::ropes`].
+    rope: usize,
+}
+
+/// A Gemma 2 or 3 model ready to run on backend `B` (the CPU unless said otherwise).
+#[derive(Debug)]
+pub struct GemmaModel<B: Backend = CpuBackend> {
+    config: ModelConfig,
+    backend: B,
+    embed: B::Table,
+    layers: Vec<Layer<B>>,
+    final_norm: B::Vector,
+    lm_head: B::Weight,
+    /// The global layers' rope, then (Gemma 3) the local layers'.
+    ropes: Vec<Rope>,
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    QNorm,
+    KNorm,
+    PostAttnNorm,
+    PreMlpNorm,
+    PostMlpNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
+    let (hf, gguf) = match part {
+        Part::AttnNorm => ("input_layernorm.weight", "attn_norm.weight"),
+        Part::Q => ("self_attn.q_proj.weight", "attn_q.weight"),
+        Part::K => ("self_attn.k_proj.weight", "attn_k.weight"),
+        Part::V => ("self_attn.v_proj.weight", "attn_v.weight"),
+        Part::O => ("self_attn.o_proj.weight", "attn_output.weight"),
+        Part::QNorm => ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+        Part::KNorm => ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+        Part::PostAttnNorm => (
+            "post_attention_layernorm.weight",
+            "post_attention_norm.weight",
+        ),
+        Part::PreMlpNorm => ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+        Part::PostMlpNorm => ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+        Part::Gate => ("mlp.gate_proj.weight", "ffn_gate.weight"),
+        Part::Up => ("mlp.up_proj.weight", "ffn_up.weight"),
+        Part::Down => ("mlp.down_proj.weight", "ffn_down.weight"),
+    };
+    match format {
+        ModelFormat::HfFolder => format!("model.layers.{i}.{hf}"),
+        ModelFormat::Gguf => format!("blk.{i}.{gguf}"),
+    }
+}
+
+impl GemmaModel<CpuBackend> {
+    /// Builds the model on the CPU from `src`, checking every tensor against `config`.
+    pub fn load(
+        config: ModelConfig,
+        src: &WeightSource,
+        pool: Arc<ThreadPool>,
+        linear: ferrum_runtime::cpu::Linear,
+    ) -> Result<GemmaModel> {
+        GemmaModel::load_with(config, src, CpuBackend::new(pool, linear))
+    }
+
+    /// The compute pool this model runs on (possibly shared with other models).
+    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
+        self.backend.pool()
+    }
+}
+
+impl<B: Backend> GemmaModel<B> {
+    /// Builds the model on `backend` from `src`, checking every tensor against `config`.
+    pub fn load_with(config: ModelConfig, src: &WeightSource, mut backend: B) -> Result<Self> {
+        let c = &config;
+        let fmt = src.format();
+        let ld = Loader { src };
+        let b = &mut backend;
+        let (h, hd, nh, nkv) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+        );
+        let (qd, kvd, inter) = (nh * hd, nkv * hd, c.intermediate_size);
+        // HF stores `w` of `(1 + w)`; llama.cpp's converter stores `1 + w`.
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+            let mut w = ld.vector(name, len)?;
+            if fmt == ModelFormat::HfFolder {
+                w.iter_mut().for_each(|v| *v += 1.0);
+            }
+            Ok(w)
+        };
+        let (embed_name, norm_name, head_name) = match fmt {
+            ModelFormat::HfFolder => (
+                "model.embed_tokens.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ),
+            ModelFormat::Gguf => ("token_embd.weight", "output_norm.weight", "output.weight"),
+        };
+        let embed = ld.tensor(embed_name, &[c.vocab_size, h])?;
+        let lm_head = if c.tie_word_embeddings || !src.contains(head_name) {
+            embed.clone()
+        } else {
+            ld.tensor(head_name, &[c.vocab_size, h])?
+        };
+        // Frequencies stay f32 even for a bf16 checkpoint: transformers' Gemma keeps them so
+        // (the bf16 fixtures' logits agree to 3e-6 with f32 frequencies, to 3e-3 with rounded
+        // ones), unlike the Llama family's `rope_table_dtype`.
+        let global = Rope::new(hd, c.rope_theta, &c.rope_scaling, None, None);
+        let mut ropes = vec![global];
+        if let Some(theta) = c.rope_local_theta {
+            ropes.push(Rope::new(hd, theta, &RopeScaling::None, None, None));
+        }
+        let scale = c.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let name = |p: Part| layer_name(fmt, i, p);
+            let window = c.layer_sliding_window[i];
+            let qk_norm = if c.spec.qk_norm {
+                Some([
+                    b.vector(norm(&name(Part::QNorm), hd)?)?,
+                    b.vector(norm(&name(Part::KNorm), hd)?)?,
+                ])
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: b.vector(norm(&name(Part::AttnNorm), h)?)?,
+                wq: b.weight(ld.tensor(&name(Part::Q), &[qd, h])?)?,
+                wk: b.weight(ld.tensor(&name(Part::K), &[kvd, h])?)?,
+                wv: b.weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
+                wo: b.weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
+                qk_norm,
+                post_attn_norm: b.vector(norm(&name(Part::PostAttnNorm), h)?)?,
+                pre_mlp_norm: b.vector(norm(&name(Part::PreMlpNorm), h)?)?,
+                post_mlp_norm: b.vector(norm(&name(Part::PostMlpNorm), h)?)?,
+                w_gate: b.weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
+                w_up: b.weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
+                w_down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                attn: AttentionShape {
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: 0,
+                    scale,
+                    sliding_window: window,
+                    softcap: c.attn_logit_softcap,
+                },
+                rope: if window.is_some() && ropes.len() > 1 {
+                    1
+                } else {
+                    0
+                },
+            });
+        }
+        let final_norm = b.vector(norm(norm_name, h)?)?;
+        let lm_head = b.weight(lm_head)?;
+        let embed = b.table(embed)?;
+        Ok(GemmaModel {
+            config,
+            backend,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            ropes,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Bytes of weights one decode step of one sequence reads (see
+    /// [`crate::LlamaModel::weight_bytes_per_token`]).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let vec = |v: &B::Vector| B::vector_bytes(v);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let linear = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|w| B::weight_bytes(w))
+                    .sum::<usize>();
+                let norms = [
+                    &l.attn_norm,
+                    &l.post_attn_norm,
+                    &l.pre_mlp_norm,
+                    &l.post_mlp_norm,
+                ]
+                .into_iter()
+                .chain(l.qk_norm.iter().flatten())
+                .map(vec)
+                .sum::<usize>();
+                linear + norms
+            })
+            .sum();
+        layers
+            + vec(&self.final_norm)
+            + B::weight_bytes(&self.lm_head)
+            + B::table_row_bytes(&self.embed)
+    }
+
+    /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
+    /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
+    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        let c = &self.config;
+        if !kv.fits(c) {
+            return Err(ModelError::Invalid(
+                "the KV cache was built for another model".into(),
+            ));
+        }
+        batch.validate(kv.block_size(), kv.num_blocks(), c.vocab_size)?;
+        let eps = c.rms_norm_eps;
+        let dims = Dims {
+            hidden: c.hidden_size,
+            q: c.num_attention_heads * c.head_dim,
+            kv: c.num_key_value_heads * c.head_dim,
+            intermediate: c.intermediate_size,
+            vocab: c.vocab_size,
+        };
+        let b = &mut self.backend;
+        b.begin(dims, batch, &self.ropes)?;
+        // X: [t, h], scaled by sqrt(h) as the reference does in f32.
+        b.embed(&self.embed, batch, (c.hidden_size as f32).sqrt())?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let shape = AttentionShape {
+                block_size: kv.block_size(),
+                ..layer.attn
+            };
+            // The previous layer's normed MLP output joins the residual stream here.
+            // Q: [t, nh*hd], K and V: [t, nkv*hd].
+            let qkv = [
+                (&layer.wq, Buf::Q),
+                (&layer.wk, Buf::K),
+                (&layer.wv, Buf::V),
+            ];
+            b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
+            if let Some([nq, nk]) = &layer.qk_norm {
+                b.head_norm(Buf::Q, nq, eps)?;
+                b.head_norm(Buf::K, nk, eps)?;
+            }
+            b.rope(layer.rope, Buf::Q)?;
+            b.rope(layer.rope, Buf::K)?;
+            b.write_kv(kv, li, &shape, batch)?;
+            // Attn: [t, nh*hd]
+            b.attend(kv, li, &shape, batch)?;
+            // H: [t, h], normed over the whole row before it joins the stream.
+            b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+            b.head_norm(Buf::H, &layer.post_attn_norm, eps)?;
+            // Gate, Up: [t, inter]
+            let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
+            b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &gate_up)?;
+            // H: [t, h]
+            b.gated_linear(&layer.w_down, c.hidden_act, Buf::H)?;
+            b.head_norm(Buf::H, &layer.post_mlp_norm, eps)?;
+        }
+        if !self.layers.is_empty() {
+            b.add_residual()?;
+        }
+        // [num_logits, vocab]
+        b.logits(
+            &self.final_norm,
+            eps,
+            &self.lm_head,
+            &batch.logits_indices,
+            c.final_logit_softcap,
+        )
+    }
+}
