@@ -436,30 +436,28 @@ fn layer_types_windows(
     window: Option<usize>,
     num_layers: usize,
 ) -> Result<Vec<Option<usize>>> {
-    {
-        let types = v
-            .as_array()
-            .filter(|a| a.len() == num_layers)
-            .ok_or_else(|| key_err(path, "layer_types", "must list one type per layer"))?;
-        return types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(None),
-                Some("sliding_attention") => window.map(Some).ok_or_else(|| {
-                    key_err(
-                        path,
-                        "sliding_window",
-                        "is needed by sliding_attention layers",
-                    )
-                }),
-                _ => Err(key_err(
+    let types = v
+        .as_array()
+        .filter(|a| a.len() == num_layers)
+        .ok_or_else(|| key_err(path, "layer_types", "must list one type per layer"))?;
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(None),
+            Some("sliding_attention") => window.map(Some).ok_or_else(|| {
+                key_err(
                     path,
-                    "layer_types",
-                    format!("unknown layer type {t}"),
-                )),
-            })
-            .collect();
-    }
+                    "sliding_window",
+                    "is needed by sliding_attention layers",
+                )
+            }),
+            _ => Err(key_err(
+                path,
+                "layer_types",
+                format!("unknown layer type {t}"),
+            )),
+        })
+        .collect()
 }
 
 /// Per-layer windows for Qwen-style configs: `layer_types` when present, else
