@@ -147,6 +147,8 @@ fn batched_prompts_match_single_runs() {
     all_prompts_in_one_batch("tiny-llama");
     all_prompts_in_one_batch("tiny-qwen3");
     all_prompts_in_one_batch("tiny-mistral-swa");
+    all_prompts_in_one_batch("tiny-gemma3");
+    all_prompts_in_one_batch("tiny-gemma2");
 }
 
 #[test]
@@ -156,6 +158,10 @@ fn chunked_prefill_matches_single_runs() {
     chunked("tiny-mistral-swa", 16);
     chunked("tiny-mistral-swa", 7);
     chunked("tiny-qwen2", 23);
+    // Gemma: local and global layers with their own ropes; Gemma 2's soft-capped scores.
+    chunked("tiny-gemma3", 16);
+    chunked("tiny-gemma3", 7);
+    chunked("tiny-gemma2", 9);
 }
 
 /// The int8-activation path (Q8_0 weights): activations are quantized per row, so a row's

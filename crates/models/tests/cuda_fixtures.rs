@@ -1,4 +1,4 @@
-//! The Llama-family fixtures on the CUDA backend, against the Hugging Face transformers
+//! The Llama- and Gemma-family fixtures on the CUDA backend, against the Hugging Face transformers
 //! reference: on the interpreted device (the Triton interpreter; every commit) and on CUDA
 //! device 0 when there is one ("skipped: no GPU" otherwise; a failure with
 //! `FERRUM_REQUIRE_GPU` set, as `scripts/test-gpu.sh` does).
@@ -188,6 +188,16 @@ fn tiny_mistral_sliding_window() {
 }
 
 /// A 49152-token vocabulary: 4 greedy steps, which the interpreter decodes in reasonable time.
+#[test]
+fn tiny_gemma3_local_and_global_layers() {
+    fixture("tiny-gemma3", 1e-4);
+}
+
+#[test]
+fn tiny_gemma2_softcapping() {
+    fixture("tiny-gemma2", 1e-4);
+}
+
 #[test]
 fn tiny_smollm_gguf_bf16() {
     let dir = fixtures().join("tiny-smollm");
