@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrum_models::{ModelFormat, ModelInfo};
-use ferrum_runtime::cpu::RopeScaling;
+use ferrum_runtime::cpu::{GatedAct, RopeScaling};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -71,11 +71,54 @@ fn windows(info: &ModelInfo) -> String {
     match (w.first().copied().flatten(), w.iter().all(|x| *x == w[0])) {
         (None, true) => "none".into(),
         (Some(n), true) => format!("{n} (all layers)"),
-        _ => format!(
-            "{} of {} layers",
-            w.iter().filter(|x| x.is_some()).count(),
-            w.len()
-        ),
+        _ => {
+            let sizes: std::collections::BTreeSet<usize> = w.iter().flatten().copied().collect();
+            let sizes: Vec<String> = sizes.iter().map(usize::to_string).collect();
+            let global: Vec<String> = w
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.is_none())
+                .map(|(i, _)| i.to_string())
+                .collect();
+            format!(
+                "{} on {} of {} layers (full attention: layers {})",
+                sizes.join(", "),
+                w.len() - global.len(),
+                w.len(),
+                global.join(", ")
+            )
+        }
+    }
+}
+
+/// The family's particulars beyond the Llama shape, one line each (none for plain Llama).
+fn particulars(c: &ferrum_models::ModelConfig) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(t) = c.rope_local_theta {
+        out.push((
+            "local rope",
+            format!("theta {t} on sliding-window layers, unscaled"),
+        ));
+    }
+    if let Some(s) = c.attention_scale {
+        out.push((
+            "attention scale",
+            format!("{s} (query_pre_attn_scalar^-1/2)"),
+        ));
+    }
+    if let Some(cap) = c.attn_logit_softcap {
+        out.push(("attn softcap", format!("{cap} tanh(s / {cap})")));
+    }
+    if let Some(cap) = c.final_logit_softcap {
+        out.push(("logit softcap", format!("{cap} tanh(l / {cap})")));
+    }
+    out
+}
+
+fn act_name(a: GatedAct) -> &'static str {
+    match a {
+        GatedAct::Silu => "silu",
+        GatedAct::GeluTanh => "gelu_pytorch_tanh",
     }
 }
 
@@ -116,6 +159,10 @@ fn to_table(args: &InspectArgs, info: &ModelInfo) -> String {
     row("tied embeddings", yes(c.tie_word_embeddings).into());
     row("qkv bias", yes(c.attention_bias).into());
     row("qk norm", yes(c.spec.qk_norm).into());
+    row("mlp activation", act_name(c.hidden_act).into());
+    for (k, v) in particulars(c) {
+        row(k, v);
+    }
     row(
         "parameters",
         format!("{} ({})", human(info.num_params, ""), info.num_params),
@@ -167,6 +214,11 @@ fn to_json(info: &ModelInfo) -> serde_json::Value {
         "rms_norm_eps": c.rms_norm_eps,
         "sliding_window": c.layer_sliding_window,
         "tie_word_embeddings": c.tie_word_embeddings,
+        "hidden_act": act_name(c.hidden_act),
+        "rope_local_theta": c.rope_local_theta,
+        "attention_scale": c.attention_scale,
+        "attn_logit_softcapping": c.attn_logit_softcap,
+        "final_logit_softcapping": c.final_logit_softcap,
         "num_params": info.num_params,
         "num_bytes": info.num_bytes,
         "num_tensors": info.num_tensors,

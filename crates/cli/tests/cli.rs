@@ -89,6 +89,26 @@ fn inspect_describes_a_gguf() {
 }
 
 #[test]
+fn inspect_shows_gemma_particulars() {
+    let path = fixtures().join("tiny-gemma3");
+    let out = ferrum(&["inspect", "--model", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["family"], "Gemma3ForCausalLM");
+    assert_eq!(v["sliding_window"], serde_json::json!([16, 16, null, 16]));
+    assert_eq!(v["rope_local_theta"], 10000.0);
+    assert_eq!(v["final_logit_softcapping"], 3.0);
+    assert_eq!(v["hidden_act"], "gelu_pytorch_tanh");
+    let table = ferrum(&["inspect", "--model", path.to_str().unwrap()]);
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("16 on 3 of 4 layers (full attention: layers 2)"),
+        "{text}"
+    );
+    assert!(text.contains("local rope        theta 10000"), "{text}");
+}
+
+#[test]
 fn bad_flags_get_clear_errors() {
     let model = fixtures().join("tiny-llama");
     let m = model.to_str().unwrap();

@@ -541,6 +541,63 @@ mod tests {
     }
 
     #[test]
+    fn gemma_windows_scales_and_activation() {
+        let mut v = base();
+        v["architectures"] = json!(["Gemma3ForCausalLM"]);
+        v["num_hidden_layers"] = json!(7);
+        v["sliding_window"] = json!(4);
+        v["query_pre_attn_scalar"] = json!(16);
+        v["final_logit_softcapping"] = json!(30.0);
+        // Gemma 3 ignores attention soft-capping, as transformers does.
+        v["attn_logit_softcapping"] = json!(50.0);
+        let c = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap();
+        // Every 6th layer global when no layer_types are given.
+        let mut want = vec![Some(4); 7];
+        want[5] = None;
+        assert_eq!(c.layer_sliding_window, want);
+        assert_eq!(c.attention_scale, Some(0.25));
+        assert_eq!(c.rope_local_theta, Some(10000.0));
+        assert_eq!(
+            (c.final_logit_softcap, c.attn_logit_softcap),
+            (Some(30.0), None)
+        );
+        assert_eq!(c.hidden_act, GatedAct::GeluTanh);
+        v["sliding_window_pattern"] = json!(2);
+        v["rope_parameters"] = json!({
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4 + 1.0},
+        });
+        let c = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap();
+        assert_eq!(c.layer_sliding_window[1], None);
+        assert_eq!(c.layer_sliding_window[2], Some(4));
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!((c.rope_theta, c.rope_local_theta), (1e6, Some(10001.0)));
+        for (key, value, named) in [
+            ("hidden_activation", json!("relu"), "`hidden_activation`"),
+            (
+                "sliding_window_pattern",
+                json!(0),
+                "`sliding_window_pattern`",
+            ),
+            (
+                "query_pre_attn_scalar",
+                json!(-1.0),
+                "`query_pre_attn_scalar`",
+            ),
+        ] {
+            let mut bad = v.clone();
+            bad[key] = value;
+            let e = ModelConfig::from_hf_json(Path::new("c.json"), &bad).unwrap_err();
+            assert!(e.to_string().contains(named), "{e}");
+        }
+        // A Llama config with an activation Ferrum does not run is refused, not ignored.
+        let mut v = base();
+        v["hidden_act"] = json!("gelu");
+        let e = ModelConfig::from_hf_json(Path::new("c.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("`hidden_act`"), "{e}");
+    }
+
+    #[test]
     fn qwen_layer_types_select_windows() {
         let mut v = base();
         v["architectures"] = json!(["Qwen2ForCausalLM"]);
