@@ -20,14 +20,20 @@ pub fn gated_mul(act: GatedAct, gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `gate = gelu_tanh(gate) * up` with transformers' f32 arithmetic:
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+multiversion! {
+    /// `gate = gelu_tanh(gate) * up`: `0.5 x (1 + tanh(u))` with
+    /// `u = sqrt(2/pi) (x + 0.044715 x^3)`, computed as `x / (1 + exp(-2u))` (the same value:
+    /// `0.5 (1 + tanh(u)) = sigmoid(2u)`) with the vectorized `exp` SiLU uses.
+    pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) = gelu_tanh_mul_impl;
+}
+
+#[inline(always)]
+fn gelu_tanh_mul_impl(gate: &mut [f32], up: &[f32]) {
+    const C2: f32 = 2.0 * 0.797_884_6; // 2 sqrt(2/pi)
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        let inner = C * (x + 0.044715 * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+        let two_u = C2 * (x + 0.044715 * x * x * x);
+        *g = x / (1.0 + simd::exp(-two_u)) * u;
     }
 }
 

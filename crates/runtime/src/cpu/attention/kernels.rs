@@ -326,6 +326,19 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
                     (16, 128, 4) => {
                         block_fast::<E, W, 128, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
                     }
+                    // Gemma's head size.
+                    (16, 256, 1) => {
+                        block_fast::<E, W, 256, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 256, 2) => {
+                        block_fast::<E, W, 256, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 256, 3) => {
+                        block_fast::<E, W, 256, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
+                    (16, 256, 4) => {
+                        block_fast::<E, W, 256, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                    }
                     _ => {
                         if let Some((nk, nv)) = run.next {
                             prefetch(nk);

@@ -420,19 +420,26 @@ fn half_caches_equal_an_f32_cache_of_the_rounded_values() {
 
 #[test]
 fn fast_paths_equal_the_general_ones() {
+    // Every head size with a fast path (Llama 64 and 128, Gemma 256).
+    fast_equals_general::<64>();
+    fast_equals_general::<128>();
+    fast_equals_general::<256>();
+}
+
+fn fast_equals_general<const HD: usize>() {
     let f = |i: usize, s: f32| ((i as f32) * s).sin();
-    let q: Vec<f32> = (0..4 * 64).map(|i| f(i, 0.37)).collect();
-    let keys: Vec<f32> = (0..64 * 16).map(|i| f(i, 0.11)).collect();
-    let vals: Vec<f32> = (0..64 * 16).map(|i| f(i, 0.23)).collect();
+    let q: Vec<f32> = (0..4 * HD).map(|i| f(i, 0.37)).collect();
+    let keys: Vec<f32> = (0..HD * 16).map(|i| f(i, 0.11)).collect();
+    let vals: Vec<f32> = (0..HD * 16).map(|i| f(i, 0.23)).collect();
     let pairs = [(0usize, 0usize), (0, 1), (0, 2), (0, 3)];
     for range in [(0, 16), (3, 11)] {
         // Two blocks in a row, so the second one rescales.
         let mut want_st = [SoftmaxState::EMPTY; 4];
-        let mut want = vec![0f32; 4 * 64];
+        let mut want = vec![0f32; 4 * HD];
         for _ in 0..2 {
             for (p, &(_, h)) in pairs.iter().enumerate() {
                 block_any(
-                    &q[h * 64..(h + 1) * 64],
+                    &q[h * HD..(h + 1) * HD],
                     &keys,
                     &vals,
                     16,
@@ -440,12 +447,12 @@ fn fast_paths_equal_the_general_ones() {
                     0.125,
                     None,
                     &mut want_st[p],
-                    &mut want[p * 64..(p + 1) * 64],
+                    &mut want[p * HD..(p + 1) * HD],
                 );
             }
         }
         let mut st = [SoftmaxState::EMPTY; 4];
-        let mut got = vec![0f32; 4 * 64];
+        let mut got = vec![0f32; 4 * HD];
         for _ in 0..2 {
             let run = Run {
                 pairs: &pairs[..3],
@@ -454,7 +461,7 @@ fn fast_paths_equal_the_general_ones() {
                 next: None,
                 far: None,
             };
-            block_fast::<f32, Portable, 64, 3>(
+            block_fast::<f32, Portable, HD, 3>(
                 &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
             );
             let run = Run {
@@ -464,11 +471,11 @@ fn fast_paths_equal_the_general_ones() {
                 next: None,
                 far: None,
             };
-            block_fast::<f32, Portable, 64, 1>(
+            block_fast::<f32, Portable, HD, 1>(
                 &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
             );
         }
-        assert_eq!(got, want, "{range:?}");
+        assert_eq!(got, want, "hd {HD} {range:?}");
         for (a, b) in st.iter().zip(&want_st) {
             assert_eq!((a.max, a.denom), (b.max, b.denom));
         }
