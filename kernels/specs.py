@@ -52,7 +52,7 @@ def all_specs():
     specs.append(_spec(
         "rope", "rope", "rope",
         [("x_ptr", "*fp32"), ("pos_ptr", "*u32"), ("inv_freq_ptr", "*fp32"),
-         ("row_stride", "i32"), ("head_dim", "i32"), ("rot_half", "i32")],
+         ("row_stride", "i32"), ("head_dim", "i32"), ("rot_half", "i32"), ("scale", "fp32")],
         {"HALF_BLOCK": 128}, num_warps=1))
     specs.append(_spec(
         "add_rows", "elementwise", "add_rows",

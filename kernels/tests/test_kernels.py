@@ -83,7 +83,8 @@ class Kernels(unittest.TestCase):
 
     def test_rope(self):
         r = self.r
-        for hd, rot_half in ((128, 64), (64, 32), (256, 128), (32, 8)):
+        for hd, rot_half, scale in ((128, 64, 1.0), (64, 32, 1.0), (256, 128, 1.0), (32, 8, 1.0),
+                                    (16, 6, 1.2247)):
             t, heads = 7, 5
             stride = heads * hd + hd
             x = self.rand(t, stride)
@@ -91,17 +92,18 @@ class Kernels(unittest.TestCase):
             inv = (1.0 / 1e6 ** (np.arange(rot_half) * 2 / (2 * rot_half))).astype(np.float32)
             dx = r.dev(x)
             r.launch("rope", (t, heads), [r.ptr(dx), r.ptr(r.dev(pos, "u32")), r.ptr(r.dev(inv)),
-                                         stride, hd, rot_half])
+                                         stride, hd, rot_half, scale])
             want = x.astype(np.float64).copy()
             ang = (pos[:, None].astype(np.float32) * inv[None, :]).astype(np.float64)
             for h in range(heads):
                 o = h * hd
                 x1 = x[:, o:o + rot_half].astype(np.float64)
                 x2 = x[:, o + rot_half:o + 2 * rot_half].astype(np.float64)
-                want[:, o:o + rot_half] = x1 * np.cos(ang) - x2 * np.sin(ang)
-                want[:, o + rot_half:o + 2 * rot_half] = x2 * np.cos(ang) + x1 * np.sin(ang)
+                c, sn = np.cos(ang) * scale, np.sin(ang) * scale
+                want[:, o:o + rot_half] = x1 * c - x2 * sn
+                want[:, o + rot_half:o + 2 * rot_half] = x2 * c + x1 * sn
             # Large positions: the f32 angle's own rounding dominates; same bound scaled.
-            assert_close(self, f"rope hd={hd} rot={rot_half}", r.host(dx), want, 2e-4)
+            assert_close(self, f"rope hd={hd} rot={rot_half} scale={scale}", r.host(dx), want, 2e-4)
 
     def test_gated_act(self):
         r = self.r

@@ -49,6 +49,13 @@ fn rope_name(s: &RopeScaling) -> String {
         RopeScaling::None => "none".into(),
         RopeScaling::Linear { factor } => format!("linear x{factor}"),
         RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
+        RopeScaling::LongRope {
+            original_max_position_embeddings,
+            attention_factor,
+            ..
+        } => format!(
+            "longrope (long factors past {original_max_position_embeddings} tokens, attention factor {attention_factor})"
+        ),
     }
 }
 
@@ -94,6 +101,18 @@ fn windows(info: &ModelInfo) -> String {
 /// The family's particulars beyond the Llama shape, one line each (none for plain Llama).
 fn particulars(c: &ferrum_models::ModelConfig) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
+    if c.rotary_dim != c.head_dim {
+        out.push((
+            "partial rotary",
+            format!("the first {} of {} head dims", c.rotary_dim, c.head_dim),
+        ));
+    }
+    if c.spec.fused_projections {
+        out.push((
+            "fused weights",
+            "qkv_proj and gate_up_proj, split at load".to_string(),
+        ));
+    }
     if let Some(t) = c.rope_local_theta {
         out.push((
             "local rope",
@@ -215,6 +234,7 @@ fn to_json(info: &ModelInfo) -> serde_json::Value {
         "sliding_window": c.layer_sliding_window,
         "tie_word_embeddings": c.tie_word_embeddings,
         "hidden_act": act_name(c.hidden_act),
+        "rotary_dim": c.rotary_dim,
         "rope_local_theta": c.rope_local_theta,
         "attention_scale": c.attention_scale,
         "attn_logit_softcapping": c.attn_logit_softcap,

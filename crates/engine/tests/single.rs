@@ -65,6 +65,27 @@ fn greedy_matches_the_reference_with_any_prefill_chunk() {
     }
 }
 
+/// The families beyond Llama through the whole engine: Gemma 3's local and global layers, and
+/// Phi-3's 100-token prompt (case 3), whose every chunk and decode step takes LongRoPE's long
+/// factors as the one-pass reference does (the scheduler gives the forward the prompt's length).
+#[test]
+fn other_families_match_the_reference_with_any_prefill_chunk() {
+    for (name, case) in [("tiny-gemma3", 2), ("tiny-phi3", 3), ("tiny-phi3", 2)] {
+        let (prompt, want) = reference_case(name, case);
+        for chunk in [7, 512] {
+            let g = single(
+                name,
+                EngineConfig {
+                    max_num_batched_tokens: chunk,
+                    ..EngineConfig::default()
+                },
+            );
+            let out = run(&g, &prompt, &greedy(want.len())).unwrap();
+            assert_eq!(out.token_ids, want, "{name} case {case} chunk {chunk}");
+        }
+    }
+}
+
 #[test]
 fn prefix_reuse_gives_the_same_tokens() {
     let (prompt, want) = reference_case("tiny-llama", 1);

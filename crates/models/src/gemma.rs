@@ -154,13 +154,18 @@ impl<B: Backend> GemmaModel<B> {
         } else {
             ld.tensor(head_name, &[c.vocab_size, h])?
         };
-        // Frequencies stay f32 even for a bf16 checkpoint: transformers' Gemma keeps them so
-        // (the bf16 fixtures' logits agree to 3e-6 with f32 frequencies, to 3e-3 with rounded
-        // ones), unlike the Llama family's `rope_table_dtype`.
-        let global = Rope::new(hd, c.rope_theta, &c.rope_scaling, None, None);
+        // The registry keeps Gemma's frequencies in f32 even for a bf16 checkpoint, as its
+        // reference does (the bf16 fixtures agree to 3e-6 so, to 3e-3 with rounded ones).
+        let global = Rope::new(hd, c.rope_theta, &c.rope_scaling, None, c.rope_table_dtype);
         let mut ropes = vec![global];
         if let Some(theta) = c.rope_local_theta {
-            ropes.push(Rope::new(hd, theta, &RopeScaling::None, None, None));
+            ropes.push(Rope::new(
+                hd,
+                theta,
+                &RopeScaling::None,
+                None,
+                c.rope_table_dtype,
+            ));
         }
         let scale = c.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let mut layers = Vec::with_capacity(c.num_hidden_layers);

@@ -1,5 +1,7 @@
 //! The Llama family: Llama (incl. Llama 3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v
-//! bias), Qwen3 (per-head q/k RMSNorm, explicit head_dim) and SmolLM2, selected by config flags.
+//! bias), Qwen3 (per-head q/k RMSNorm, explicit head_dim), SmolLM2 and Phi-3 (fused `qkv_proj`
+//! and `gate_up_proj`, split by rows at load; partial rotary; LongRoPE), selected by config
+//! flags.
 //!
 //! Each layer: `x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))`, then
 //! `x += down(silu(gate(n2(x))) * up(n2(x)))`; final RMSNorm and the LM head run only on the
@@ -13,7 +15,7 @@ use crate::source::{ModelFormat, WeightSource};
 use crate::weights::Loader;
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
-use ferrum_runtime::ThreadPool;
+use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
 
@@ -64,6 +66,10 @@ enum Part {
     Gate,
     Up,
     Down,
+    /// Phi-3's fused q, k, v rows.
+    Qkv,
+    /// Phi-3's fused gate, up rows.
+    GateUp,
 }
 
 fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
@@ -82,6 +88,8 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
         Part::Gate => "mlp.gate_proj.weight",
         Part::Up => "mlp.up_proj.weight",
         Part::Down => "mlp.down_proj.weight",
+        Part::Qkv => "self_attn.qkv_proj.weight",
+        Part::GateUp => "mlp.gate_up_proj.weight",
     };
     let gguf = match part {
         Part::AttnNorm => "attn_norm.weight",
@@ -98,6 +106,8 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
         Part::Gate => "ffn_gate.weight",
         Part::Up => "ffn_up.weight",
         Part::Down => "ffn_down.weight",
+        Part::Qkv => "attn_qkv.weight",
+        Part::GateUp => "ffn_up.weight",
     };
     match format {
         ModelFormat::HfFolder => format!("model.layers.{i}.{hf}"),
@@ -168,8 +178,45 @@ impl<B: Backend> LlamaModel<B> {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let name = |p: Part| layer_name(fmt, i, p);
-            let mut wq = ld.tensor(&name(Part::Q), &[qd, h])?;
-            let mut wk = ld.tensor(&name(Part::K), &[kvd, h])?;
+            let split = |t: Tensor, parts: &[usize]| -> Result<Vec<Tensor>> {
+                let mut start = 0;
+                parts
+                    .iter()
+                    .map(|&n| {
+                        let part = t.slice_rows(start, n)?;
+                        start += n;
+                        Ok(part)
+                    })
+                    .collect()
+            };
+            // [q; k; v] and [gate; up] rows of the fused projections, or the separate ones.
+            let (mut wq, mut wk, wv) = if c.spec.fused_projections {
+                let qkv = ld.tensor(&name(Part::Qkv), &[qd + 2 * kvd, h])?;
+                let mut p = split(qkv, &[qd, kvd, kvd])?.into_iter();
+                match (p.next(), p.next(), p.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(ModelError::Invalid("qkv split".into())),
+                }
+            } else {
+                (
+                    ld.tensor(&name(Part::Q), &[qd, h])?,
+                    ld.tensor(&name(Part::K), &[kvd, h])?,
+                    ld.tensor(&name(Part::V), &[kvd, h])?,
+                )
+            };
+            let (w_gate, w_up) = if c.spec.fused_projections {
+                let gate_up = ld.tensor(&name(Part::GateUp), &[2 * inter, h])?;
+                let mut p = split(gate_up, &[inter, inter])?.into_iter();
+                match (p.next(), p.next()) {
+                    (Some(g), Some(u)) => (g, u),
+                    _ => return Err(ModelError::Invalid("gate_up split".into())),
+                }
+            } else {
+                (
+                    ld.tensor(&name(Part::Gate), &[inter, h])?,
+                    ld.tensor(&name(Part::Up), &[inter, h])?,
+                )
+            };
             let mut qkv_bias = if c.attention_bias {
                 Some([
                     ld.vector(&name(Part::QBias), qd)?,
@@ -204,13 +251,13 @@ impl<B: Backend> LlamaModel<B> {
                 attn_norm: b.vector(ld.vector(&name(Part::AttnNorm), h)?)?,
                 wq: b.weight(wq)?,
                 wk: b.weight(wk)?,
-                wv: b.weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
+                wv: b.weight(wv)?,
                 wo: b.weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
                 qkv_bias,
                 qk_norm,
                 mlp_norm: b.vector(ld.vector(&name(Part::MlpNorm), h)?)?,
-                w_gate: b.weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
-                w_up: b.weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
+                w_gate: b.weight(w_gate)?,
+                w_up: b.weight(w_up)?,
                 w_down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
                 attn: AttentionShape {
                     num_heads: nh,
@@ -225,12 +272,13 @@ impl<B: Backend> LlamaModel<B> {
         }
         // GGUF stores Llama 3 frequency scaling as per-pair divisors.
         let freq_factors = if fmt == ModelFormat::Gguf && src.contains("rope_freqs.weight") {
-            Some(ld.vector("rope_freqs.weight", hd / 2)?)
+            Some(ld.vector("rope_freqs.weight", c.rotary_dim / 2)?)
         } else {
             None
         };
-        let rope = Rope::new(
+        let rope = Rope::partial(
             hd,
+            c.rotary_dim,
             c.rope_theta,
             &c.rope_scaling,
             freq_factors.as_deref(),

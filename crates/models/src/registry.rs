@@ -40,6 +40,12 @@ pub struct ArchSpec {
     /// RoPE base of sliding-window layers when the file names none (Gemma 3: 10000); 0: they
     /// share the global layers' rope.
     pub default_local_rope_theta: u32,
+    /// The reference keeps RoPE frequencies in a half-precision checkpoint's dtype (the Llama
+    /// family's bf16 fixture shows it); the Gemma and Phi-3 references keep them in f32.
+    pub rope_in_checkpoint_dtype: bool,
+    /// q, k and v are one fused projection (`qkv_proj`), and gate and up one (`gate_up_proj`):
+    /// split by rows at load (Phi-3).
+    pub fused_projections: bool,
 }
 
 const fn spec(name: &'static str) -> ArchSpec {
@@ -54,6 +60,8 @@ const fn spec(name: &'static str) -> ArchSpec {
         sliding_window_pattern: 0,
         attn_softcap: false,
         default_local_rope_theta: 0,
+        rope_in_checkpoint_dtype: true,
+        fused_projections: false,
     }
 }
 
@@ -77,8 +85,15 @@ const QWEN3: ArchSpec = ArchSpec {
     ..spec("Qwen3ForCausalLM")
 };
 
+const PHI3: ArchSpec = ArchSpec {
+    fused_projections: true,
+    rope_in_checkpoint_dtype: false,
+    sliding_window_all_layers: true,
+    ..spec("Phi3ForCausalLM")
+};
 const GEMMA2: ArchSpec = ArchSpec {
     family: Family::Gemma,
+    rope_in_checkpoint_dtype: false,
     sliding_window_by_layer_types: true,
     sliding_window_pattern: 2,
     attn_softcap: true,
@@ -86,6 +101,7 @@ const GEMMA2: ArchSpec = ArchSpec {
 };
 const GEMMA3: ArchSpec = ArchSpec {
     family: Family::Gemma,
+    rope_in_checkpoint_dtype: false,
     qk_norm: true,
     sliding_window_by_layer_types: true,
     sliding_window_pattern: 6,
@@ -94,13 +110,14 @@ const GEMMA3: ArchSpec = ArchSpec {
 };
 
 /// `(HF architectures name, spec)`.
-const HF: [(&str, ArchSpec); 6] = [
+const HF: [(&str, ArchSpec); 7] = [
     ("LlamaForCausalLM", LLAMA),
     ("MistralForCausalLM", MISTRAL),
     ("Qwen2ForCausalLM", QWEN2),
     ("Qwen3ForCausalLM", QWEN3),
     ("Gemma2ForCausalLM", GEMMA2),
     ("Gemma3ForCausalLM", GEMMA3),
+    ("Phi3ForCausalLM", PHI3),
 ];
 
 /// `(GGUF general.architecture, spec)`. llama.cpp writes Mistral and SmolLM as `llama`.

@@ -125,6 +125,8 @@ fn chunked_setup(setup: Setup, name: &str, chunk: usize) {
             let start_row = b.num_tokens();
             b.push_seq(&p[done[s]..end], done[s], &tables[s], BS, 0)
                 .unwrap();
+            // The whole prompt's length, as the scheduler gives it (LongRoPE picks by it).
+            b.set_prompt_len(lens[s]);
             spans.push((s, done[s], end, start_row));
             done[s] = end;
         }
@@ -149,6 +151,7 @@ fn batched_prompts_match_single_runs() {
     all_prompts_in_one_batch("tiny-mistral-swa");
     all_prompts_in_one_batch("tiny-gemma3");
     all_prompts_in_one_batch("tiny-gemma2");
+    all_prompts_in_one_batch("tiny-phi3");
 }
 
 #[test]
@@ -162,6 +165,8 @@ fn chunked_prefill_matches_single_runs() {
     chunked("tiny-gemma3", 16);
     chunked("tiny-gemma3", 7);
     chunked("tiny-gemma2", 9);
+    // Phi-3's 100-token prompt takes LongRoPE's long factors in every chunk, as in one pass.
+    chunked("tiny-phi3", 16);
 }
 
 /// The int8-activation path (Q8_0 weights): activations are quantized per row, so a row's

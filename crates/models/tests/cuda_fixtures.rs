@@ -1,4 +1,4 @@
-//! The Llama- and Gemma-family fixtures on the CUDA backend, against the Hugging Face transformers
+//! The Llama-family (Phi-3 included) and Gemma-family fixtures on the CUDA backend, against the Hugging Face transformers
 //! reference: on the interpreted device (the Triton interpreter; every commit) and on CUDA
 //! device 0 when there is one ("skipped: no GPU" otherwise; a failure with
 //! `FERRUM_REQUIRE_GPU` set, as `scripts/test-gpu.sh` does).
@@ -70,12 +70,15 @@ fn greedy(model: &mut FamilyModel<CudaBackend>, prompt: &[u32], n: usize) -> Vec
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let mut b = ForwardBatch::new();
     let split = prompt.len() / 2;
+    // Both chunks know the whole prompt's length, as the scheduler tells the forward.
     if split > 0 {
         b.push_seq(&prompt[..split], 0, &table, bs, 0).unwrap();
+        b.set_prompt_len(prompt.len());
         model.forward(&b, &mut kv).unwrap();
         b.clear();
     }
     b.push_seq(&prompt[split..], split, &table, bs, 1).unwrap();
+    b.set_prompt_len(prompt.len());
     let mut out = vec![argmax(model.forward(&b, &mut kv).unwrap())];
     while out.len() < n {
         b.clear();
@@ -196,6 +199,11 @@ fn tiny_gemma3_local_and_global_layers() {
 #[test]
 fn tiny_gemma2_softcapping() {
     fixture("tiny-gemma2", 1e-4);
+}
+
+#[test]
+fn tiny_phi3_partial_longrope() {
+    fixture("tiny-phi3", 1e-4);
 }
 
 #[test]

@@ -82,6 +82,19 @@ fn tiny_mistral_swa() {
     fixture("tiny-mistral-swa");
 }
 
+/// Phi-3: fused projections, partial rotary (12 of 16), LongRoPE: cases 0-2 stay within the
+/// original 64 positions (short factors), case 3's 100-token prompt and its greedy steps take
+/// the long ones.
+#[test]
+fn tiny_phi3() {
+    fixture("tiny-phi3");
+}
+
+#[test]
+fn tiny_phi3_bf16() {
+    fixture("tiny-phi3-bf16");
+}
+
 #[test]
 fn tiny_gemma3() {
     fixture("tiny-gemma3");

@@ -300,6 +300,7 @@ fn attention_case<E: KvElem>(
             context_len: ctx,
             block_table_start: s * blocks_per_seq,
             num_blocks: blocks_per_seq,
+            prompt_len: 0,
         })
         .collect();
     let q = acts(seqs * q_len, 9 * 64);

@@ -87,6 +87,23 @@ impl Storage {
     pub fn is_mapped(&self) -> bool {
         matches!(self, Storage::Mapped { .. })
     }
+
+    /// Bytes `start..start + len` as storage of their own: the same mapping for a mapped
+    /// range (no copy), a copy of owned bytes. `None` when the range is out of bounds.
+    pub fn slice(&self, start: usize, len: usize) -> Option<Storage> {
+        let end = start.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        Some(match self {
+            Storage::Mapped { map, offset, .. } => Storage::Mapped {
+                map: Arc::clone(map),
+                offset: offset + start,
+                len,
+            },
+            Storage::Owned(b) => Storage::owned(b[start..end].to_vec()),
+        })
+    }
 }
 
 impl fmt::Debug for Storage {

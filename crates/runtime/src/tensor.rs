@@ -123,6 +123,25 @@ impl Tensor {
         out
     }
 
+    /// Rows `start..start + n` (of a 2-D tensor) as a tensor of their own, in the same dtype:
+    /// block-quantized rows are whole blocks, so any row range is (the fused projections of
+    /// Phi-3 are split this way at load). A mapped tensor's rows stay mapped.
+    pub fn slice_rows(&self, start: usize, n: usize) -> Result<Tensor> {
+        if self.shape.len() != 2 || start.checked_add(n).is_none_or(|end| end > self.rows()) {
+            return Err(RuntimeError::Shape(format!(
+                "rows {start}..{} of a tensor of shape {:?}",
+                start.saturating_add(n),
+                self.shape
+            )));
+        }
+        let rb = self.row_bytes();
+        let storage = self
+            .storage
+            .slice(start * rb, n * rb)
+            .ok_or_else(|| RuntimeError::Shape("row range outside the storage".into()))?;
+        Tensor::new(self.dtype, vec![n, self.shape[1]], storage)
+    }
+
     /// A copy whose rows are reordered: row `i` of the result is row `order[i]` of `self`.
     /// Blocks are moved whole, so the dtype is kept.
     pub fn permute_rows(&self, order: &[usize]) -> Result<Tensor> {
@@ -153,6 +172,18 @@ mod tests {
         assert!(err.to_string().contains("whole number of blocks"), "{err}");
         let err = Tensor::bytes_for(DType::F32, &[1 << 40, 1 << 40]).unwrap_err();
         assert!(matches!(err, RuntimeError::TooLarge(_)));
+    }
+
+    #[test]
+    fn rows_slice() {
+        let t = Tensor::from_f32(vec![3, 2], &[0., 1., 2., 3., 4., 5.]).unwrap();
+        let s = t.slice_rows(1, 2).unwrap();
+        assert_eq!(
+            (s.shape(), s.to_f32_vec()),
+            (&[2, 2][..], vec![2., 3., 4., 5.])
+        );
+        assert!(t.slice_rows(2, 2).is_err());
+        assert!(t.slice_rows(usize::MAX, 2).is_err());
     }
 
     #[test]

@@ -256,8 +256,9 @@ fn rope_rotates_q_and_k_heads_in_place_and_leaves_the_rest() {
     for mut gpu in devices() {
         let dev = gpu.describe();
         let mut rng = Rng::new(2);
-        // (head_dim, rot_half): full rotary, and partial rotary (Phi-3 style).
-        for (hd, rot_half) in [(64usize, 32usize), (32, 8)] {
+        // (head_dim, rot_half, scale): full rotary, and partial rotary with LongRoPE's
+        // attention factor (Phi-3 style).
+        for (hd, rot_half, scale) in [(64usize, 32usize, 1.0f32), (32, 8, 1.2247)] {
             let (t, heads) = (5usize, 6usize);
             let stride = heads * hd + 2 * hd; // q+k heads, then v heads the kernel must not touch
             let x = rng.vec(t * stride);
@@ -268,7 +269,15 @@ fn rope_rotates_q_and_k_heads_in_place_and_leaves_the_rest() {
             let dx = gpu.upload_f32(&x).unwrap();
             let dpos = gpu.upload_u32(&pos).unwrap();
             let dfreq = gpu.upload_f32(&inv_freq).unwrap();
-            let args = [p(dx), p(dpos), p(dfreq), i(stride), i(hd), i(rot_half)];
+            let args = [
+                p(dx),
+                p(dpos),
+                p(dfreq),
+                i(stride),
+                i(hd),
+                i(rot_half),
+                KernelArg::F32(scale),
+            ];
             gpu.launch("rope", [t as u32, heads as u32, 1], &args)
                 .unwrap();
             let got = gpu.download_f32(dx, t * stride).unwrap();
@@ -280,8 +289,9 @@ fn rope_rotates_q_and_k_heads_in_place_and_leaves_the_rest() {
                         // The angle in f32, as the kernel and transformers compute it.
                         let a = (pos[r] as f32 * inv_freq[j]) as f64;
                         let (x1, x2) = (x[o + j] as f64, x[o + rot_half + j] as f64);
-                        want[o + j] = x1 * a.cos() - x2 * a.sin();
-                        want[o + rot_half + j] = x2 * a.cos() + x1 * a.sin();
+                        let (c, sn) = (a.cos() * scale as f64, a.sin() * scale as f64);
+                        want[o + j] = x1 * c - x2 * sn;
+                        want[o + rot_half + j] = x2 * c + x1 * sn;
                     }
                 }
             }
@@ -656,10 +666,10 @@ fn bad_launches_and_allocations_are_errors() {
             .launch("rope", [1, 1, 1], &[KernelArg::I32(1)])
             .unwrap_err();
         assert!(
-            e.to_string().contains("takes 6 arguments, got 1"),
+            e.to_string().contains("takes 7 arguments, got 1"),
             "{dev}: {e}"
         );
-        let args = [KernelArg::I32(0); 6];
+        let args = [KernelArg::I32(0); 7];
         let e = gpu.launch("rope", [1, 1, 1], &args).unwrap_err();
         assert!(e.to_string().contains("x_ptr"), "{dev}: {e}");
         let buf = gpu.alloc(64).unwrap();
@@ -670,6 +680,7 @@ fn bad_launches_and_allocations_are_errors() {
             KernelArg::I32(4),
             KernelArg::I32(4),
             KernelArg::I32(2),
+            KernelArg::F32(1.0),
         ];
         let e = gpu.launch("rope", [0, 1, 1], &args).unwrap_err();
         assert!(e.to_string().contains("grid"), "{dev}: {e}");

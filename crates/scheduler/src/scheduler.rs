@@ -122,6 +122,8 @@ struct Seq {
     admitted: u64,
     /// Final tokens (prompt, then output), then the proposals for the next step.
     tokens: Vec<TokenId>,
+    /// Length of the prompt as it arrived (see `SeqSlice::prompt_len`).
+    prompt_len: usize,
     num_final: usize,
     num_computed: usize,
     /// Tokens found in the prefix cache at the latest admission.
@@ -220,6 +222,7 @@ impl Scheduler {
                 arrival,
                 admitted: 0,
                 tokens: prompt.to_vec(),
+                prompt_len: prompt.len(),
                 num_final: prompt.len(),
                 num_computed: 0,
                 prefix_hits: 0,
@@ -535,6 +538,7 @@ impl Scheduler {
                 self.cfg.block_size,
                 s.num_logits(),
             )?;
+            batch.set_prompt_len(seq.prompt_len);
         }
         Ok(())
     }

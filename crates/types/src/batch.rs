@@ -27,6 +27,12 @@ pub struct SeqSlice {
     pub block_table_start: usize,
     /// Length of this sequence's block table.
     pub num_blocks: usize,
+    /// Length of the sequence's prompt (as it arrived). Scaling that transformers picks per
+    /// forward pass from the largest position (Phi-3's LongRoPE: long factors past the
+    /// original context) is picked per token from `max(prompt_len, position + 1)`, so chunking
+    /// and batch mates do not change it. [`ForwardBatch::push_seq`] sets it to `context_len`
+    /// (a single forward's view); [`ForwardBatch::set_prompt_len`] gives the real one.
+    pub prompt_len: usize,
 }
 
 /// All inputs of one model step.
@@ -98,6 +104,7 @@ impl ForwardBatch {
             context_len,
             block_table_start: self.block_tables.len(),
             num_blocks: block_table.len(),
+            prompt_len: context_len,
         });
         self.block_tables.extend_from_slice(block_table);
         self.token_ids.extend_from_slice(tokens);
@@ -117,6 +124,13 @@ impl ForwardBatch {
             self.logits_indices.push(to_u32(row)?);
         }
         Ok(())
+    }
+
+    /// Sets the prompt length of the sequence pushed last ([`SeqSlice::prompt_len`]).
+    pub fn set_prompt_len(&mut self, prompt_len: usize) {
+        if let Some(s) = self.seqs.last_mut() {
+            s.prompt_len = prompt_len;
+        }
     }
 
     /// Checks every invariant of the module doc against a cache of `num_blocks` blocks of

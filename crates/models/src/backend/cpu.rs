@@ -168,7 +168,7 @@ impl Backend for CpuBackend {
         // Per rope: [t, head_dim / 2, 2]
         s.rope.resize_with(ropes.len(), Vec::new);
         for (rope, table) in ropes.iter().zip(&mut s.rope) {
-            rope.angles(&batch.positions, table);
+            rope.angles_for(batch, table);
         }
         // The model's ropes are the same every step: kept, not cloned again.
         let same = self.ropes.len() == ropes.len()

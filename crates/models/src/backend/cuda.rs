@@ -127,7 +127,19 @@ pub struct CudaBackend {
     num_logits: usize,
     /// Per rope of the forward: its inverse frequencies on the device, and on the host (to
     /// upload again only when they change).
-    inv_freq: Vec<(DeviceBuffer, Vec<f32>)>,
+    inv_freq: Vec<UploadedRope>,
+    /// Per rope: the batch's tokens in runs `(first, count, long)` of one frequency set
+    /// (LongRoPE picks per token; one run otherwise).
+    rope_runs: Vec<Vec<(usize, usize, bool)>>,
+}
+
+/// One rope's frequencies on the device.
+#[derive(Debug)]
+struct UploadedRope {
+    short: (DeviceBuffer, Vec<f32>),
+    long: Option<(DeviceBuffer, Vec<f32>)>,
+    head_dim: usize,
+    mscale: f32,
 }
 
 fn slot(b: Buf) -> usize {
@@ -183,6 +195,7 @@ impl CudaBackend {
             at: Indices::default(),
             num_logits: 0,
             inv_freq: Vec::new(),
+            rope_runs: Vec::new(),
         }
     }
 
@@ -419,19 +432,45 @@ impl Backend for CudaBackend {
         self.gpu.lock().write(ptr, bytes)?;
         self.inv_freq.truncate(ropes.len());
         for (i, rope) in ropes.iter().enumerate() {
-            if self.inv_freq.get(i).map(|f| f.1.as_slice()) == Some(rope.inv_freq()) {
+            let same = self.inv_freq.get(i).is_some_and(|u| {
+                u.short.1 == rope.inv_freq()
+                    && u.long.as_ref().map(|l| l.1.as_slice()) == rope.long_inv_freq().map(|l| l.0)
+                    && u.head_dim == rope.head_dim()
+                    && u.mscale == rope.mscale()
+            });
+            if same {
                 continue;
             }
-            let bytes: Vec<u8> = rope
-                .inv_freq()
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            let uploaded = (self.gpu.upload(&bytes)?, rope.inv_freq().to_vec());
+            let upload = |v: &[f32]| -> Result<(DeviceBuffer, Vec<f32>)> {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Ok((self.gpu.upload(&bytes)?, v.to_vec()))
+            };
+            let uploaded = UploadedRope {
+                short: upload(rope.inv_freq())?,
+                long: rope.long_inv_freq().map(|(l, _)| upload(l)).transpose()?,
+                head_dim: rope.head_dim(),
+                mscale: rope.mscale(),
+            };
             if i < self.inv_freq.len() {
                 self.inv_freq[i] = uploaded;
             } else {
                 self.inv_freq.push(uploaded);
+            }
+        }
+        // Runs of tokens taking one frequency set, per rope.
+        self.rope_runs.resize_with(ropes.len(), Vec::new);
+        for (rope, runs) in ropes.iter().zip(&mut self.rope_runs) {
+            runs.clear();
+            for sq in &batch.seqs {
+                for j in 0..sq.query_len {
+                    let t = sq.query_start + j;
+                    let pos = batch.positions.get(t).copied().unwrap_or(0) as usize;
+                    let long = rope.uses_long(sq.prompt_len, pos);
+                    match runs.last_mut() {
+                        Some((first, n, l)) if *l == long && *first + *n == t => *n += 1,
+                        _ => runs.push((t, 1, long)),
+                    }
+                }
             }
         }
         Ok(())
@@ -504,27 +543,40 @@ impl Backend for CudaBackend {
 
     fn rope(&mut self, rope: usize, buf: Buf) -> Result<()> {
         let width = self.width(buf);
-        let (freq, half) = self
-            .inv_freq
-            .get(rope)
-            .map(|f| (f.0.ptr(), f.1.len()))
-            .ok_or_else(|| ModelError::Invalid(format!("rope {rope} was not given to begin")))?;
-        let hd = 2 * half;
+        let (u, runs) = match (self.inv_freq.get(rope), self.rope_runs.get(rope)) {
+            (Some(u), Some(r)) => (u, r),
+            _ => {
+                return Err(ModelError::Invalid(format!(
+                    "rope {rope} was not given to begin"
+                )))
+            }
+        };
+        let (half, hd) = (u.short.1.len(), u.head_dim);
         if half > self.block("rope", "HALF_BLOCK")? as usize {
             return Err(ModelError::Invalid(format!(
                 "rotary dimension {} is larger than the GPU kernel's",
                 2 * half
             )));
         }
-        let args = [
-            p(self.buf(buf)?),
-            p(self.index(self.at.positions)?),
-            p(freq),
-            i32_arg(width, "row stride")?,
-            i32_arg(hd, "head_dim")?,
-            i32_arg(half, "rotary half")?,
-        ];
-        self.launch("rope", [self.tokens as u32, (width / hd) as u32, 1], &args)
+        let x = self.buf(buf)?;
+        let positions = self.index(self.at.positions)?;
+        for &(first, n, long) in runs {
+            let freq = match (&u.long, long) {
+                (Some(l), true) => l.0.ptr(),
+                _ => u.short.0.ptr(),
+            };
+            let args = [
+                p(x.offset(4 * first * width)),
+                p(positions.offset(4 * first)),
+                p(freq),
+                i32_arg(width, "row stride")?,
+                i32_arg(hd, "head_dim")?,
+                i32_arg(half, "rotary half")?,
+                KernelArg::F32(u.mscale),
+            ];
+            self.launch("rope", [n as u32, (width / hd) as u32, 1], &args)?;
+        }
+        Ok(())
     }
 
     fn write_kv(

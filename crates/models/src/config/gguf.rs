@@ -67,13 +67,12 @@ impl ModelConfig {
                 ))
             }
         };
-        if let Some(rot) = uint("rope.dimension_count")? {
-            if rot != head_dim {
-                return Err(err(
-                    &format!("{arch}.rope.dimension_count"),
-                    format!("partial rotary ({rot} of {head_dim} dims) is not supported"),
-                ));
-            }
+        let rotary_dim = uint("rope.dimension_count")?.unwrap_or(head_dim);
+        if rotary_dim > head_dim {
+            return Err(err(
+                &format!("{arch}.rope.dimension_count"),
+                format!("rotates {rotary_dim} elements of heads of {head_dim}"),
+            ));
         }
         let vocab_size = match uint("vocab_size")? {
             Some(v) => v,
@@ -118,6 +117,7 @@ impl ModelConfig {
             |suffix: &str| -> Result<Option<f32>> { Ok(float(suffix)?.map(|v| v as f32)) };
         // llama.cpp's `general.file_type`: 1 = mostly F16, 32 = mostly BF16.
         let rope_table_dtype = match g.get("general.file_type").and_then(GgufValue::as_u64) {
+            _ if !spec.rope_in_checkpoint_dtype => None,
             Some(1) => Some(DType::F16),
             Some(32) => Some(DType::BF16),
             _ => None,
@@ -133,6 +133,7 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads: uint("attention.head_count_kv")?.unwrap_or(num_attention_heads),
             head_dim,
+            rotary_dim,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32,
             rope_theta: float("rope.freq_base")?.unwrap_or(10000.0) as f32,
             rope_scaling,

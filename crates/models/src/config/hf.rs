@@ -58,6 +58,10 @@ pub struct HfConfig {
     pub rope_local_base_freq: Option<Float>,
     /// Gemma 3 without `layer_types`: every n-th layer is global.
     pub sliding_window_pattern: Option<Uint>,
+    /// Phi-3: the share of each head that is rotated.
+    pub partial_rotary_factor: Option<Float>,
+    /// Phi-3: the context the model was trained with (LongRoPE's switch to its long factors).
+    pub original_max_position_embeddings: Option<Uint>,
     /// The MLP's activation (Gemma's name, preferred) and the common name.
     pub hidden_activation: Option<Str>,
     pub hidden_act: Option<Str>,
@@ -76,6 +80,11 @@ pub struct RopeParams {
     pub low_freq_factor: Option<Float>,
     pub high_freq_factor: Option<Float>,
     pub original_max_position_embeddings: Option<Float>,
+    /// LongRoPE (`longrope`, formerly `su`): per-pair divisors within and beyond the original
+    /// context, and the factor on cosine and sine.
+    pub short_factor: Option<Vec<Float>>,
+    pub long_factor: Option<Vec<Float>>,
+    pub attention_factor: Option<Float>,
     /// transformers 5, families with local and global layers: parameters per layer type.
     pub full_attention: Option<Box<RopeParams>>,
     pub sliding_attention: Option<Box<RopeParams>>,
@@ -240,6 +249,11 @@ impl ModelConfig {
             }
         };
         let (rope_theta, rope_scaling) = rope(path, &c)?;
+        let rotary_dim = match c.partial_rotary_factor {
+            None => head_dim,
+            Some(Float(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            Some(_) => return Err(err("partial_rotary_factor", "must be in (0, 1]")),
+        };
         let rope_local_theta = local_rope_theta(&c, spec.default_local_rope_theta);
         let sliding = c.sliding_window.map(|Uint(w)| w);
         let layer_sliding_window = if spec.sliding_window_all_layers {
@@ -268,6 +282,7 @@ impl ModelConfig {
         };
         let dtype = c.dtype.or(c.torch_dtype).map(|Str(d)| d);
         let rope_table_dtype = match dtype.as_deref() {
+            _ if !spec.rope_in_checkpoint_dtype => None,
             Some("bfloat16") => Some(DType::BF16),
             Some("float16") => Some(DType::F16),
             _ => None,
@@ -306,6 +321,7 @@ impl ModelConfig {
                 .num_key_value_heads
                 .map_or(num_attention_heads, |Uint(n)| n),
             head_dim,
+            rotary_dim,
             rms_norm_eps: c.rms_norm_eps.map_or(1e-6, |Float(e)| e) as f32,
             rope_theta,
             rope_scaling,
@@ -400,10 +416,44 @@ fn rope(path: &Path, c: &HfConfig) -> Result<(f32, RopeScaling)> {
                 )?,
             }
         }
+        "longrope" | "su" => {
+            let list = |key: &str, v: &Option<Vec<Float>>| -> Result<Vec<f32>> {
+                v.as_ref()
+                    .map(|l| l.iter().map(|Float(x)| *x as f32).collect())
+                    .ok_or_else(|| err(key, "is missing (needed by longrope)".into()))
+            };
+            let orig = s
+                .original_max_position_embeddings
+                .map(|Float(x)| x)
+                .or(c.original_max_position_embeddings.map(|Uint(n)| n as f64))
+                .filter(|&n| n >= 1.0)
+                .ok_or_else(|| {
+                    key_err(
+                        path,
+                        "original_max_position_embeddings",
+                        "is missing or not positive (needed by longrope)",
+                    )
+                })?;
+            // transformers: the factor is the ratio of the context to the original one, and
+            // the attention factor sqrt(1 + ln(factor) / ln(original)) unless given.
+            let max_pos = c.max_position_embeddings.map_or(2048.0, |Uint(n)| n as f64);
+            let factor = max_pos / orig;
+            let attention_factor = match s.attention_factor {
+                Some(Float(a)) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / orig.ln()).sqrt(),
+            };
+            RopeScaling::LongRope {
+                short_factor: list("short_factor", &s.short_factor)?,
+                long_factor: list("long_factor", &s.long_factor)?,
+                original_max_position_embeddings: orig as usize,
+                attention_factor: attention_factor as f32,
+            }
+        }
         other => {
             return Err(err(
                 "rope_type",
-                format!("`{other}` is not supported (default, linear, llama3)"),
+                format!("`{other}` is not supported (default, linear, llama3, longrope)"),
             ))
         }
     };

@@ -26,6 +26,8 @@ pub struct ModelConfig {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
+    /// Rotated elements at the start of each head (`head_dim` but for partial rotary).
+    pub rotary_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
@@ -90,6 +92,50 @@ impl ModelConfig {
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return Err(err("head_dim", "must be even and at most 512"));
+        }
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
+            return Err(err(
+                "partial_rotary_factor",
+                "must rotate an even number of a head's elements, at least 2",
+            ));
+        }
+        if let RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } = &self.rope_scaling
+        {
+            for (key, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                if f.len() != self.rotary_dim / 2 {
+                    return Err(err(
+                        &format!("rope_scaling.{key}"),
+                        &format!(
+                            "must hold {} values (one per rotated pair), found {}",
+                            self.rotary_dim / 2,
+                            f.len()
+                        ),
+                    ));
+                }
+                if f.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+                    return Err(err(
+                        &format!("rope_scaling.{key}"),
+                        "must hold positive numbers",
+                    ));
+                }
+            }
+            if *original_max_position_embeddings == 0 {
+                return Err(err("original_max_position_embeddings", "must be positive"));
+            }
+            if !(attention_factor.is_finite() && *attention_factor > 0.0) {
+                return Err(err(
+                    "rope_scaling.attention_factor",
+                    "must be a positive number",
+                ));
+            }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(err("rms_norm_eps", "must be a non-negative number"));

@@ -85,6 +85,7 @@ fn dense_check(softcap: Option<f32>) {
         context_len: len,
         block_table_start: 0,
         num_blocks: 3,
+        prompt_len: 0,
     }];
     let pool = ThreadPool::new(2).unwrap();
     let mut out = vec![0f32; q.len()];
@@ -158,6 +159,7 @@ fn results_do_not_depend_on_grouping_or_batch() {
         context_len: lens[s].0,
         block_table_start: table_start,
         num_blocks: tables[s].len(),
+        prompt_len: 0,
     };
     let all_tables: Vec<u32> = tables.concat();
     let run = |threads: usize, seqs: &[SeqSlice], table: &[u32], q: &[f32]| {
@@ -213,6 +215,7 @@ fn more_sequences_than_indexed_find_their_items() {
         context_len: 9 + s % 4,
         block_table_start: table_start,
         num_blocks: 3,
+        prompt_len: 0,
     };
     let seqs: Vec<SeqSlice> = (0..n).map(|s| seq(s, s, 3 * s)).collect();
     let q: Vec<f32> = (0..n * 6 * 16).map(|i| f(i, 0.3)).collect();
@@ -286,6 +289,7 @@ fn split_decodes_equal_prefill_rows() {
             context_len: len,
             block_table_start: 0,
             num_blocks: nb,
+            prompt_len: 0,
         };
         let mut partials = Vec::new();
         paged_attention(
@@ -307,6 +311,7 @@ fn split_decodes_equal_prefill_rows() {
                 context_len: first + n,
                 block_table_start: 0,
                 num_blocks: nb,
+                prompt_len: 0,
             };
             let mut out = vec![0f32; n * row];
             paged_attention(
@@ -379,6 +384,7 @@ fn half_caches_equal_an_f32_cache_of_the_rounded_values() {
                     context_len: first + n,
                     block_table_start: 0,
                     num_blocks: nb,
+                    prompt_len: 0,
                 };
                 let qs = &q[first * row..(first + n) * row];
                 let mut half = vec![0f32; n * row];
