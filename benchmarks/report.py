@@ -67,7 +67,8 @@ def side_by_side(serves: dict, rss: dict, start: dict) -> None:
           + " | ".join(cells(mem(f), mem(q), False, "{}") for f, q in pairs) + " |\n")
 
 
-REAL = [("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct"), ("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct")]
+REAL = [("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct"), ("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct"),
+        ("gemma3-270m", "Gemma 3 270M (base model; Gemma family: 262k-token vocabulary, head dim 256)")]
 
 
 def real_files(d: pathlib.Path) -> None:
@@ -76,7 +77,7 @@ def real_files(d: pathlib.Path) -> None:
     if not any(load(d / f"latency-ferrum-{n}-single.json") for n, _ in REAL):
         return
     p = print
-    p("\n## Real GGUF files: Qwen2.5-Coder Q4_K_M (2 threads)\n")
+    p("\n## Real GGUF files: Qwen2.5-Coder and Gemma 3 in Q4_K_M (2 threads)\n")
     p("Files far larger than the caches, mixing Q4_K, Q6_K, Q5_0 and Q8_0 tensors. Each model's")
     p("section measures the machine's streaming read bandwidth before and after its runs (`ferrum bench")
     p("bandwidth`: every thread reads its share of a 1 GiB buffer). A decode token must read the weights once per step")
@@ -238,7 +239,7 @@ def main() -> None:
     p("## How to reproduce\n")
     p("```sh")
     p("bash scripts/fetch-smollm2.sh           # the Q4_1 GGUF into models/")
-    p("bash scripts/fetch-model.sh qwen2.5-coder-1.5b  # and qwen2.5-coder-0.5b (run.sh fetches both)")
+    p("bash scripts/fetch-model.sh qwen2.5-coder-1.5b  # and qwen2.5-coder-0.5b, gemma3-270m (run.sh fetches all)")
     p("cargo build --release -p ferrum-cli")
     p("bash benchmarks/setup-llamacpp.sh       # llama-cpp-python, llama-server, llama-batched-bench")
     p("bash benchmarks/setup-vllm.sh           # vLLM's CPU build and the bf16 folder (several GB)")

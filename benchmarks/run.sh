@@ -84,12 +84,12 @@ r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DE
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024 if r.returncode == 0 else "null")' "$@"
 }
 
-# The GGUF files people download: Qwen2.5-Coder 0.5B and 1.5B in Q4_K_M (mixed Q4_K, Q6_K, Q5_0,
-# Q8_0), far larger than the caches. Each section measures this machine's streaming read
+# The GGUF files people download: Qwen2.5-Coder 0.5B and 1.5B and Gemma 3 270M in Q4_K_M (mixed
+# Q4_K, Q6_K, Q5_0, Q8_0), far larger than the caches. Each section measures this machine's streaming read
 # bandwidth before and after the same raw-speed pairs as above, so decode figures can be stated
 # as a share of it, then the peak memory of one generation (128 prompt tokens, 64 generated).
 smol="$model"
-for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m; do
   echo "== $name Q4_K_M"
   model="$(bash scripts/fetch-model.sh "$name" | tail -n 1)"
   "$ferrum" bench bandwidth --threads "$threads" --json > "$out/bandwidth-$name.json"
@@ -112,7 +112,9 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
   # Speculative decoding on an input-grounded prompt (rename a function in a given file):
   # greedy, single stream, with and without; the outputs must be the same tokens.
   # On the 1.5B also with the 0.5B as a draft model.
+  # (Gemma 3 270M is a base model without a chat template: no chat-prompted speculation.)
   specs="off ngram"; [ "$name" = qwen2.5-coder-1.5b ] && specs="off ngram draft"
+  [ "$name" = gemma3-270m ] && specs=""
   for spec in $specs; do
     flags=()
     [ "$spec" = ngram ] && flags=(--speculative-method ngram)
