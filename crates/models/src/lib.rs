@@ -16,13 +16,14 @@ mod inspect;
 mod kv_cache;
 mod llama;
 mod loader;
+pub mod moe;
 mod registry;
 mod safetensors;
 mod source;
 mod text;
 mod weights;
 
-pub use config::ModelConfig;
+pub use config::{ModelConfig, MoeConfig};
 pub use error::{ModelError, Result};
 pub use family::FamilyModel;
 pub use ferrum_types::{ForwardBatch, SeqSlice};
@@ -34,7 +35,7 @@ pub use llama::LlamaModel;
 pub use loader::{
     load_model, load_model_on, load_model_on_gpu, resolve_kv_dtype, LoadOptions, Model,
 };
-pub use registry::{ArchSpec, Family};
+pub use registry::{ArchSpec, Family, MoeStyle};
 pub use safetensors::SafetensorsFile;
 pub use source::{ModelFormat, WeightSource};
 pub use text::{gguf_vocab, load_text_assets, load_text_assets_with};

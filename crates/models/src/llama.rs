@@ -1,7 +1,10 @@
 //! The Llama family: Llama (incl. Llama 3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v
 //! bias), Qwen3 (per-head q/k RMSNorm, explicit head_dim), SmolLM2 and Phi-3 (fused `qkv_proj`
 //! and `gate_up_proj`, split by rows at load; partial rotary; LongRoPE), selected by config
-//! flags.
+//! flags; and the mixture-of-experts members (Mixtral, Qwen2-MoE with its shared expert,
+//! Qwen3-MoE with dense layers where `mlp_only_layers` says, OLMoE with q/k norms over the
+//! whole projection), whose expert MLPs run through [`Backend::moe`] (GGUF's stacked experts are
+//! cut into per-expert matrices at load, in their block format).
 //!
 //! Each layer: `x += o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))`, then
 //! `x += down(silu(gate(n2(x))) * up(n2(x)))`; final RMSNorm and the LM head run only on the
@@ -10,7 +13,8 @@
 //! untouched). The forward is written once over [`Backend`]: the backend holds the weights in its
 //! own form and runs each fused operation on its device.
 
-use crate::backend::{Backend, Buf, CpuBackend, Dims};
+use crate::backend::{Backend, Buf, CpuBackend, Dims, Expert, MoeWeights};
+use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::Loader;
 use crate::{KvCache, ModelConfig, ModelError, Result};
@@ -31,10 +35,19 @@ struct Layer<B: Backend> {
     /// Per-head q and k RMSNorm weights.
     qk_norm: Option<[B::Vector; 2]>,
     mlp_norm: B::Vector,
-    w_gate: B::Weight,
-    w_up: B::Weight,
-    w_down: B::Weight,
+    mlp: Mlp<B>,
     attn: AttentionShape,
+}
+
+/// A layer's MLP: dense, or a mixture of experts (Mixtral, Qwen2/3-MoE, OLMoE).
+#[derive(Debug)]
+enum Mlp<B: Backend> {
+    Dense {
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
+    Moe(MoeWeights<B>),
 }
 
 /// A Llama-family model ready to run on backend `B` (the CPU unless said otherwise).
@@ -128,6 +141,106 @@ fn unpermute_order(num_heads: usize, head_dim: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Layer `i`'s experts: the router, each expert's gate, up and down (HF: one tensor each;
+/// GGUF: cut from the stacked `ffn_*_exps`), and Qwen2-MoE's shared expert.
+fn load_moe<B: Backend>(
+    ld: &Loader<'_>,
+    b: &mut B,
+    c: &ModelConfig,
+    m: &crate::MoeConfig,
+    i: usize,
+) -> Result<MoeWeights<B>> {
+    let (h, ne, ei) = (c.hidden_size, m.num_experts, m.expert_intermediate_size);
+    let gguf = ld.src.format() == ModelFormat::Gguf;
+    let style = c.spec.moe.unwrap_or(MoeStyle::Qwen);
+    let hf = |rest: &str| format!("model.layers.{i}.{rest}");
+    let router = if gguf {
+        ld.tensor(&format!("blk.{i}.ffn_gate_inp.weight"), &[ne, h])?
+    } else {
+        match style {
+            MoeStyle::Mixtral => ld.tensor(&hf("block_sparse_moe.gate.weight"), &[ne, h])?,
+            MoeStyle::Qwen => ld.tensor(&hf("mlp.gate.weight"), &[ne, h])?,
+        }
+    };
+    let mut experts = Vec::with_capacity(ne);
+    if gguf {
+        let stacked = |part: &str, shape: [usize; 2]| {
+            ld.tensor(
+                &format!("blk.{i}.ffn_{part}_exps.weight"),
+                &[ne, shape[0], shape[1]],
+            )
+        };
+        let (gate, up, down) = (
+            stacked("gate", [ei, h])?,
+            stacked("up", [ei, h])?,
+            stacked("down", [h, ei])?,
+        );
+        for e in 0..ne {
+            experts.push(Expert {
+                gate: b.weight(gate.index_first(e)?)?,
+                up: b.weight(up.index_first(e)?)?,
+                down: b.weight(down.index_first(e)?)?,
+                intermediate: ei,
+            });
+        }
+    } else {
+        for e in 0..ne {
+            let (g, u, d) = match style {
+                MoeStyle::Mixtral => {
+                    let base = hf(&format!("block_sparse_moe.experts.{e}"));
+                    (
+                        format!("{base}.w1.weight"),
+                        format!("{base}.w3.weight"),
+                        format!("{base}.w2.weight"),
+                    )
+                }
+                MoeStyle::Qwen => {
+                    let base = hf(&format!("mlp.experts.{e}"));
+                    (
+                        format!("{base}.gate_proj.weight"),
+                        format!("{base}.up_proj.weight"),
+                        format!("{base}.down_proj.weight"),
+                    )
+                }
+            };
+            experts.push(Expert {
+                gate: b.weight(ld.tensor(&g, &[ei, h])?)?,
+                up: b.weight(ld.tensor(&u, &[ei, h])?)?,
+                down: b.weight(ld.tensor(&d, &[h, ei])?)?,
+                intermediate: ei,
+            });
+        }
+    }
+    let shared = match m.shared_expert_intermediate_size {
+        None => None,
+        Some(si) if !gguf => {
+            let base = hf("mlp.shared_expert");
+            let expert = Expert {
+                gate: b.weight(ld.tensor(&format!("{base}.gate_proj.weight"), &[si, h])?)?,
+                up: b.weight(ld.tensor(&format!("{base}.up_proj.weight"), &[si, h])?)?,
+                down: b.weight(ld.tensor(&format!("{base}.down_proj.weight"), &[h, si])?)?,
+                intermediate: si,
+            };
+            let gate = ld
+                .tensor(&hf("mlp.shared_expert_gate.weight"), &[1, h])?
+                .to_f32_vec();
+            Some((expert, b.vector(gate)?))
+        }
+        Some(_) => {
+            return Err(ModelError::Invalid(
+                "a shared expert in a GGUF file is not supported".into(),
+            ))
+        }
+    };
+    Ok(MoeWeights {
+        router: b.weight(router)?,
+        experts,
+        top_k: m.top_k,
+        norm_topk_prob: m.norm_topk_prob,
+        shared,
+    })
+}
+
 impl LlamaModel<CpuBackend> {
     /// Builds the model on the CPU from `src`, checking every tensor against `config`.
     pub fn load(
@@ -204,18 +317,30 @@ impl<B: Backend> LlamaModel<B> {
                     ld.tensor(&name(Part::V), &[kvd, h])?,
                 )
             };
-            let (w_gate, w_up) = if c.spec.fused_projections {
+            let is_moe = c.moe.as_ref().is_some_and(|m| m.layer_is_moe[i]);
+            let (w_gate, w_up) = if is_moe {
+                (None, None)
+            } else if c.spec.fused_projections {
                 let gate_up = ld.tensor(&name(Part::GateUp), &[2 * inter, h])?;
                 let mut p = split(gate_up, &[inter, inter])?.into_iter();
                 match (p.next(), p.next()) {
-                    (Some(g), Some(u)) => (g, u),
+                    (Some(g), Some(u)) => (Some(g), Some(u)),
                     _ => return Err(ModelError::Invalid("gate_up split".into())),
                 }
             } else {
                 (
-                    ld.tensor(&name(Part::Gate), &[inter, h])?,
-                    ld.tensor(&name(Part::Up), &[inter, h])?,
+                    Some(ld.tensor(&name(Part::Gate), &[inter, h])?),
+                    Some(ld.tensor(&name(Part::Up), &[inter, h])?),
                 )
+            };
+            let mlp = match (c.moe.as_ref(), w_gate, w_up) {
+                (Some(m), _, _) if is_moe => Mlp::Moe(load_moe(&ld, b, c, m, i)?),
+                (_, Some(gate), Some(up)) => Mlp::Dense {
+                    gate: b.weight(gate)?,
+                    up: b.weight(up)?,
+                    down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                },
+                _ => return Err(ModelError::Invalid("an MLP without weights".into())),
             };
             let mut qkv_bias = if c.attention_bias {
                 Some([
@@ -239,10 +364,16 @@ impl<B: Backend> LlamaModel<B> {
                 Some([q, k, v]) => Some([b.vector(q)?, b.vector(k)?, b.vector(v)?]),
                 None => None,
             };
-            let qk_norm = if c.spec.qk_norm {
+            // Per head, or (OLMoE) over the whole q and k projections.
+            let (qn, kn) = if c.spec.qk_norm_full {
+                (qd, kvd)
+            } else {
+                (hd, hd)
+            };
+            let qk_norm = if c.spec.qk_norm || c.spec.qk_norm_full {
                 Some([
-                    b.vector(ld.vector(&name(Part::QNorm), hd)?)?,
-                    b.vector(ld.vector(&name(Part::KNorm), hd)?)?,
+                    b.vector(ld.vector(&name(Part::QNorm), qn)?)?,
+                    b.vector(ld.vector(&name(Part::KNorm), kn)?)?,
                 ])
             } else {
                 None
@@ -256,9 +387,7 @@ impl<B: Backend> LlamaModel<B> {
                 qkv_bias,
                 qk_norm,
                 mlp_norm: b.vector(ld.vector(&name(Part::MlpNorm), h)?)?,
-                w_gate: b.weight(w_gate)?,
-                w_up: b.weight(w_up)?,
-                w_down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                mlp,
                 attn: AttentionShape {
                     num_heads: nh,
                     num_kv_heads: nkv,
@@ -321,10 +450,25 @@ impl<B: Backend> LlamaModel<B> {
             .layers
             .iter()
             .map(|l| {
-                let linear = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                let linear = [&l.wq, &l.wk, &l.wv, &l.wo]
                     .iter()
                     .map(|w| B::weight_bytes(w))
                     .sum::<usize>();
+                let expert = |e: &Expert<B>| {
+                    B::weight_bytes(&e.gate) + B::weight_bytes(&e.up) + B::weight_bytes(&e.down)
+                };
+                // A token reads its top_k experts (and the router and shared expert).
+                let mlp = match &l.mlp {
+                    Mlp::Dense { gate, up, down } => {
+                        B::weight_bytes(gate) + B::weight_bytes(up) + B::weight_bytes(down)
+                    }
+                    Mlp::Moe(m) => {
+                        B::weight_bytes(&m.router)
+                            + m.top_k * m.experts.first().map_or(0, expert)
+                            + m.shared.as_ref().map_or(0, |(e, g)| expert(e) + vec(g))
+                    }
+                };
+                let linear = linear + mlp;
                 let bias = l.qkv_bias.iter().flatten().map(vec).sum::<usize>();
                 let qk = l.qk_norm.iter().flatten().map(vec).sum::<usize>();
                 linear + bias + qk + vec(&l.attn_norm) + vec(&l.mlp_norm)
@@ -387,11 +531,17 @@ impl<B: Backend> LlamaModel<B> {
             b.attend(kv, li, &shape, batch)?;
             // H: [t, h]
             b.linear(Buf::Attn, &layer.wo, Buf::H)?;
-            // Gate, Up: [t, inter]
-            let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
-            b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
-            // H: [t, h]
-            b.gated_linear(&layer.w_down, GatedAct::Silu, Buf::H)?;
+            match &layer.mlp {
+                Mlp::Dense { gate, up, down } => {
+                    // Gate, Up: [t, inter]
+                    let gate_up = [(gate, Buf::Gate), (up, Buf::Up)];
+                    b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
+                    // H: [t, h]
+                    b.gated_linear(down, GatedAct::Silu, Buf::H)?;
+                }
+                // H: [t, h], each token's routed experts (grouped by expert).
+                Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, GatedAct::Silu)?,
+            }
         }
         // The last layer's MLP output (the others' joined at the next layer's norm).
         if !self.layers.is_empty() {

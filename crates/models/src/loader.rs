@@ -177,6 +177,13 @@ pub fn load_model_on_gpu(
 ) -> Result<FamilyModel<CudaBackend>> {
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
+    if config.moe.is_some() {
+        // Refused before anything is uploaded; `--device auto` falls back to the CPU.
+        return Err(ModelError::NotOnDevice(format!(
+            "{} is a mixture-of-experts model, which runs on the CPU only so far",
+            config.architecture
+        )));
+    }
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     FamilyModel::load_with(config, &src, CudaBackend::new(gpu))
 }

@@ -43,6 +43,10 @@ pub struct ArchSpec {
     /// The reference keeps RoPE frequencies in a half-precision checkpoint's dtype (the Llama
     /// family's bf16 fixture shows it); the Gemma and Phi-3 references keep them in f32.
     pub rope_in_checkpoint_dtype: bool,
+    /// Mixture-of-experts MLPs, and their tensor names (`None`: dense only).
+    pub moe: Option<MoeStyle>,
+    /// q and k RMSNorm over the whole projection, before the split into heads (OLMoE).
+    pub qk_norm_full: bool,
     /// q, k and v are one fused projection (`qkv_proj`), and gate and up one (`gate_up_proj`):
     /// split by rows at load (Phi-3).
     pub fused_projections: bool,
@@ -61,8 +65,21 @@ const fn spec(name: &'static str) -> ArchSpec {
         attn_softcap: false,
         default_local_rope_theta: 0,
         rope_in_checkpoint_dtype: true,
+        moe: None,
+        qk_norm_full: false,
         fused_projections: false,
     }
+}
+
+/// How a family names and routes its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeStyle {
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1/w3/w2` (gate, up, down); the
+    /// chosen weights always renormalised.
+    Mixtral,
+    /// `mlp.gate`, `mlp.experts.{e}.{gate,up,down}_proj`, optionally `mlp.shared_expert.*` and
+    /// `mlp.shared_expert_gate` (Qwen2-MoE, Qwen3-MoE, OLMoE).
+    Qwen,
 }
 
 const LLAMA: ArchSpec = ArchSpec {
@@ -85,6 +102,33 @@ const QWEN3: ArchSpec = ArchSpec {
     ..spec("Qwen3ForCausalLM")
 };
 
+const MIXTRAL: ArchSpec = ArchSpec {
+    sliding_window_all_layers: true,
+    gguf_qk_permuted: true,
+    moe: Some(MoeStyle::Mixtral),
+    rope_in_checkpoint_dtype: false,
+    ..spec("MixtralForCausalLM")
+};
+const QWEN2_MOE: ArchSpec = ArchSpec {
+    qkv_bias: true,
+    sliding_window_by_layer_types: true,
+    moe: Some(MoeStyle::Qwen),
+    rope_in_checkpoint_dtype: false,
+    ..spec("Qwen2MoeForCausalLM")
+};
+const QWEN3_MOE: ArchSpec = ArchSpec {
+    qk_norm: true,
+    sliding_window_by_layer_types: true,
+    moe: Some(MoeStyle::Qwen),
+    rope_in_checkpoint_dtype: false,
+    ..spec("Qwen3MoeForCausalLM")
+};
+const OLMOE: ArchSpec = ArchSpec {
+    qk_norm_full: true,
+    moe: Some(MoeStyle::Qwen),
+    rope_in_checkpoint_dtype: false,
+    ..spec("OlmoeForCausalLM")
+};
 const PHI3: ArchSpec = ArchSpec {
     fused_projections: true,
     rope_in_checkpoint_dtype: false,
@@ -110,7 +154,7 @@ const GEMMA3: ArchSpec = ArchSpec {
 };
 
 /// `(HF architectures name, spec)`.
-const HF: [(&str, ArchSpec); 7] = [
+const HF: [(&str, ArchSpec); 11] = [
     ("LlamaForCausalLM", LLAMA),
     ("MistralForCausalLM", MISTRAL),
     ("Qwen2ForCausalLM", QWEN2),
@@ -118,11 +162,21 @@ const HF: [(&str, ArchSpec); 7] = [
     ("Gemma2ForCausalLM", GEMMA2),
     ("Gemma3ForCausalLM", GEMMA3),
     ("Phi3ForCausalLM", PHI3),
+    ("MixtralForCausalLM", MIXTRAL),
+    ("Qwen2MoeForCausalLM", QWEN2_MOE),
+    ("Qwen3MoeForCausalLM", QWEN3_MOE),
+    ("OlmoeForCausalLM", OLMOE),
 ];
 
 /// `(GGUF general.architecture, spec)`. llama.cpp writes Mistral and SmolLM as `llama`.
+/// llama.cpp writes Mixtral as `llama` with `expert_count` (the config reads it).
+const LLAMA_GGUF: ArchSpec = ArchSpec {
+    moe: Some(MoeStyle::Mixtral),
+    ..LLAMA
+};
+
 const GGUF: [(&str, ArchSpec); 5] = [
-    ("llama", LLAMA),
+    ("llama", LLAMA_GGUF),
     ("qwen2", QWEN2),
     ("qwen3", QWEN3),
     ("gemma2", GEMMA2),

@@ -152,6 +152,11 @@ fn batched_prompts_match_single_runs() {
     all_prompts_in_one_batch("tiny-gemma3");
     all_prompts_in_one_batch("tiny-gemma2");
     all_prompts_in_one_batch("tiny-phi3");
+    // Experts run on the rows routed to them, gathered across the batch.
+    all_prompts_in_one_batch("tiny-mixtral");
+    all_prompts_in_one_batch("tiny-qwen2-moe");
+    all_prompts_in_one_batch("tiny-qwen3-moe");
+    all_prompts_in_one_batch("tiny-olmoe");
 }
 
 #[test]
@@ -167,6 +172,8 @@ fn chunked_prefill_matches_single_runs() {
     chunked("tiny-gemma2", 9);
     // Phi-3's 100-token prompt takes LongRoPE's long factors in every chunk, as in one pass.
     chunked("tiny-phi3", 16);
+    chunked("tiny-qwen2-moe", 11);
+    chunked("tiny-olmoe", 5);
 }
 
 /// The int8-activation path (Q8_0 weights): activations are quantized per row, so a row's

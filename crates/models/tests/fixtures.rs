@@ -95,6 +95,50 @@ fn tiny_phi3_bf16() {
     fixture("tiny-phi3-bf16");
 }
 
+/// Mixture of experts: Mixtral (top-2 of 4, renormalised), Qwen2-MoE (top-4 of 8, softmax
+/// weights, a gated shared expert, q/k/v bias), Qwen3-MoE (top-2 of 8, renormalised, layer 1
+/// dense, q/k norm), OLMoE (top-2 of 8, q/k norm over the whole projections).
+#[test]
+fn tiny_moe() {
+    for name in [
+        "tiny-mixtral",
+        "tiny-mixtral-bf16",
+        "tiny-qwen2-moe",
+        "tiny-qwen2-moe-bf16",
+        "tiny-qwen3-moe",
+        "tiny-qwen3-moe-bf16",
+        "tiny-olmoe",
+        "tiny-olmoe-bf16",
+    ] {
+        fixture(name);
+    }
+}
+
+/// llama.cpp's converter on tiny-mixtral (arch `llama` with `expert_count` 4, experts stacked
+/// in `ffn_{gate,up,down}_exps`, q/k rows permuted). The reference keeps RoPE frequencies in
+/// f32 (transformers 5.24), where Ferrum rounds them to a bf16 file's type for the older Llama
+/// references: the test takes f32 frequencies, everything else from the file.
+#[test]
+fn tiny_mixtral_gguf_bf16() {
+    let dir = fixtures().join("tiny-mixtral-bf16");
+    let file = dir.join("model-bf16.gguf");
+    let src = WeightSource::open(&file).unwrap();
+    let WeightSource::Gguf(g) = &src else {
+        panic!("not a GGUF file")
+    };
+    let mut config = ModelConfig::from_gguf(g).unwrap();
+    let moe = config.moe.clone().unwrap();
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.norm_topk_prob),
+        (4, 2, true)
+    );
+    config.rope_table_dtype = None;
+    let pool = Arc::new(ThreadPool::new(2).unwrap());
+    let backend = CpuBackend::new(pool, Linear::new(MatmulPrecision::Float));
+    let model = Model::Cpu(FamilyModel::load_with(config, &src, backend).unwrap());
+    check_model(&dir, &file, model, 1e-4);
+}
+
 #[test]
 fn tiny_gemma3() {
     fixture("tiny-gemma3");

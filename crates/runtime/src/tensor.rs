@@ -142,6 +142,20 @@ impl Tensor {
         Tensor::new(self.dtype, vec![n, self.shape[1]], storage)
     }
 
+    /// Matrix `i` of a 3-D tensor `[n, rows, cols]` (GGUF's stacked experts) as a 2-D tensor
+    /// of its own, in the same dtype (mapped rows stay mapped).
+    pub fn index_first(&self, i: usize) -> Result<Tensor> {
+        if self.shape.len() != 3 || i >= self.shape[0] {
+            return Err(RuntimeError::Shape(format!(
+                "matrix {i} of a tensor of shape {:?}",
+                self.shape
+            )));
+        }
+        let (r, c) = (self.shape[1], self.shape[2]);
+        let flat = Tensor::new(self.dtype, vec![self.shape[0] * r, c], self.storage.clone())?;
+        flat.slice_rows(i * r, r)
+    }
+
     /// A copy whose rows are reordered: row `i` of the result is row `order[i]` of `self`.
     /// Blocks are moved whole, so the dtype is kept.
     pub fn permute_rows(&self, order: &[usize]) -> Result<Tensor> {
@@ -184,6 +198,19 @@ mod tests {
         );
         assert!(t.slice_rows(2, 2).is_err());
         assert!(t.slice_rows(usize::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn stacked_matrices_index() {
+        let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let t = Tensor::from_f32(vec![3, 2, 2], &v).unwrap();
+        let m = t.index_first(1).unwrap();
+        assert_eq!(
+            (m.shape(), m.to_f32_vec()),
+            (&[2, 2][..], vec![4., 5., 6., 7.])
+        );
+        assert!(t.index_first(3).is_err());
+        assert!(m.index_first(0).is_err());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use super::{Backend, Buf, Dims};
+use super::{Backend, Buf, Dims, Expert, MoeWeights};
+use crate::moe::{route, Routing};
 use crate::{KvCache, ModelError, Result};
 use ferrum_runtime::cpu::{self, ActScratch, AttentionShape, GatedAct, Linear, Rope, Weight};
 use ferrum_runtime::{Tensor, ThreadPool};
@@ -31,6 +32,50 @@ struct Scratch {
     qa: ActScratch,
     /// Attention's per-part softmax states of split decodes.
     attn_partials: Vec<f32>,
+    /// Mixture of experts: the normed input `[t, h]`, router logits `[t, experts]`, the
+    /// routing, and one expert's gathered rows, products and output.
+    moe_in: Vec<f32>,
+    router: Vec<f32>,
+    routing: Routing,
+    moe_x: Vec<f32>,
+    moe_gate: Vec<f32>,
+    moe_up: Vec<f32>,
+    moe_y: Vec<f32>,
+}
+
+/// `y[n, h] = down(act(gate x) * up x)` for the `n` rows of `x` (`[n, h]`), on `linear`'s
+/// kernels; `gate`, `up` and `y` grow as needed.
+#[allow(clippy::too_many_arguments)]
+fn run_expert(
+    linear: &Linear,
+    pool: &ThreadPool,
+    e: &Expert<CpuBackend>,
+    x: &[f32],
+    (n, h): (usize, usize),
+    act: GatedAct,
+    (gate, up, y): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+    qa: &mut ActScratch,
+) -> Result<()> {
+    let i = e.intermediate;
+    gate.resize(n * i, 0.0);
+    up.resize(n * i, 0.0);
+    y.resize(n * h, 0.0);
+    let input = linear.prepare(pool, &x[..n * h], h, qa, &[&e.gate, &e.up]);
+    linear.matmul_many(
+        pool,
+        &input,
+        &mut [(&e.gate, &mut gate[..n * i]), (&e.up, &mut up[..n * i])],
+    )?;
+    let input = linear.gated_prepare(
+        pool,
+        act,
+        &mut gate[..n * i],
+        &up[..n * i],
+        i,
+        qa,
+        &[&e.down],
+    );
+    Ok(linear.matmul(pool, &input, &e.down, &mut y[..n * h])?)
 }
 
 /// The CPU kernels on a compute pool.
@@ -307,6 +352,81 @@ impl Backend for CpuBackend {
 
     fn add_residual(&mut self) -> Result<()> {
         cpu::add_par(&self.pool, &mut self.s.x, &self.s.h);
+        Ok(())
+    }
+
+    fn moe(
+        &mut self,
+        norm: &Vec<f32>,
+        eps: f32,
+        moe: &MoeWeights<Self>,
+        act: GatedAct,
+    ) -> Result<()> {
+        let pool = &*self.pool;
+        let linear = &self.linear;
+        let h = self.dims.hidden;
+        let s = &mut self.s;
+        let t = s.x.len() / h.max(1);
+        // X += H; the experts' input n = rms_norm(X) * norm: [t, h].
+        cpu::add_par(pool, &mut s.x, &s.h);
+        s.moe_in.resize(t * h, 0.0);
+        cpu::rms_norm(&s.x, norm, eps, &mut s.moe_in);
+        // Router logits: [t, experts].
+        let ne = moe.experts.len();
+        s.router.resize(t * ne, 0.0);
+        let input = linear.prepare(pool, &s.moe_in, h, &mut s.qa, &[&moe.router]);
+        linear.matmul(pool, &input, &moe.router, &mut s.router)?;
+        route(&s.router, ne, moe.top_k, moe.norm_topk_prob, &mut s.routing);
+        // H = sum of each token's experts, expert by expert (ascending), each expert's
+        // weights read once for its gathered rows.
+        s.h.fill(0.0);
+        for (expert, toks) in moe.experts.iter().zip(&s.routing.experts) {
+            if toks.is_empty() {
+                continue;
+            }
+            s.moe_x.clear();
+            for &(tok, _) in toks {
+                let tok = tok as usize;
+                s.moe_x.extend_from_slice(&s.moe_in[tok * h..(tok + 1) * h]);
+            }
+            run_expert(
+                linear,
+                pool,
+                expert,
+                &s.moe_x,
+                (toks.len(), h),
+                act,
+                (&mut s.moe_gate, &mut s.moe_up, &mut s.moe_y),
+                &mut s.qa,
+            )?;
+            for (y, &(tok, w)) in s.moe_y.chunks_exact(h).zip(toks) {
+                let tok = tok as usize;
+                for (d, v) in s.h[tok * h..(tok + 1) * h].iter_mut().zip(y) {
+                    *d += w * v;
+                }
+            }
+        }
+        // Qwen2-MoE: the shared expert on every token, scaled by sigmoid(gate . n).
+        if let Some((shared, gate_w)) = &moe.shared {
+            run_expert(
+                linear,
+                pool,
+                shared,
+                &s.moe_in,
+                (t, h),
+                act,
+                (&mut s.moe_gate, &mut s.moe_up, &mut s.moe_y),
+                &mut s.qa,
+            )?;
+            for (tok, y) in s.moe_y.chunks_exact(h).enumerate().take(t) {
+                let x = &s.moe_in[tok * h..(tok + 1) * h];
+                let g: f32 = x.iter().zip(gate_w).map(|(a, b)| a * b).sum();
+                let g = 1.0 / (1.0 + (-g).exp());
+                for (d, v) in s.h[tok * h..(tok + 1) * h].iter_mut().zip(y) {
+                    *d += g * v;
+                }
+            }
+        }
         Ok(())
     }
 

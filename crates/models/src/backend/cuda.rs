@@ -17,7 +17,7 @@ use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, KernelArg, SharedGpu};
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
 
-use super::{Backend, Buf, Dims};
+use super::{Backend, Buf, Dims, MoeWeights};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 
 /// Products with at most this many activation rows take the decode specializations
@@ -677,6 +677,20 @@ impl Backend for CudaBackend {
             i32_arg(n, "row stride")?,
         ];
         self.launch("add_rows", grid, &args)
+    }
+
+    fn moe(
+        &mut self,
+        _norm: &GpuVector,
+        _eps: f32,
+        _moe: &MoeWeights<Self>,
+        _act: GatedAct,
+    ) -> Result<()> {
+        // The loader refuses mixture-of-experts models on a GPU before uploading anything
+        // (`load_model_on_gpu`); this is the backstop.
+        Err(ModelError::NotOnDevice(
+            "mixture-of-experts layers run on the CPU only so far".into(),
+        ))
     }
 
     fn logits(

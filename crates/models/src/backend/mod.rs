@@ -69,6 +69,30 @@ impl Dims {
     }
 }
 
+/// One expert (or a shared expert): `down(act(gate x) * up x)`, weights `[i, h]`, `[i, h]`,
+/// `[h, i]`.
+#[derive(Debug)]
+pub struct Expert<B: Backend> {
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+    /// `i`.
+    pub intermediate: usize,
+}
+
+/// A mixture-of-experts MLP's weights on backend `B` (see [`crate::moe`] for the routing).
+#[derive(Debug)]
+pub struct MoeWeights<B: Backend> {
+    /// `[num_experts, h]`.
+    pub router: B::Weight,
+    pub experts: Vec<Expert<B>>,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    /// Qwen2-MoE's shared expert and its gate's weight (`[h]`): its output, scaled by
+    /// `sigmoid(gate . x)`, joins every token's.
+    pub shared: Option<(Expert<B>, B::Vector)>,
+}
+
 /// The fused operations of a decoder-only transformer's forward pass on one device.
 pub trait Backend: std::fmt::Debug + Sized {
     /// A linear layer's weight, `[out, in]`, in the backend's form.
@@ -136,6 +160,17 @@ pub trait Backend: std::fmt::Debug + Sized {
     fn gated_linear(&mut self, w: &Self::Weight, act: GatedAct, out: Buf) -> Result<()>;
     /// `X += H`.
     fn add_residual(&mut self) -> Result<()>;
+    /// The MLP of a mixture-of-experts layer: `X += H`, `n = rms_norm(X) * norm`, then
+    /// `H = sum over each token's routed experts of w_e * expert_e(n)` (plus the shared
+    /// expert), with `act` in every expert. Tokens are grouped by expert so each expert's
+    /// weights are read once for all its tokens.
+    fn moe(
+        &mut self,
+        norm: &Self::Vector,
+        eps: f32,
+        moe: &MoeWeights<Self>,
+        act: GatedAct,
+    ) -> Result<()>;
     /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`; with
     /// `softcap`, each logit `l` becomes `cap * tanh(l / cap)` (Gemma's final soft-capping).
     fn logits(

@@ -123,6 +123,29 @@ impl ModelConfig {
             _ => None,
         };
         let eos = token_id("tokenizer.ggml.eos_token_id")?;
+        // Mixtral (written as `llama` with experts): stacked experts in every layer, the chosen
+        // weights renormalised.
+        let moe =
+            match (spec.moe, uint("expert_count")?) {
+                (_, None | Some(0)) => None,
+                (Some(_), Some(n)) => Some(super::MoeConfig {
+                    num_experts: n,
+                    top_k: uint("expert_used_count")?.unwrap_or(2),
+                    expert_intermediate_size: match uint("expert_feed_forward_length")? {
+                        Some(i) => i,
+                        None => req("feed_forward_length")?,
+                    },
+                    norm_topk_prob: true,
+                    shared_expert_intermediate_size: None,
+                    layer_is_moe: vec![true; num_hidden_layers],
+                }),
+                (None, Some(_)) => return Err(err(
+                    &format!("{arch}.expert_count"),
+                    format!(
+                        "mixture-of-experts {arch} files are not supported (Mixtral as `llama` is)"
+                    ),
+                )),
+            };
         let cfg = ModelConfig {
             architecture: arch.to_string(),
             spec,
@@ -167,6 +190,7 @@ impl ModelConfig {
             } else {
                 GatedAct::Silu
             },
+            moe,
             dtype: None,
             rope_table_dtype,
             kv_cache_dtype: KvDtype::F32,

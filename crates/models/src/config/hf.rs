@@ -62,6 +62,17 @@ pub struct HfConfig {
     pub partial_rotary_factor: Option<Float>,
     /// Phi-3: the context the model was trained with (LongRoPE's switch to its long factors).
     pub original_max_position_embeddings: Option<Uint>,
+    /// Mixture of experts: Mixtral's and the others' names for the count, experts per token,
+    /// an expert's size (else `intermediate_size`), the shared expert (Qwen2-MoE),
+    /// renormalising the chosen weights, and which layers keep a dense MLP.
+    pub num_local_experts: Option<Uint>,
+    pub num_experts: Option<Uint>,
+    pub num_experts_per_tok: Option<Uint>,
+    pub moe_intermediate_size: Option<Uint>,
+    pub shared_expert_intermediate_size: Option<Uint>,
+    pub norm_topk_prob: Option<Bool>,
+    pub decoder_sparse_step: Option<Uint>,
+    pub mlp_only_layers: Option<Vec<Uint>>,
     /// The MLP's activation (Gemma's name, preferred) and the common name.
     pub hidden_activation: Option<Str>,
     pub hidden_act: Option<Str>,
@@ -280,6 +291,7 @@ impl ModelConfig {
         } else {
             vec![None; num_hidden_layers]
         };
+        let moe = moe(path, &c, spec.moe, num_hidden_layers)?;
         let dtype = c.dtype.or(c.torch_dtype).map(|Str(d)| d);
         let rope_table_dtype = match dtype.as_deref() {
             _ if !spec.rope_in_checkpoint_dtype => None,
@@ -336,6 +348,7 @@ impl ModelConfig {
             final_logit_softcap: float(c.final_logit_softcapping).filter(|_| is_gemma),
             rope_local_theta,
             hidden_act,
+            moe,
             dtype,
             rope_table_dtype,
             kv_cache_dtype: KvDtype::F32,
@@ -458,6 +471,64 @@ fn rope(path: &Path, c: &HfConfig) -> Result<(f32, RopeScaling)> {
         }
     };
     Ok((theta, scaling))
+}
+
+/// The mixture-of-experts shape of `style`'s configs (transformers' defaults where a key is
+/// absent).
+fn moe(
+    path: &Path,
+    c: &HfConfig,
+    style: Option<registry::MoeStyle>,
+    num_layers: usize,
+) -> Result<Option<super::MoeConfig>> {
+    use registry::MoeStyle;
+    let Some(style) = style else {
+        return Ok(None);
+    };
+    let n = |v: Option<Uint>, default: usize| v.map_or(default, |Uint(x)| x);
+    let inter = n(c.intermediate_size, 0);
+    let (num_experts, expert_intermediate_size, norm_topk_prob, shared) = match style {
+        MoeStyle::Mixtral => (n(c.num_local_experts, 8), inter, true, None),
+        MoeStyle::Qwen => {
+            let shared = if c.shared_expert_intermediate_size.is_some() {
+                Some(n(c.shared_expert_intermediate_size, 0))
+            } else {
+                None
+            };
+            (
+                n(c.num_experts, 64),
+                n(c.moe_intermediate_size, inter),
+                c.norm_topk_prob.is_some_and(|Bool(b)| b),
+                shared,
+            )
+        }
+    };
+    let step = n(c.decoder_sparse_step, 1);
+    if step == 0 {
+        return Err(key_err(path, "decoder_sparse_step", "must be positive"));
+    }
+    let dense: Vec<usize> = c
+        .mlp_only_layers
+        .as_ref()
+        .map(|l| l.iter().map(|Uint(i)| *i).collect())
+        .unwrap_or_default();
+    if let Some(&bad) = dense.iter().find(|&&i| i >= num_layers) {
+        return Err(key_err(
+            path,
+            "mlp_only_layers",
+            format!("names layer {bad} of {num_layers}"),
+        ));
+    }
+    Ok(Some(super::MoeConfig {
+        num_experts,
+        top_k: n(c.num_experts_per_tok, 2),
+        expert_intermediate_size,
+        norm_topk_prob,
+        shared_expert_intermediate_size: shared,
+        layer_is_moe: (0..num_layers)
+            .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+            .collect(),
+    }))
 }
 
 /// The sliding layers' RoPE base: `rope_parameters.sliding_attention.rope_theta`

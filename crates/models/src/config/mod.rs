@@ -48,6 +48,8 @@ pub struct ModelConfig {
     pub rope_local_theta: Option<f32>,
     /// The gated MLP's activation.
     pub hidden_act: GatedAct,
+    /// Mixture-of-experts MLPs (Mixtral, Qwen2/3-MoE, OLMoE); `None`: every MLP is dense.
+    pub moe: Option<MoeConfig>,
     /// Stored dtype named by the config, if any (informational).
     pub dtype: Option<String>,
     /// Half-precision type the reference implementation keeps RoPE frequencies in: the
@@ -59,6 +61,27 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
+
+/// The shape of a model's mixture-of-experts MLPs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Intermediate size of one expert.
+    pub expert_intermediate_size: usize,
+    /// The chosen experts' softmax weights are renormalised to sum to 1 (Mixtral always;
+    /// Qwen-MoE and OLMoE by `norm_topk_prob`); otherwise they are the softmax over all.
+    pub norm_topk_prob: bool,
+    /// A shared expert of this intermediate size runs on every token, scaled by
+    /// `sigmoid(shared_expert_gate . x)` (Qwen2-MoE).
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Per layer: its MLP is the experts (else a dense MLP of `intermediate_size`).
+    pub layer_is_moe: Vec<bool>,
+}
+
+/// The most experts a config may declare (the largest open models have a few hundred).
+pub const MAX_EXPERTS: usize = 1024;
 
 impl ModelConfig {
     pub(crate) fn validate(&self, path: &Path) -> Result<()> {
@@ -142,6 +165,23 @@ impl ModelConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(err("rope_theta", "must be a positive number"));
+        }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts > MAX_EXPERTS {
+                return Err(err("num_experts", "must be between 1 and 1024"));
+            }
+            if m.top_k == 0 || m.top_k > m.num_experts {
+                return Err(err(
+                    "num_experts_per_tok",
+                    "must be between 1 and the number of experts",
+                ));
+            }
+            if m.expert_intermediate_size == 0 || m.shared_expert_intermediate_size == Some(0) {
+                return Err(err("moe_intermediate_size", "must be positive"));
+            }
+            if m.layer_is_moe.len() != self.num_hidden_layers {
+                return Err(err("mlp_only_layers", "must fit the layers"));
+            }
         }
         if self.layer_sliding_window.contains(&Some(0)) {
             return Err(err("sliding_window", "must be positive"));
