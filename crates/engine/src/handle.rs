@@ -152,7 +152,8 @@ impl EngineHandle {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
             num_blocks,
-            enable_prefix_caching: cfg.enable_prefix_caching,
+            // LongRoPE rotates a prompt's blocks by its length: not shareable across prompts.
+            enable_prefix_caching: cfg.enable_prefix_caching && !mc.rope_depends_on_prompt_len(),
         };
         let sched =
             Scheduler::new(sched_cfg.clone()).map_err(|e| EngineError::Invalid(e.to_string()))?;

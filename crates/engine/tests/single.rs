@@ -86,6 +86,19 @@ fn other_families_match_the_reference_with_any_prefill_chunk() {
     }
 }
 
+/// Phi-3's LongRoPE rotates a prompt by its length (long factors past 64 tokens): the blocks of
+/// a short prompt must not serve a long one that starts the same, so prefix caching is off for
+/// such a model and the long prompt still gives the reference's tokens.
+#[test]
+fn longrope_prompts_do_not_share_cached_blocks() {
+    let (prompt, want) = reference_case("tiny-phi3", 3);
+    let g = single("tiny-phi3", EngineConfig::default());
+    // The first 40 tokens alone (short factors), then the whole 100-token prompt.
+    run(&g, &prompt[..40], &greedy(4)).unwrap();
+    let out = run(&g, &prompt, &greedy(want.len())).unwrap();
+    assert_eq!(out.token_ids, want);
+}
+
 #[test]
 fn prefix_reuse_gives_the_same_tokens() {
     let (prompt, want) = reference_case("tiny-llama", 1);

@@ -132,6 +132,12 @@ impl<B: Backend> GemmaModel<B> {
             c.num_key_value_heads,
         );
         let (qd, kvd, inter) = (nh * hd, nkv * hd, c.intermediate_size);
+        if c.rotary_dim != hd {
+            return Err(ModelError::Invalid(format!(
+                "Gemma rotates whole heads; this config rotates {} of {hd}",
+                c.rotary_dim
+            )));
+        }
         // HF stores `w` of `(1 + w)`; llama.cpp's converter stores `1 + w`.
         let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
             let mut w = ld.vector(name, len)?;

@@ -18,7 +18,7 @@ use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::Loader;
 use crate::{KvCache, ModelConfig, ModelError, Result};
-use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
+use ferrum_runtime::cpu::{AttentionShape, Rope};
 use ferrum_runtime::{Tensor, ThreadPool};
 use ferrum_types::ForwardBatch;
 use std::sync::Arc;
@@ -537,10 +537,10 @@ impl<B: Backend> LlamaModel<B> {
                     let gate_up = [(gate, Buf::Gate), (up, Buf::Up)];
                     b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
                     // H: [t, h]
-                    b.gated_linear(down, GatedAct::Silu, Buf::H)?;
+                    b.gated_linear(down, c.hidden_act, Buf::H)?;
                 }
                 // H: [t, h], each token's routed experts (grouped by expert).
-                Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, GatedAct::Silu)?,
+                Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, c.hidden_act)?,
             }
         }
         // The last layer's MLP output (the others' joined at the next layer's norm).

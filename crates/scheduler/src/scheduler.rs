@@ -264,6 +264,11 @@ impl Scheduler {
         self.seqs.get(&id).map(|s| &s.tokens[..s.num_final])
     }
 
+    /// The length of a sequence's prompt as it arrived.
+    pub fn prompt_len(&self, id: RequestId) -> Option<usize> {
+        self.seqs.get(&id).map(|s| s.prompt_len)
+    }
+
     /// A sequence's tokens with K/V in the cache.
     pub fn num_computed(&self, id: RequestId) -> Option<usize> {
         self.seqs.get(&id).map(|s| s.num_computed)

@@ -109,6 +109,10 @@ impl DraftModel {
                     continue;
                 };
                 self.batch.push_seq(&[input], start + round, table, bs, 1)?;
+                // The draft picks LongRoPE's factors as the target does.
+                if let Some(n) = sched.prompt_len(id) {
+                    self.batch.set_prompt_len(n);
+                }
                 self.round_ids.push(id);
             }
             if self.round_ids.is_empty() {

@@ -217,11 +217,12 @@ impl Backend for CpuBackend {
         }
         // The model's ropes are the same every step: kept, not cloned again.
         let same = self.ropes.len() == ropes.len()
-            && self
-                .ropes
-                .iter()
-                .zip(ropes)
-                .all(|(a, b)| a.inv_freq() == b.inv_freq());
+            && self.ropes.iter().zip(ropes).all(|(a, b)| {
+                a.inv_freq() == b.inv_freq()
+                    && a.long_inv_freq() == b.long_inv_freq()
+                    && a.head_dim() == b.head_dim()
+                    && a.mscale() == b.mscale()
+            });
         if !same {
             self.ropes = ropes.to_vec();
         }

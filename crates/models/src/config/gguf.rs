@@ -74,6 +74,15 @@ impl ModelConfig {
                 format!("rotates {rotary_dim} elements of heads of {head_dim}"),
             ));
         }
+        // Partial rotary is read for rotate-half files of the Llama family only: llama.cpp's
+        // interleaved (permuted) layout pairs other elements, and Gemma rotates whole heads.
+        let whole_heads = spec.gguf_qk_permuted || spec.family == registry::Family::Gemma;
+        if rotary_dim != head_dim && whole_heads {
+            return Err(err(
+                &format!("{arch}.rope.dimension_count"),
+                format!("partial rotary ({rotary_dim} of {head_dim}) is not supported for {arch}"),
+            ));
+        }
         let vocab_size = match uint("vocab_size")? {
             Some(v) => v,
             None => match g.tensor_info("token_embd.weight") {
@@ -100,16 +109,39 @@ impl ModelConfig {
         let is_gemma = spec.family == registry::Family::Gemma;
         let layer_sliding_window = if spec.sliding_window_pattern > 0 {
             // llama.cpp's Gemma: every n-th layer global (n = 2 for Gemma 2, 6 for Gemma 3)
-            // unless the file says otherwise; the window defaults to 4096 as in transformers.
-            let key = "attention.sliding_window_pattern";
-            let n = uint(key)?.unwrap_or(spec.sliding_window_pattern);
-            if n == 0 {
-                return Err(err(&format!("{arch}.{key}"), "must be positive".into()));
+            // unless the file gives the pattern (a period, or one bool per layer: true
+            // slides). Without a window Gemma 2 takes 4096, Gemma 3 slides nowhere.
+            let window = match (window, arch) {
+                (Some(w), _) => Some(w),
+                (None, "gemma2") => Some(4096),
+                (None, _) => None,
+            };
+            let key = format!("{arch}.attention.sliding_window_pattern");
+            match g.get(&key) {
+                Some(GgufValue::Array(flags)) => {
+                    if flags.len() != num_hidden_layers {
+                        return Err(err(&key, "must hold one flag per layer".into()));
+                    }
+                    flags
+                        .iter()
+                        .map(|f| match f.as_bool() {
+                            Some(true) => Ok(window),
+                            Some(false) => Ok(None),
+                            None => Err(err(&key, "must hold booleans".into())),
+                        })
+                        .collect::<Result<_>>()?
+                }
+                _ => {
+                    let n = uint("attention.sliding_window_pattern")?
+                        .unwrap_or(spec.sliding_window_pattern);
+                    if n == 0 {
+                        return Err(err(&key, "must be positive".into()));
+                    }
+                    (0..num_hidden_layers)
+                        .map(|i| if (i + 1) % n == 0 { None } else { window })
+                        .collect()
+                }
             }
-            let window = Some(window.unwrap_or(4096));
-            (0..num_hidden_layers)
-                .map(|i| if (i + 1) % n == 0 { None } else { window })
-                .collect()
         } else {
             vec![window; num_hidden_layers]
         };
@@ -125,27 +157,28 @@ impl ModelConfig {
         let eos = token_id("tokenizer.ggml.eos_token_id")?;
         // Mixtral (written as `llama` with experts): stacked experts in every layer, the chosen
         // weights renormalised.
-        let moe =
-            match (spec.moe, uint("expert_count")?) {
-                (_, None | Some(0)) => None,
-                (Some(_), Some(n)) => Some(super::MoeConfig {
-                    num_experts: n,
-                    top_k: uint("expert_used_count")?.unwrap_or(2),
-                    expert_intermediate_size: match uint("expert_feed_forward_length")? {
-                        Some(i) => i,
-                        None => req("feed_forward_length")?,
-                    },
-                    norm_topk_prob: true,
-                    shared_expert_intermediate_size: None,
-                    layer_is_moe: vec![true; num_hidden_layers],
-                }),
-                (None, Some(_)) => return Err(err(
+        let moe = match (spec.moe, uint("expert_count")?) {
+            (_, None | Some(0)) => None,
+            (Some(_), Some(n)) => Some(super::MoeConfig {
+                num_experts: n,
+                top_k: uint("expert_used_count")?.unwrap_or(2),
+                expert_intermediate_size: match uint("expert_feed_forward_length")? {
+                    Some(i) => i,
+                    None => req("feed_forward_length")?,
+                },
+                norm_topk_prob: true,
+                shared_expert_intermediate_size: None,
+                layer_is_moe: vec![true; num_hidden_layers],
+            }),
+            (None, Some(_)) => {
+                return Err(err(
                     &format!("{arch}.expert_count"),
                     format!(
                         "mixture-of-experts {arch} files are not supported (Mixtral as `llama` is)"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let cfg = ModelConfig {
             architecture: arch.to_string(),
             spec,
@@ -164,18 +197,25 @@ impl ModelConfig {
             layer_sliding_window,
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
-            // llama.cpp scales Gemma's scores by head_dim^-1/2 (the file has no
-            // query_pre_attn_scalar; they agree for the released sizes but the 27B).
-            attention_scale: None,
+            // The file has no query_pre_attn_scalar: llama.cpp scales Gemma's scores by
+            // head_dim^-1/2, but the 27B models' (46 layers for Gemma 2, 62 for Gemma 3) by
+            // (hidden / heads)^-1/2.
+            attention_scale: match (arch, num_hidden_layers) {
+                ("gemma2", 46) | ("gemma3", 62) => {
+                    Some(1.0 / (hidden_size as f32 / num_attention_heads.max(1) as f32).sqrt())
+                }
+                _ => None,
+            },
+            // Gemma 2 files written before the keys existed take llama.cpp's 50 and 30.
             attn_logit_softcap: if spec.attn_softcap {
-                positive("attn_logit_softcapping")?
+                Some(positive("attn_logit_softcapping")?.unwrap_or(50.0))
             } else {
                 None
             },
-            final_logit_softcap: if is_gemma {
-                positive("final_logit_softcapping")?
-            } else {
-                None
+            final_logit_softcap: match positive("final_logit_softcapping")? {
+                Some(cap) if is_gemma => Some(cap),
+                None if spec.attn_softcap => Some(30.0),
+                _ => None,
             },
             rope_local_theta: match (
                 positive("rope.freq_base_swa")?,

@@ -341,11 +341,19 @@ impl ModelConfig {
             layer_sliding_window,
             tie_word_embeddings: flag(c.tie_word_embeddings),
             attention_bias: spec.qkv_bias || flag(c.attention_bias),
-            attention_scale: float(c.query_pre_attn_scalar)
-                .filter(|_| is_gemma)
+            // transformers' Gemma defaults: query_pre_attn_scalar 256; Gemma 2's soft-caps 50
+            // (attention) and 30 (logits).
+            attention_scale: is_gemma
+                .then(|| float(c.query_pre_attn_scalar).unwrap_or(256.0))
                 .map(|s| 1.0 / s.sqrt()),
-            attn_logit_softcap: float(c.attn_logit_softcapping).filter(|_| spec.attn_softcap),
-            final_logit_softcap: float(c.final_logit_softcapping).filter(|_| is_gemma),
+            attn_logit_softcap: spec
+                .attn_softcap
+                .then(|| float(c.attn_logit_softcapping).unwrap_or(50.0)),
+            final_logit_softcap: match float(c.final_logit_softcapping) {
+                Some(cap) if is_gemma => Some(cap),
+                None if spec.attn_softcap => Some(30.0),
+                _ => None,
+            },
             rope_local_theta,
             hidden_act,
             moe,

@@ -84,6 +84,13 @@ pub struct MoeConfig {
 pub const MAX_EXPERTS: usize = 1024;
 
 impl ModelConfig {
+    /// A position's rotary angles depend on its sequence's prompt length (LongRoPE): K/V of a
+    /// prompt block cannot be shared with a sequence whose prompt differs in length, so the
+    /// engine turns prefix caching off for such a model.
+    pub fn rope_depends_on_prompt_len(&self) -> bool {
+        matches!(self.rope_scaling, RopeScaling::LongRope { .. })
+    }
+
     pub(crate) fn validate(&self, path: &Path) -> Result<()> {
         debug_assert!(self.num_hidden_layers <= MAX_LAYERS);
         let err = |key: &str, msg: &str| ModelError::Config {
