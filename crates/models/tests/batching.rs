@@ -159,6 +159,40 @@ fn batched_prompts_match_single_runs() {
     all_prompts_in_one_batch("tiny-olmoe");
 }
 
+/// Each expert's weights are read once per layer and step for all its tokens: a 100-token
+/// prompt through tiny-mixtral (2 MoE layers, 4 experts, top-2) runs at most 8 expert products,
+/// serving 400 token-expert pairs (per token, 400 runs would read the experts 50 times over).
+#[test]
+fn experts_run_once_per_step_for_all_their_tokens() {
+    let Setup {
+        mut model,
+        prompts,
+        tables,
+        mut kv,
+        ..
+    } = setup("tiny-mixtral");
+    let prompt = &prompts[3];
+    assert_eq!(prompt.len(), 100);
+    let stats = |model: &ferrum_models::Model| match model {
+        ferrum_models::Model::Cpu(m) => m.backend().moe_stats(),
+        _ => panic!("a CPU model"),
+    };
+    let before = stats(&model);
+    let mut b = ForwardBatch::new();
+    b.push_seq(prompt, 0, &tables[3], BS, 1).unwrap();
+    model.forward(&b, &mut kv).unwrap();
+    let after = stats(&model);
+    let stats = ferrum_models::backend::MoeStats {
+        layers: after.layers - before.layers,
+        expert_runs: after.expert_runs - before.expert_runs,
+        routed: after.routed - before.routed,
+    };
+    eprintln!("{stats:?}");
+    assert_eq!(stats.layers, 2);
+    assert_eq!(stats.routed, 2 * 100 * 2);
+    assert!(stats.expert_runs <= 2 * 4, "{stats:?}");
+}
+
 #[test]
 fn chunked_prefill_matches_single_runs() {
     // 40 tokens as 16 + 16 + 8; the sliding window (16) is crossed inside and across chunks.

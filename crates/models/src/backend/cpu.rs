@@ -43,6 +43,19 @@ struct Scratch {
     moe_y: Vec<f32>,
 }
 
+/// What the mixture-of-experts layers have done since the backend was made: each expert's
+/// products run once per layer and step for all the tokens routed to it, so `expert_runs`
+/// grows by at most the number of experts per layer and step however many tokens there are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MoeStats {
+    /// MoE layers run (layers x steps).
+    pub layers: u64,
+    /// Expert product runs (each reads that expert's weights once).
+    pub expert_runs: u64,
+    /// Token-expert pairs served (tokens x top_k per layer).
+    pub routed: u64,
+}
+
 /// `y[n, h] = down(act(gate x) * up x)` for the `n` rows of `x` (`[n, h]`), on `linear`'s
 /// kernels; `gate`, `up` and `y` grow as needed.
 #[allow(clippy::too_many_arguments)]
@@ -84,6 +97,7 @@ pub struct CpuBackend {
     pool: Arc<ThreadPool>,
     linear: Linear,
     dims: Dims,
+    moe_stats: MoeStats,
     /// The ropes of the current forward ([`Backend::begin`]).
     ropes: Vec<Rope>,
     s: Scratch,
@@ -96,6 +110,7 @@ impl CpuBackend {
             pool,
             linear,
             dims: Dims::default(),
+            moe_stats: MoeStats::default(),
             ropes: Vec::new(),
             s: Scratch::default(),
         }
@@ -104,6 +119,11 @@ impl CpuBackend {
     /// The compute pool.
     pub fn pool(&self) -> &Arc<ThreadPool> {
         &self.pool
+    }
+
+    /// Counts of the mixture-of-experts layers run so far.
+    pub fn moe_stats(&self) -> MoeStats {
+        self.moe_stats
     }
 
     fn width(&self, buf: Buf) -> usize {
@@ -378,6 +398,7 @@ impl Backend for CpuBackend {
         let input = linear.prepare(pool, &s.moe_in, h, &mut s.qa, &[&moe.router]);
         linear.matmul(pool, &input, &moe.router, &mut s.router)?;
         route(&s.router, ne, moe.top_k, moe.norm_topk_prob, &mut s.routing);
+        self.moe_stats.layers += 1;
         // H = sum of each token's experts, expert by expert (ascending), each expert's
         // weights read once for its gathered rows.
         s.h.fill(0.0);
@@ -390,6 +411,8 @@ impl Backend for CpuBackend {
                 let tok = tok as usize;
                 s.moe_x.extend_from_slice(&s.moe_in[tok * h..(tok + 1) * h]);
             }
+            self.moe_stats.expert_runs += 1;
+            self.moe_stats.routed += toks.len() as u64;
             run_expert(
                 linear,
                 pool,

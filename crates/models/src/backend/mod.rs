@@ -18,7 +18,7 @@
 mod cpu;
 mod cuda;
 
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, MoeStats};
 pub use cuda::{CudaBackend, GpuVector, GpuWeight};
 
 use crate::{KvCache, Result};
