@@ -113,6 +113,28 @@ fn particulars(c: &ferrum_models::ModelConfig) -> Vec<(&'static str, String)> {
             "qkv_proj and gate_up_proj, split at load".to_string(),
         ));
     }
+    if let Some(m) = &c.moe {
+        let moe_layers = m.layer_is_moe.iter().filter(|&&b| b).count();
+        let mut experts = format!(
+            "{} of {} per token ({}), expert size {}, on {moe_layers} of {} layers",
+            m.top_k,
+            m.num_experts,
+            if m.norm_topk_prob {
+                "weights renormalised"
+            } else {
+                "softmax weights"
+            },
+            m.expert_intermediate_size,
+            m.layer_is_moe.len()
+        );
+        if let Some(s) = m.shared_expert_intermediate_size {
+            experts.push_str(&format!(", plus a gated shared expert of size {s}"));
+        }
+        out.push(("experts", experts));
+    }
+    if c.spec.qk_norm_full {
+        out.push(("qk norm over", "the whole q and k projections".to_string()));
+    }
     if let Some(t) = c.rope_local_theta {
         out.push((
             "local rope",
@@ -235,6 +257,10 @@ fn to_json(info: &ModelInfo) -> serde_json::Value {
         "tie_word_embeddings": c.tie_word_embeddings,
         "hidden_act": act_name(c.hidden_act),
         "rotary_dim": c.rotary_dim,
+        "num_experts": c.moe.as_ref().map(|m| m.num_experts),
+        "num_experts_per_tok": c.moe.as_ref().map(|m| m.top_k),
+        "norm_topk_prob": c.moe.as_ref().map(|m| m.norm_topk_prob),
+        "moe_layers": c.moe.as_ref().map(|m| m.layer_is_moe.clone()),
         "rope_local_theta": c.rope_local_theta,
         "attention_scale": c.attention_scale,
         "attn_logit_softcapping": c.attn_logit_softcap,

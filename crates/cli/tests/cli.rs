@@ -109,6 +109,23 @@ fn inspect_shows_gemma_particulars() {
 }
 
 #[test]
+fn inspect_shows_experts() {
+    let path = fixtures().join("tiny-qwen3-moe");
+    let out = ferrum(&["inspect", "--model", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["num_experts"], 8);
+    assert_eq!(v["num_experts_per_tok"], 2);
+    assert_eq!(v["moe_layers"], serde_json::json!([true, false, true]));
+    let table = ferrum(&["inspect", "--model", path.to_str().unwrap()]);
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("2 of 8 per token (weights renormalised), expert size 32, on 2 of 3 layers"),
+        "{text}"
+    );
+}
+
+#[test]
 fn bad_flags_get_clear_errors() {
     let model = fixtures().join("tiny-llama");
     let m = model.to_str().unwrap();

@@ -206,6 +206,21 @@ fn tiny_phi3_partial_longrope() {
     fixture("tiny-phi3", 1e-4);
 }
 
+/// Mixture-of-experts models do not run on the CUDA backend yet: refused at load, before
+/// anything is uploaded, with the error `--device auto` falls back to the CPU on.
+#[test]
+fn mixture_of_experts_is_refused_at_load() {
+    for gpu in devices() {
+        let dir = fixtures().join("tiny-mixtral");
+        match load_model_on_gpu(&dir, &LoadOptions::default(), gpu) {
+            Err(ferrum_models::ModelError::NotOnDevice(why)) => {
+                assert!(why.contains("mixture-of-experts"), "{why}")
+            }
+            other => panic!("expected NotOnDevice, got {:?}", other.map(|_| ())),
+        }
+    }
+}
+
 #[test]
 fn tiny_smollm_gguf_bf16() {
     let dir = fixtures().join("tiny-smollm");
