@@ -19,6 +19,8 @@ import json
 import llama_cpp as lc
 import numpy as np
 
+from llamacpp_greedy import greedy
+
 STRINGS = [
     "Hello world",
     "The quick brown fox jumps over the lazy dog.",
@@ -71,40 +73,11 @@ def main() -> None:
     cases = []
     for name, text in PROMPTS:
         prompt = tokenize(vocab_h, text)
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = len(prompt) + args.max_tokens + 16
-        cparams.n_batch = cparams.n_ubatch = max(len(prompt), 1)
-        cparams.n_threads = cparams.n_threads_batch = args.threads
-        ctx = lc.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise SystemExit("llama.cpp could not create a context")
-        batch = lc.llama_batch_init(len(prompt), 0, 1)
-
-        def decode(tokens, start):
-            batch.n_tokens = len(tokens)
-            for j, t in enumerate(tokens):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = t, start + j, 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = j == len(tokens) - 1
-            if lc.llama_decode(ctx, batch) != 0:
-                raise SystemExit("llama_decode failed")
-            return np.ctypeslib.as_array(
-                lc.llama_get_logits_ith(ctx, -1), shape=(vocab,)
-            ).astype(np.float64)
-
-        ids, gaps = [], []
-        logits, pos = decode(prompt, 0), len(prompt)
+        ids, gaps, logits = greedy(model, vocab, prompt, args.max_tokens, args.threads)
         shifted = logits - logits.max()
         logprobs = shifted - np.log(np.exp(shifted).sum())
         top5 = np.argsort(logprobs)[::-1][:5]
         first_top5 = [[int(t), float(logprobs[t])] for t in top5]
-        for _ in range(args.max_tokens):
-            top = np.argsort(logits)[-2:]
-            ids.append(int(top[1]))
-            gaps.append(float(logits[top[1]] - logits[top[0]]))
-            logits, pos = decode([ids[-1]], pos), pos + 1
-        lc.llama_batch_free(batch)
-        lc.llama_free(ctx)
         cases.append({
             "name": name,
             "prompt": text,

@@ -46,33 +46,23 @@ fn greedy(n: usize) -> SamplingParams {
     }
 }
 
+/// Greedy tokens equal the reference's whatever the prefill chunk, through the whole engine:
+/// the Llama family, Gemma 3's local and global layers, and Phi-3's 100-token prompt (case 3),
+/// whose every chunk and decode step takes LongRoPE's long factors as the one-pass reference
+/// does (the scheduler gives the forward the prompt's length).
 #[test]
 fn greedy_matches_the_reference_with_any_prefill_chunk() {
-    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
-        let (prompt, want) = reference_case(name, 1);
-        for chunk in [1, 3, 512] {
-            let g = single(
-                name,
-                EngineConfig {
-                    max_num_batched_tokens: chunk,
-                    ..EngineConfig::default()
-                },
-            );
-            let out = run(&g, &prompt, &greedy(want.len())).unwrap();
-            assert_eq!(out.token_ids, want, "{name} chunk {chunk}");
-            assert_eq!(out.finish, FinishReason::MaxTokens);
-        }
-    }
-}
-
-/// The families beyond Llama through the whole engine: Gemma 3's local and global layers, and
-/// Phi-3's 100-token prompt (case 3), whose every chunk and decode step takes LongRoPE's long
-/// factors as the one-pass reference does (the scheduler gives the forward the prompt's length).
-#[test]
-fn other_families_match_the_reference_with_any_prefill_chunk() {
-    for (name, case) in [("tiny-gemma3", 2), ("tiny-phi3", 3), ("tiny-phi3", 2)] {
+    let cases: [(&str, usize, &[usize]); 6] = [
+        ("tiny-llama", 1, &[1, 3, 512]),
+        ("tiny-qwen2", 1, &[1, 3, 512]),
+        ("tiny-mistral-swa", 1, &[1, 3, 512]),
+        ("tiny-gemma3", 2, &[7, 512]),
+        ("tiny-phi3", 3, &[7, 512]),
+        ("tiny-phi3", 2, &[7, 512]),
+    ];
+    for (name, case, chunks) in cases {
         let (prompt, want) = reference_case(name, case);
-        for chunk in [7, 512] {
+        for &chunk in chunks {
             let g = single(
                 name,
                 EngineConfig {
@@ -82,6 +72,7 @@ fn other_families_match_the_reference_with_any_prefill_chunk() {
             );
             let out = run(&g, &prompt, &greedy(want.len())).unwrap();
             assert_eq!(out.token_ids, want, "{name} case {case} chunk {chunk}");
+            assert_eq!(out.finish, FinishReason::MaxTokens);
         }
     }
 }

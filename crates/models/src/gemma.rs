@@ -17,9 +17,9 @@
 //! stores `1 + w`. The `+1` is folded in at load for HF folders, so the forward runs plain
 //! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
 
-use crate::backend::{Backend, Buf, CpuBackend, Dims};
+use crate::backend::{Backend, Buf, CpuBackend};
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::Loader;
+use crate::weights::{forward_dims, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope, RopeScaling};
 use ferrum_runtime::ThreadPool;
@@ -146,20 +146,7 @@ impl<B: Backend> GemmaModel<B> {
             }
             Ok(w)
         };
-        let (embed_name, norm_name, head_name) = match fmt {
-            ModelFormat::HfFolder => (
-                "model.embed_tokens.weight",
-                "model.norm.weight",
-                "lm_head.weight",
-            ),
-            ModelFormat::Gguf => ("token_embd.weight", "output_norm.weight", "output.weight"),
-        };
-        let embed = ld.tensor(embed_name, &[c.vocab_size, h])?;
-        let lm_head = if c.tie_word_embeddings || !src.contains(head_name) {
-            embed.clone()
-        } else {
-            ld.tensor(head_name, &[c.vocab_size, h])?
-        };
+        let (embed, lm_head, norm_name) = ld.embed_and_head(c)?;
         // The registry keeps Gemma's frequencies in f32 even for a bf16 checkpoint, as its
         // reference does (the bf16 fixtures agree to 3e-6 so, to 3e-3 with rounded ones).
         let global = Rope::new(hd, c.rope_theta, &c.rope_scaling, None, c.rope_table_dtype);
@@ -273,20 +260,8 @@ impl<B: Backend> GemmaModel<B> {
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        if !kv.fits(c) {
-            return Err(ModelError::Invalid(
-                "the KV cache was built for another model".into(),
-            ));
-        }
-        batch.validate(kv.block_size(), kv.num_blocks(), c.vocab_size)?;
+        let dims = forward_dims(c, batch, kv)?;
         let eps = c.rms_norm_eps;
-        let dims = Dims {
-            hidden: c.hidden_size,
-            q: c.num_attention_heads * c.head_dim,
-            kv: c.num_key_value_heads * c.head_dim,
-            intermediate: c.intermediate_size,
-            vocab: c.vocab_size,
-        };
         let b = &mut self.backend;
         b.begin(dims, batch, &self.ropes)?;
         // X: [t, h], scaled by sqrt(h) as the reference does in f32.

@@ -13,10 +13,10 @@
 //! untouched). The forward is written once over [`Backend`]: the backend holds the weights in its
 //! own form and runs each fused operation on its device.
 
-use crate::backend::{Backend, Buf, CpuBackend, Dims, Expert, MoeWeights};
+use crate::backend::{Backend, Buf, CpuBackend, Expert, MoeWeights};
 use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::Loader;
+use crate::weights::{forward_dims, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope};
 use ferrum_runtime::{Tensor, ThreadPool};
@@ -272,21 +272,7 @@ impl<B: Backend> LlamaModel<B> {
             c.num_key_value_heads,
         );
         let (qd, kvd, inter) = (nh * hd, nkv * hd, c.intermediate_size);
-        let (embed_name, norm_name, head_name) = match fmt {
-            ModelFormat::HfFolder => (
-                "model.embed_tokens.weight",
-                "model.norm.weight",
-                "lm_head.weight",
-            ),
-            ModelFormat::Gguf => ("token_embd.weight", "output_norm.weight", "output.weight"),
-        };
-        let embed = ld.tensor(embed_name, &[c.vocab_size, h])?;
-        let lm_head =
-            if c.tie_word_embeddings || (fmt == ModelFormat::Gguf && !src.contains(head_name)) {
-                embed.clone()
-            } else {
-                ld.tensor(head_name, &[c.vocab_size, h])?
-            };
+        let (embed, lm_head, norm_name) = ld.embed_and_head(c)?;
         let permuted = fmt == ModelFormat::Gguf && c.spec.gguf_qk_permuted;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
@@ -484,20 +470,8 @@ impl<B: Backend> LlamaModel<B> {
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        if !kv.fits(c) {
-            return Err(ModelError::Invalid(
-                "the KV cache was built for another model".into(),
-            ));
-        }
-        batch.validate(kv.block_size(), kv.num_blocks(), c.vocab_size)?;
+        let dims = forward_dims(c, batch, kv)?;
         let eps = c.rms_norm_eps;
-        let dims = Dims {
-            hidden: c.hidden_size,
-            q: c.num_attention_heads * c.head_dim,
-            kv: c.num_key_value_heads * c.head_dim,
-            intermediate: c.intermediate_size,
-            vocab: c.vocab_size,
-        };
         let b = &mut self.backend;
         b.begin(dims, batch, &self.ropes)?;
         // X: [t, h]

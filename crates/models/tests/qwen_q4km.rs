@@ -34,21 +34,5 @@ fn greedy_follows_llama_cpp_up_to_near_ties() {
     let Some(path) = model_path() else { return };
     let mut model = load_with(&path, MatmulPrecision::Int8);
     let file = fixtures().join("qwen2.5-coder-0.5b/llamacpp_greedy.json");
-    let mut whole = 0;
-    for c in llamacpp_agreement(&mut model, &file) {
-        if c.agree == c.want.len() {
-            whole += 1;
-        } else {
-            assert!(
-                c.gaps[c.agree] < NEAR_TIE,
-                "{}: parts from llama.cpp at token {} where its top-2 gap is {}: {:?} vs {:?}",
-                c.name,
-                c.agree,
-                c.gaps[c.agree],
-                c.got,
-                c.want
-            );
-        }
-    }
-    assert!(whole >= 2, "only {whole} prompts agree to the end");
+    assert_follows_llamacpp(&mut model, &file, NEAR_TIE, 2);
 }

@@ -339,7 +339,8 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings: c.max_position_embeddings.map_or(2048, |Uint(n)| n),
             layer_sliding_window,
-            tie_word_embeddings: flag(c.tie_word_embeddings),
+            // transformers' Gemma configs tie by default; the others do not.
+            tie_word_embeddings: c.tie_word_embeddings.map_or(is_gemma, |Bool(b)| b),
             attention_bias: spec.qkv_bias || flag(c.attention_bias),
             // transformers' Gemma defaults: query_pre_attn_scalar 256; Gemma 2's soft-caps 50
             // (attention) and 30 (logits).

@@ -179,3 +179,25 @@ pub fn llamacpp_agreement(model: &mut Model, file: &Path) -> Vec<Agreement> {
         })
         .collect()
 }
+
+/// Replays `file`'s llama.cpp greedy runs: each case agrees to the end, or parts where
+/// llama.cpp's own top-2 gap is below `near_tie`; at least `min_whole` agree to the end.
+pub fn assert_follows_llamacpp(model: &mut Model, file: &Path, near_tie: f32, min_whole: usize) {
+    let mut whole = 0;
+    for c in llamacpp_agreement(model, file) {
+        if c.agree == c.want.len() {
+            whole += 1;
+        } else {
+            assert!(
+                c.gaps[c.agree] < near_tie,
+                "{}: parts from llama.cpp at token {} where its top-2 gap is {}: {:?} vs {:?}",
+                c.name,
+                c.agree,
+                c.gaps[c.agree],
+                c.got,
+                c.want
+            );
+        }
+    }
+    assert!(whole >= min_whole, "only {whole} prompts agree to the end");
+}
