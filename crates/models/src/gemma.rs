@@ -22,9 +22,7 @@ use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope, RopeScaling};
-use ferrum_runtime::ThreadPool;
 use ferrum_types::ForwardBatch;
-use std::sync::Arc;
 
 #[derive(Debug)]
 struct Layer<B: Backend> {
@@ -98,23 +96,6 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
     match format {
         ModelFormat::HfFolder => format!("model.layers.{i}.{hf}"),
         ModelFormat::Gguf => format!("blk.{i}.{gguf}"),
-    }
-}
-
-impl GemmaModel<CpuBackend> {
-    /// Builds the model on the CPU from `src`, checking every tensor against `config`.
-    pub fn load(
-        config: ModelConfig,
-        src: &WeightSource,
-        pool: Arc<ThreadPool>,
-        linear: ferrum_runtime::cpu::Linear,
-    ) -> Result<GemmaModel> {
-        GemmaModel::load_with(config, src, CpuBackend::new(pool, linear))
-    }
-
-    /// The compute pool this model runs on (possibly shared with other models).
-    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
-        self.backend.pool()
     }
 }
 

@@ -19,9 +19,8 @@ use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope};
-use ferrum_runtime::{Tensor, ThreadPool};
+use ferrum_runtime::Tensor;
 use ferrum_types::ForwardBatch;
-use std::sync::Arc;
 
 #[derive(Debug)]
 struct Layer<B: Backend> {
@@ -241,23 +240,6 @@ fn load_moe<B: Backend>(
     })
 }
 
-impl LlamaModel<CpuBackend> {
-    /// Builds the model on the CPU from `src`, checking every tensor against `config`.
-    pub fn load(
-        config: ModelConfig,
-        src: &WeightSource,
-        pool: Arc<ThreadPool>,
-        linear: ferrum_runtime::cpu::Linear,
-    ) -> Result<LlamaModel> {
-        LlamaModel::load_with(config, src, CpuBackend::new(pool, linear))
-    }
-
-    /// The compute pool this model runs on (possibly shared with other models).
-    pub fn compute_pool(&self) -> &Arc<ThreadPool> {
-        self.backend.pool()
-    }
-}
-
 impl<B: Backend> LlamaModel<B> {
     /// Builds the model on `backend` from `src`, checking every tensor against `config`.
     pub fn load_with(config: ModelConfig, src: &WeightSource, mut backend: B) -> Result<Self> {
@@ -420,11 +402,6 @@ impl<B: Backend> LlamaModel<B> {
     /// The backend the model runs on.
     pub fn backend(&self) -> &B {
         &self.backend
-    }
-
-    /// Runs `f` on the backend (a KV cache of its device, say).
-    pub fn with_backend<R>(&self, f: impl FnOnce(&B, &ModelConfig) -> R) -> R {
-        f(&self.backend, &self.config)
     }
 
     /// Bytes of weights one decode step of one sequence reads: every linear layer as its kernel
