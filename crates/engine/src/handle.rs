@@ -8,7 +8,7 @@ use crate::guide::{Guide, GuideCompiler};
 use crate::metrics::Metrics;
 use crate::request::{Event, GenerateRequest};
 use crate::{EngineError, Result};
-use ferrum_models::{KvCache, Model};
+use ferrum_models::Model;
 use ferrum_scheduler::{Scheduler, SchedulerConfig};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{RequestId, StructuredOutput, TokenId};
@@ -136,7 +136,7 @@ impl EngineHandle {
     }
 
     fn start_inner(
-        model: Model,
+        mut model: Model,
         draft: Option<Model>,
         tokenizer: Option<Arc<Tokenizer>>,
         cfg: &EngineConfig,
@@ -144,7 +144,7 @@ impl EngineHandle {
     ) -> Result<EngineHandle> {
         let mc = model.config().clone();
         let num_blocks = cfg.num_blocks(
-            KvCache::bytes_per_block(&mc, cfg.block_size),
+            model.kv_bytes_per_block(cfg.block_size),
             model.device_memory()?,
         )?;
         let sched_cfg = SchedulerConfig {

@@ -3,6 +3,7 @@
 //! the engine never learns which family it runs.
 
 use crate::backend::Backend;
+use crate::parallel::Placement;
 use crate::registry::Family;
 use crate::source::WeightSource;
 use crate::{GemmaModel, KvCache, LlamaModel, ModelConfig, Result};
@@ -18,10 +19,33 @@ pub enum FamilyModel<B: Backend> {
 impl<B: Backend> FamilyModel<B> {
     /// Builds `config`'s family on `backend` from `src`.
     pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
+        let place = Placement::whole(&config);
+        Self::load_placed(config, src, backend, place)
+    }
+
+    /// Builds `place`'s shard of `config`'s family on `backend` from `src`.
+    pub fn load_placed(
+        config: ModelConfig,
+        src: &WeightSource,
+        backend: B,
+        place: Placement,
+    ) -> Result<Self> {
         Ok(match config.spec.family {
-            Family::Llama => FamilyModel::Llama(LlamaModel::load_with(config, src, backend)?),
-            Family::Gemma => FamilyModel::Gemma(GemmaModel::load_with(config, src, backend)?),
+            Family::Llama => {
+                FamilyModel::Llama(LlamaModel::load_placed(config, src, backend, place)?)
+            }
+            Family::Gemma => {
+                FamilyModel::Gemma(GemmaModel::load_placed(config, src, backend, place)?)
+            }
         })
+    }
+
+    /// The config as this rank runs it (the whole config in one process).
+    pub fn local_config(&self) -> &ModelConfig {
+        match self {
+            FamilyModel::Llama(m) => m.local_config(),
+            FamilyModel::Gemma(m) => m.local_config(),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -18,6 +18,7 @@
 //! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
 
 use crate::backend::{Backend, Buf, CpuBackend};
+use crate::parallel::Placement;
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
@@ -48,11 +49,16 @@ struct Layer<B: Backend> {
 #[derive(Debug)]
 pub struct GemmaModel<B: Backend = CpuBackend> {
     config: ModelConfig,
+    /// The config as this rank runs it.
+    local: ModelConfig,
+    place: Placement,
     backend: B,
-    embed: B::Table,
+    /// On the first stage.
+    embed: Option<B::Table>,
+    /// This stage's layers.
     layers: Vec<Layer<B>>,
-    final_norm: B::Vector,
-    lm_head: B::Weight,
+    /// The final norm and LM head, on the rank that computes the logits.
+    head: Option<(B::Vector, B::Weight)>,
     /// The global layers' rope, then (Gemma 3) the local layers'.
     ropes: Vec<Rope>,
 }
@@ -101,8 +107,21 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
 
 impl<B: Backend> GemmaModel<B> {
     /// Builds the model on `backend` from `src`, checking every tensor against `config`.
-    pub fn load_with(config: ModelConfig, src: &WeightSource, mut backend: B) -> Result<Self> {
+    pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
+        let place = Placement::whole(&config);
+        Self::load_placed(config, src, backend, place)
+    }
+
+    /// Builds `place`'s shard of the model on `backend` from `src` (see
+    /// [`crate::LlamaModel::load_placed`]).
+    pub fn load_placed(
+        config: ModelConfig,
+        src: &WeightSource,
+        mut backend: B,
+        place: Placement,
+    ) -> Result<Self> {
         let c = &config;
+        let sh = &place.shard;
         let fmt = src.format();
         let ld = Loader { src };
         let b = &mut backend;
@@ -113,6 +132,8 @@ impl<B: Backend> GemmaModel<B> {
             c.num_key_value_heads,
         );
         let (qd, kvd, inter) = (nh * hd, nkv * hd, c.intermediate_size);
+        let (qh, kh, ir) = (sh.q_heads(nh), sh.kv_heads(nkv), sh.intermediate(inter));
+        let (qr, kr) = (qh.start * hd..qh.end * hd, kh.start * hd..kh.end * hd);
         if c.rotary_dim != hd {
             return Err(ModelError::Invalid(format!(
                 "Gemma rotates whole heads; this config rotates {} of {hd}",
@@ -142,8 +163,8 @@ impl<B: Backend> GemmaModel<B> {
             ));
         }
         let scale = c.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt());
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
+        let mut layers = Vec::with_capacity(sh.layers.len());
+        for i in sh.layers.clone() {
             let name = |p: Part| layer_name(fmt, i, p);
             let window = c.layer_sliding_window[i];
             let qk_norm = if c.spec.qk_norm {
@@ -156,20 +177,20 @@ impl<B: Backend> GemmaModel<B> {
             };
             layers.push(Layer {
                 attn_norm: b.vector(norm(&name(Part::AttnNorm), h)?)?,
-                wq: b.weight(ld.tensor(&name(Part::Q), &[qd, h])?)?,
-                wk: b.weight(ld.tensor(&name(Part::K), &[kvd, h])?)?,
-                wv: b.weight(ld.tensor(&name(Part::V), &[kvd, h])?)?,
-                wo: b.weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
+                wq: b.weight(ld.rows(&name(Part::Q), &[qd, h], qr.clone())?)?,
+                wk: b.weight(ld.rows(&name(Part::K), &[kvd, h], kr.clone())?)?,
+                wv: b.weight(ld.rows(&name(Part::V), &[kvd, h], kr.clone())?)?,
+                wo: b.weight(ld.cols(&name(Part::O), &[h, qd], qr.clone())?)?,
                 qk_norm,
                 post_attn_norm: b.vector(norm(&name(Part::PostAttnNorm), h)?)?,
                 pre_mlp_norm: b.vector(norm(&name(Part::PreMlpNorm), h)?)?,
                 post_mlp_norm: b.vector(norm(&name(Part::PostMlpNorm), h)?)?,
-                w_gate: b.weight(ld.tensor(&name(Part::Gate), &[inter, h])?)?,
-                w_up: b.weight(ld.tensor(&name(Part::Up), &[inter, h])?)?,
-                w_down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                w_gate: b.weight(ld.rows(&name(Part::Gate), &[inter, h], ir.clone())?)?,
+                w_up: b.weight(ld.rows(&name(Part::Up), &[inter, h], ir.clone())?)?,
+                w_down: b.weight(ld.cols(&name(Part::Down), &[h, inter], ir.clone())?)?,
                 attn: AttentionShape {
-                    num_heads: nh,
-                    num_kv_heads: nkv,
+                    num_heads: qh.len(),
+                    num_kv_heads: kh.len(),
                     head_dim: hd,
                     block_size: 0,
                     scale,
@@ -183,22 +204,35 @@ impl<B: Backend> GemmaModel<B> {
                 },
             });
         }
-        let final_norm = b.vector(norm(norm_name, h)?)?;
-        let lm_head = b.weight(lm_head)?;
-        let embed = b.table(embed)?;
+        let head = if sh.computes_logits() {
+            Some((b.vector(norm(norm_name, h)?)?, b.weight(lm_head)?))
+        } else {
+            None
+        };
+        let embed = if sh.is_first_stage() {
+            Some(b.table(embed)?)
+        } else {
+            None
+        };
         Ok(GemmaModel {
+            local: sh.local_config(&config),
             config,
+            place,
             backend,
             embed,
             layers,
-            final_norm,
-            lm_head,
+            head,
             ropes,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The config as this rank runs it (see [`crate::LlamaModel::local_config`]).
+    pub fn local_config(&self) -> &ModelConfig {
+        &self.local
     }
 
     /// The backend the model runs on.
@@ -232,21 +266,26 @@ impl<B: Backend> GemmaModel<B> {
             })
             .sum();
         layers
-            + vec(&self.final_norm)
-            + B::weight_bytes(&self.lm_head)
-            + B::table_row_bytes(&self.embed)
+            + self
+                .head
+                .as_ref()
+                .map_or(0, |(n, w)| vec(n) + B::weight_bytes(w))
+            + self.embed.as_ref().map_or(0, B::table_row_bytes)
     }
 
     /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        let dims = forward_dims(c, batch, kv)?;
+        let dims = forward_dims(&self.local, batch, kv)?;
         let eps = c.rms_norm_eps;
-        let b = &mut self.backend;
+        let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
-        // X: [t, h], scaled by sqrt(h) as the reference does in f32.
-        b.embed(&self.embed, batch, (c.hidden_size as f32).sqrt())?;
+        // X: [t, h], scaled by sqrt(h) as the reference does in f32; or the previous stage's.
+        match &self.embed {
+            Some(table) => b.embed(table, batch, (c.hidden_size as f32).sqrt())?,
+            None => place.recv_residual(b)?,
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let shape = AttentionShape {
                 block_size: kv.block_size(),
@@ -271,24 +310,33 @@ impl<B: Backend> GemmaModel<B> {
             b.attend(kv, li, &shape, batch)?;
             // H: [t, h], normed over the whole row before it joins the stream.
             b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+            place.all_reduce(b, Buf::H)?;
             b.head_norm(Buf::H, &layer.post_attn_norm, eps)?;
             // Gate, Up: [t, inter]
             let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
             b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &gate_up)?;
             // H: [t, h]
             b.gated_linear(&layer.w_down, c.hidden_act, Buf::H)?;
+            place.all_reduce(b, Buf::H)?;
             b.head_norm(Buf::H, &layer.post_mlp_norm, eps)?;
         }
         if !self.layers.is_empty() {
             b.add_residual()?;
         }
-        // [num_logits, vocab]
-        b.logits(
-            &self.final_norm,
-            eps,
-            &self.lm_head,
-            &batch.logits_indices,
-            c.final_logit_softcap,
-        )
+        if !place.shard.is_last_stage() {
+            place.send_residual(b)?;
+            return Ok(&[]);
+        }
+        match &self.head {
+            // [num_logits, vocab]
+            Some((norm, head)) => b.logits(
+                norm,
+                eps,
+                head,
+                &batch.logits_indices,
+                c.final_logit_softcap,
+            ),
+            None => Ok(&[]),
+        }
     }
 }

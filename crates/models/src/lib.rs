@@ -17,6 +17,7 @@ mod kv_cache;
 mod llama;
 mod loader;
 pub mod moe;
+pub mod parallel;
 mod registry;
 mod safetensors;
 mod source;
@@ -33,7 +34,8 @@ pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
 pub use loader::{
-    load_model, load_model_on, load_model_on_gpu, resolve_kv_dtype, LoadOptions, Model,
+    load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype,
+    LoadOptions, Model,
 };
 pub use registry::{ArchSpec, Family, MoeStyle};
 pub use safetensors::SafetensorsFile;

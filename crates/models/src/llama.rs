@@ -14,9 +14,10 @@
 //! own form and runs each fused operation on its device.
 
 use crate::backend::{Backend, Buf, CpuBackend, Expert, MoeWeights};
+use crate::parallel::{Placement, Shard};
 use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::{forward_dims, Loader};
+use crate::weights::{forward_dims, take_cols, take_rows, take_vec, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope};
 use ferrum_runtime::Tensor;
@@ -53,11 +54,16 @@ enum Mlp<B: Backend> {
 #[derive(Debug)]
 pub struct LlamaModel<B: Backend = CpuBackend> {
     config: ModelConfig,
+    /// The config as this rank runs it ([`Shard::local_config`]).
+    local: ModelConfig,
+    place: Placement,
     backend: B,
-    embed: B::Table,
+    /// On the first stage.
+    embed: Option<B::Table>,
+    /// This stage's layers.
     layers: Vec<Layer<B>>,
-    final_norm: B::Vector,
-    lm_head: B::Weight,
+    /// On the rank that computes the logits.
+    head: Option<(B::Vector, B::Weight)>,
     /// One rope for every layer (index 0 of the backend's).
     ropes: [Rope; 1],
 }
@@ -148,8 +154,11 @@ fn load_moe<B: Backend>(
     c: &ModelConfig,
     m: &crate::MoeConfig,
     i: usize,
+    sh: &Shard,
 ) -> Result<MoeWeights<B>> {
     let (h, ne, ei) = (c.hidden_size, m.num_experts, m.expert_intermediate_size);
+    // This rank's rows of every expert's intermediate.
+    let er = sh.intermediate(ei);
     let gguf = ld.src.format() == ModelFormat::Gguf;
     let style = c.spec.moe.unwrap_or(MoeStyle::Qwen);
     let hf = |rest: &str| format!("model.layers.{i}.{rest}");
@@ -174,12 +183,13 @@ fn load_moe<B: Backend>(
             stacked("up", [ei, h])?,
             stacked("down", [h, ei])?,
         );
+        let down_name = format!("blk.{i}.ffn_down_exps.weight");
         for e in 0..ne {
             experts.push(Expert {
-                gate: b.weight(gate.index_first(e)?)?,
-                up: b.weight(up.index_first(e)?)?,
-                down: b.weight(down.index_first(e)?)?,
-                intermediate: ei,
+                gate: b.weight(take_rows(gate.index_first(e)?, er.clone())?)?,
+                up: b.weight(take_rows(up.index_first(e)?, er.clone())?)?,
+                down: b.weight(take_cols(down.index_first(e)?, er.clone(), &down_name)?)?,
+                intermediate: er.len(),
             });
         }
     } else {
@@ -203,10 +213,10 @@ fn load_moe<B: Backend>(
                 }
             };
             experts.push(Expert {
-                gate: b.weight(ld.tensor(&g, &[ei, h])?)?,
-                up: b.weight(ld.tensor(&u, &[ei, h])?)?,
-                down: b.weight(ld.tensor(&d, &[h, ei])?)?,
-                intermediate: ei,
+                gate: b.weight(ld.rows(&g, &[ei, h], er.clone())?)?,
+                up: b.weight(ld.rows(&u, &[ei, h], er.clone())?)?,
+                down: b.weight(ld.cols(&d, &[h, ei], er.clone())?)?,
+                intermediate: er.len(),
             });
         }
     }
@@ -214,11 +224,24 @@ fn load_moe<B: Backend>(
         None => None,
         Some(si) if !gguf => {
             let base = hf("mlp.shared_expert");
+            let sr = sh.intermediate(si);
             let expert = Expert {
-                gate: b.weight(ld.tensor(&format!("{base}.gate_proj.weight"), &[si, h])?)?,
-                up: b.weight(ld.tensor(&format!("{base}.up_proj.weight"), &[si, h])?)?,
-                down: b.weight(ld.tensor(&format!("{base}.down_proj.weight"), &[h, si])?)?,
-                intermediate: si,
+                gate: b.weight(ld.rows(
+                    &format!("{base}.gate_proj.weight"),
+                    &[si, h],
+                    sr.clone(),
+                )?)?,
+                up: b.weight(ld.rows(
+                    &format!("{base}.up_proj.weight"),
+                    &[si, h],
+                    sr.clone(),
+                )?)?,
+                down: b.weight(ld.cols(
+                    &format!("{base}.down_proj.weight"),
+                    &[h, si],
+                    sr.clone(),
+                )?)?,
+                intermediate: sr.len(),
             };
             let gate = ld
                 .tensor(&hf("mlp.shared_expert_gate.weight"), &[1, h])?
@@ -242,8 +265,21 @@ fn load_moe<B: Backend>(
 
 impl<B: Backend> LlamaModel<B> {
     /// Builds the model on `backend` from `src`, checking every tensor against `config`.
-    pub fn load_with(config: ModelConfig, src: &WeightSource, mut backend: B) -> Result<Self> {
+    pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
+        let place = Placement::whole(&config);
+        Self::load_placed(config, src, backend, place)
+    }
+
+    /// Builds `place`'s shard of the model (its stage's layers, its heads and intermediate
+    /// rows; see [`crate::parallel`]) on `backend` from `src`.
+    pub fn load_placed(
+        config: ModelConfig,
+        src: &WeightSource,
+        mut backend: B,
+        place: Placement,
+    ) -> Result<Self> {
         let c = &config;
+        let sh = &place.shard;
         let fmt = src.format();
         let ld = Loader { src };
         let b = &mut backend;
@@ -254,10 +290,13 @@ impl<B: Backend> LlamaModel<B> {
             c.num_key_value_heads,
         );
         let (qd, kvd, inter) = (nh * hd, nkv * hd, c.intermediate_size);
+        // This rank's rows of q, of k and v, and of the MLP's intermediate.
+        let (qh, kh, ir) = (sh.q_heads(nh), sh.kv_heads(nkv), sh.intermediate(inter));
+        let (qr, kr) = (qh.start * hd..qh.end * hd, kh.start * hd..kh.end * hd);
         let (embed, lm_head, norm_name) = ld.embed_and_head(c)?;
         let permuted = fmt == ModelFormat::Gguf && c.spec.gguf_qk_permuted;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
+        let mut layers = Vec::with_capacity(sh.layers.len());
+        for i in sh.layers.clone() {
             let name = |p: Part| layer_name(fmt, i, p);
             let split = |t: Tensor, parts: &[usize]| -> Result<Vec<Tensor>> {
                 let mut start = 0;
@@ -275,14 +314,18 @@ impl<B: Backend> LlamaModel<B> {
                 let qkv = ld.tensor(&name(Part::Qkv), &[qd + 2 * kvd, h])?;
                 let mut p = split(qkv, &[qd, kvd, kvd])?.into_iter();
                 match (p.next(), p.next(), p.next()) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    (Some(q), Some(k), Some(v)) => (
+                        take_rows(q, qr.clone())?,
+                        take_rows(k, kr.clone())?,
+                        take_rows(v, kr.clone())?,
+                    ),
                     _ => return Err(ModelError::Invalid("qkv split".into())),
                 }
             } else {
                 (
-                    ld.tensor(&name(Part::Q), &[qd, h])?,
-                    ld.tensor(&name(Part::K), &[kvd, h])?,
-                    ld.tensor(&name(Part::V), &[kvd, h])?,
+                    ld.rows(&name(Part::Q), &[qd, h], qr.clone())?,
+                    ld.rows(&name(Part::K), &[kvd, h], kr.clone())?,
+                    ld.rows(&name(Part::V), &[kvd, h], kr.clone())?,
                 )
             };
             let is_moe = c.moe.as_ref().is_some_and(|m| m.layer_is_moe[i]);
@@ -292,35 +335,39 @@ impl<B: Backend> LlamaModel<B> {
                 let gate_up = ld.tensor(&name(Part::GateUp), &[2 * inter, h])?;
                 let mut p = split(gate_up, &[inter, inter])?.into_iter();
                 match (p.next(), p.next()) {
-                    (Some(g), Some(u)) => (Some(g), Some(u)),
+                    (Some(g), Some(u)) => (
+                        Some(take_rows(g, ir.clone())?),
+                        Some(take_rows(u, ir.clone())?),
+                    ),
                     _ => return Err(ModelError::Invalid("gate_up split".into())),
                 }
             } else {
                 (
-                    Some(ld.tensor(&name(Part::Gate), &[inter, h])?),
-                    Some(ld.tensor(&name(Part::Up), &[inter, h])?),
+                    Some(ld.rows(&name(Part::Gate), &[inter, h], ir.clone())?),
+                    Some(ld.rows(&name(Part::Up), &[inter, h], ir.clone())?),
                 )
             };
             let mlp = match (c.moe.as_ref(), w_gate, w_up) {
-                (Some(m), _, _) if is_moe => Mlp::Moe(load_moe(&ld, b, c, m, i)?),
+                (Some(m), _, _) if is_moe => Mlp::Moe(load_moe(&ld, b, c, m, i, sh)?),
                 (_, Some(gate), Some(up)) => Mlp::Dense {
                     gate: b.weight(gate)?,
                     up: b.weight(up)?,
-                    down: b.weight(ld.tensor(&name(Part::Down), &[h, inter])?)?,
+                    down: b.weight(ld.cols(&name(Part::Down), &[h, inter], ir.clone())?)?,
                 },
                 _ => return Err(ModelError::Invalid("an MLP without weights".into())),
             };
             let mut qkv_bias = if c.attention_bias {
                 Some([
-                    ld.vector(&name(Part::QBias), qd)?,
-                    ld.vector(&name(Part::KBias), kvd)?,
-                    ld.vector(&name(Part::VBias), kvd)?,
+                    take_vec(ld.vector(&name(Part::QBias), qd)?, qr.clone()),
+                    take_vec(ld.vector(&name(Part::KBias), kvd)?, kr.clone()),
+                    take_vec(ld.vector(&name(Part::VBias), kvd)?, kr.clone()),
                 ])
             } else {
                 None
             };
             if permuted {
-                let (oq, ok) = (unpermute_order(nh, hd), unpermute_order(nkv, hd));
+                // Within each head: the rank's heads are whole.
+                let (oq, ok) = (unpermute_order(qh.len(), hd), unpermute_order(kh.len(), hd));
                 wq = wq.permute_rows(&oq)?;
                 wk = wk.permute_rows(&ok)?;
                 if let Some([bq, bk, _]) = qkv_bias.as_mut() {
@@ -351,14 +398,14 @@ impl<B: Backend> LlamaModel<B> {
                 wq: b.weight(wq)?,
                 wk: b.weight(wk)?,
                 wv: b.weight(wv)?,
-                wo: b.weight(ld.tensor(&name(Part::O), &[h, qd])?)?,
+                wo: b.weight(ld.cols(&name(Part::O), &[h, qd], qr.clone())?)?,
                 qkv_bias,
                 qk_norm,
                 mlp_norm: b.vector(ld.vector(&name(Part::MlpNorm), h)?)?,
                 mlp,
                 attn: AttentionShape {
-                    num_heads: nh,
-                    num_kv_heads: nkv,
+                    num_heads: qh.len(),
+                    num_kv_heads: kh.len(),
                     head_dim: hd,
                     block_size: 0,
                     scale: 1.0 / (hd as f32).sqrt(),
@@ -381,22 +428,36 @@ impl<B: Backend> LlamaModel<B> {
             freq_factors.as_deref(),
             c.rope_table_dtype,
         );
-        let final_norm = b.vector(ld.vector(norm_name, h)?)?;
-        let lm_head = b.weight(lm_head)?;
-        let embed = b.table(embed)?;
+        let head = if sh.computes_logits() {
+            Some((b.vector(ld.vector(norm_name, h)?)?, b.weight(lm_head)?))
+        } else {
+            None
+        };
+        let embed = if sh.is_first_stage() {
+            Some(b.table(embed)?)
+        } else {
+            None
+        };
         Ok(LlamaModel {
-            final_norm,
+            local: sh.local_config(&config),
+            head,
             embed,
-            lm_head,
             layers,
             ropes: [rope],
             backend,
             config,
+            place,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The config as this rank runs it: its heads, intermediate rows and layers (what its
+    /// KV cache holds).
+    pub fn local_config(&self) -> &ModelConfig {
+        &self.local
     }
 
     /// The backend the model runs on.
@@ -438,21 +499,27 @@ impl<B: Backend> LlamaModel<B> {
             })
             .sum();
         layers
-            + vec(&self.final_norm)
-            + B::weight_bytes(&self.lm_head)
-            + B::table_row_bytes(&self.embed)
+            + self
+                .head
+                .as_ref()
+                .map_or(0, |(n, w)| vec(n) + B::weight_bytes(w))
+            + self.embed.as_ref().map_or(0, B::table_row_bytes)
     }
 
     /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
-    /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
+    /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`. In a parallel
+    /// run, this rank's part: the rank that computes no logits returns none.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        let dims = forward_dims(c, batch, kv)?;
+        let dims = forward_dims(&self.local, batch, kv)?;
         let eps = c.rms_norm_eps;
-        let b = &mut self.backend;
+        let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
-        // X: [t, h]
-        b.embed(&self.embed, batch, 1.0)?;
+        // X: [t, h], embedded or the previous stage's.
+        match &self.embed {
+            Some(table) => b.embed(table, batch, 1.0)?,
+            None => place.recv_residual(b)?,
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let shape = AttentionShape {
                 block_size: kv.block_size(),
@@ -480,8 +547,9 @@ impl<B: Backend> LlamaModel<B> {
             b.write_kv(kv, li, &shape, batch)?;
             // Attn: [t, nh*hd]
             b.attend(kv, li, &shape, batch)?;
-            // H: [t, h]
+            // H: [t, h] (this rank's heads' share, summed over the group)
             b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+            place.all_reduce(b, Buf::H)?;
             match &layer.mlp {
                 Mlp::Dense { gate, up, down } => {
                     // Gate, Up: [t, inter]
@@ -493,19 +561,21 @@ impl<B: Backend> LlamaModel<B> {
                 // H: [t, h], each token's routed experts (grouped by expert).
                 Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, c.hidden_act)?,
             }
+            place.all_reduce(b, Buf::H)?;
         }
         // The last layer's MLP output (the others' joined at the next layer's norm).
         if !self.layers.is_empty() {
             b.add_residual()?;
         }
-        // [num_logits, vocab]
-        b.logits(
-            &self.final_norm,
-            eps,
-            &self.lm_head,
-            &batch.logits_indices,
-            None,
-        )
+        if !place.shard.is_last_stage() {
+            place.send_residual(b)?;
+            return Ok(&[]);
+        }
+        match &self.head {
+            // [num_logits, vocab]
+            Some((norm, head)) => b.logits(norm, eps, head, &batch.logits_indices, None),
+            None => Ok(&[]),
+        }
     }
 }
 

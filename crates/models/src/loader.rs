@@ -1,6 +1,8 @@
 //! Opening a model path and building the right family for it.
 
 use crate::backend::{CpuBackend, CudaBackend};
+use crate::parallel::driver::{Driver, Stage};
+use crate::parallel::{Comms, Layout, Placement, Shard};
 use crate::source::WeightSource;
 use crate::{FamilyModel, KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
@@ -46,75 +48,160 @@ pub fn resolve_kv_dtype(src: &WeightSource, config: &ModelConfig, opts: &LoadOpt
     }
 }
 
-/// A loaded model of any supported family, on its device.
+/// A family model on its device.
 // One or two per process, moved only at start: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Model {
-    /// On the CPU.
+enum OnDevice {
     Cpu(FamilyModel<CpuBackend>),
-    /// On a GPU (or the interpreted device).
     Gpu(FamilyModel<CudaBackend>),
 }
 
-impl Model {
-    pub fn config(&self) -> &ModelConfig {
-        match self {
-            Model::Cpu(m) => m.config(),
-            Model::Gpu(m) => m.config(),
+/// Runs `$body` with `$m` bound to the family model, whatever its device.
+macro_rules! on_device {
+    ($d:expr, $m:ident => $body:expr) => {
+        match $d {
+            OnDevice::Cpu($m) => $body,
+            OnDevice::Gpu($m) => $body,
         }
+    };
+}
+
+impl Stage for OnDevice {
+    fn new_kv(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        match self {
+            OnDevice::Cpu(m) => KvCache::new(m.local_config(), num_blocks, block_size),
+            OnDevice::Gpu(m) => m
+                .backend()
+                .kv_cache(m.local_config(), num_blocks, block_size),
+        }
+    }
+
+    fn step(&mut self, batch: &ForwardBatch, kv: &mut KvCache, out: &mut Vec<f32>) -> Result<()> {
+        out.extend_from_slice(on_device!(self, m => m.forward(batch, kv))?);
+        Ok(())
+    }
+}
+
+/// A loaded model of any supported family, on its device: the whole model, or in a parallel
+/// run this rank's shard (see [`crate::parallel`]).
+#[derive(Debug)]
+pub struct Model {
+    device: OnDevice,
+    /// The step protocol, in a parallel run.
+    run: Option<Driver>,
+}
+
+impl From<FamilyModel<CpuBackend>> for Model {
+    fn from(m: FamilyModel<CpuBackend>) -> Model {
+        Model::new(OnDevice::Cpu(m))
+    }
+}
+
+impl From<FamilyModel<CudaBackend>> for Model {
+    fn from(m: FamilyModel<CudaBackend>) -> Model {
+        Model::new(OnDevice::Gpu(m))
+    }
+}
+
+impl Model {
+    fn new(device: OnDevice) -> Model {
+        Model { device, run: None }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        on_device!(&self.device, m => m.config())
+    }
+
+    /// The config as this rank runs it: the shard's heads, intermediate rows and layers (the
+    /// whole config in one process).
+    pub fn local_config(&self) -> &ModelConfig {
+        on_device!(&self.device, m => m.local_config())
+    }
+
+    /// The model on the CPU, when it runs there.
+    pub fn cpu(&self) -> Option<&FamilyModel<CpuBackend>> {
+        match &self.device {
+            OnDevice::Cpu(m) => Some(m),
+            OnDevice::Gpu(_) => None,
+        }
+    }
+
+    /// This rank's shard in a parallel run (`None` in one process).
+    pub fn shard(&self) -> Option<&Shard> {
+        self.run.as_ref().map(Driver::shard)
     }
 
     /// The compute pool a CPU model runs on; pass it in [`LoadOptions::pool`] to load another
     /// model onto the same threads. `None` for a GPU model.
     pub fn compute_pool(&self) -> Option<&Arc<ThreadPool>> {
-        match self {
-            Model::Cpu(m) => Some(m.backend().pool()),
-            Model::Gpu(_) => None,
-        }
+        self.cpu().map(|m| m.backend().pool())
     }
 
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
     pub fn device_name(&self) -> String {
-        match self {
-            Model::Cpu(_) => "cpu".to_string(),
-            Model::Gpu(m) => m.backend().gpu().lock().describe(),
+        match &self.device {
+            OnDevice::Cpu(_) => "cpu".to_string(),
+            OnDevice::Gpu(m) => m.backend().gpu().lock().describe(),
         }
     }
 
     /// Free and total memory of the model's device in bytes, when it is not the host (a GPU,
     /// with the weights loaded): what the KV cache is sized from.
     pub fn device_memory(&self) -> Result<Option<(u64, u64)>> {
-        match self {
-            Model::Cpu(_) => Ok(None),
-            Model::Gpu(m) => {
+        match &self.device {
+            OnDevice::Cpu(_) => Ok(None),
+            OnDevice::Gpu(m) => {
                 let info = m.backend().gpu().lock().memory_info()?;
                 Ok(info.map(|(free, total)| (free as u64, total as u64)))
             }
         }
     }
 
-    /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
-        match self {
-            Model::Cpu(m) => KvCache::new(m.config(), num_blocks, block_size),
-            Model::Gpu(m) => m.backend().kv_cache(m.config(), num_blocks, block_size),
-        }
+    /// Bytes one KV block takes on this rank (its layers and KV heads).
+    pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
+        KvCache::bytes_per_block(self.local_config(), block_size)
     }
 
-    /// See [`crate::LlamaModel::weight_bytes_per_token`].
+    /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device; in a
+    /// parallel run every rank makes its own for its shard.
+    pub fn new_kv_cache(&mut self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        if let Some(run) = self.run.as_mut() {
+            run.new_kv_cache(num_blocks, block_size)?;
+        }
+        self.device.new_kv(num_blocks, block_size)
+    }
+
+    /// See [`crate::LlamaModel::weight_bytes_per_token`] (this rank's share).
     pub fn weight_bytes_per_token(&self) -> usize {
-        match self {
-            Model::Cpu(m) => m.weight_bytes_per_token(),
-            Model::Gpu(m) => m.weight_bytes_per_token(),
+        on_device!(&self.device, m => m.weight_bytes_per_token())
+    }
+
+    /// See [`crate::LlamaModel::forward`]. In a parallel run (on rank 0), every rank runs
+    /// the step on its shard and the logits come back here.
+    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        match self.run.as_mut() {
+            Some(run) => {
+                // Checked before the other ranks hear of the step (see `driver`).
+                if !kv.fits(on_device!(&self.device, m => m.local_config())) {
+                    return Err(ModelError::Invalid(
+                        "the KV cache was built for another model".into(),
+                    ));
+                }
+                run.forward(batch, kv, &mut self.device)
+            }
+            None => on_device!(&mut self.device, m => m.forward(batch, kv)),
         }
     }
 
-    /// See [`crate::LlamaModel::forward`].
-    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
-        match self {
-            Model::Cpu(m) => m.forward(batch, kv),
-            Model::Gpu(m) => m.forward(batch, kv),
+    /// A worker rank's loop (any rank but 0 of a parallel run): runs rank 0's commands on
+    /// this shard until rank 0 stops.
+    pub fn run_worker(mut self) -> Result<()> {
+        match self.run.as_mut() {
+            Some(run) => run.serve(&mut self.device),
+            None => Err(ModelError::Invalid(
+                "a worker loop for a model outside a parallel run".into(),
+            )),
         }
     }
 }
@@ -161,11 +248,11 @@ pub fn load_model_on(path: &Path, opts: &LoadOptions, device: Device) -> Result<
             "a model on {device} does not take compute threads; leave them unset"
         )));
     }
-    Ok(Model::Gpu(load_model_on_gpu(
+    Ok(Model::new(OnDevice::Gpu(load_model_on_gpu(
         path,
         opts,
         SharedGpu::new(gpu),
-    )?))
+    )?)))
 }
 
 /// Opens `path` and builds its model on `gpu` with the CUDA backend (f32, f16 and bf16
@@ -195,5 +282,63 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     let pool = compute_pool(path, opts)?;
     let backend = CpuBackend::new(pool, Linear::new(opts.precision));
-    Ok(Model::Cpu(FamilyModel::load_with(config, &src, backend)?))
+    Ok(Model::new(OnDevice::Cpu(FamilyModel::load_with(
+        config, &src, backend,
+    )?)))
+}
+
+/// Opens `path` and builds this rank's shard of its model under `layout` on `device` (the
+/// rank is `comms.world`'s). Rank 0 gets a model whose [`Model::forward`] runs every rank;
+/// the others run [`Model::run_worker`].
+pub fn load_model_sharded(
+    path: &Path,
+    opts: &LoadOptions,
+    device: Device,
+    layout: &Layout,
+    comms: Comms,
+) -> Result<Model> {
+    if comms.world.size() != layout.world_size() {
+        return Err(ModelError::Invalid(format!(
+            "{} ranks were launched for a tensor-parallel size of {} and a pipeline-parallel size of {}: launch {} (mpirun -n {})",
+            comms.world.size(),
+            layout.tensor_parallel,
+            layout.pipeline_parallel,
+            layout.world_size(),
+            layout.world_size()
+        )));
+    }
+    let src = WeightSource::open(path)?;
+    let mut config = load_config(&src)?;
+    config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
+    let shard = Shard::new(&config, layout, comms.world.rank())?;
+    let place = Placement {
+        shard: shard.clone(),
+        comms: Some(comms.clone()),
+    };
+    let vocab = config.vocab_size;
+    let device = match device {
+        Device::Cpu => {
+            let pool = compute_pool(path, opts)?;
+            let backend = CpuBackend::new(pool, Linear::new(opts.precision));
+            OnDevice::Cpu(FamilyModel::load_placed(config, &src, backend, place)?)
+        }
+        Device::Cuda(_) | Device::Interpreted => {
+            if config.moe.is_some() {
+                return Err(ModelError::NotOnDevice(format!(
+                    "{} is a mixture-of-experts model, which runs on the CPU only so far",
+                    config.architecture
+                )));
+            }
+            let gpu = match device {
+                Device::Cuda(n) => Gpu::cuda(n)?,
+                _ => Gpu::interpreted(&InterpreterConfig::from_env())?,
+            };
+            let backend = CudaBackend::new(SharedGpu::new(gpu));
+            OnDevice::Gpu(FamilyModel::load_placed(config, &src, backend, place)?)
+        }
+    };
+    Ok(Model {
+        device,
+        run: Some(Driver::new(comms, shard, layout.micro_batches, vocab)),
+    })
 }

@@ -6,6 +6,7 @@ use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::Tensor;
 use ferrum_types::ForwardBatch;
+use std::ops::Range;
 
 /// Loads tensors and checks their shapes.
 pub(crate) struct Loader<'a> {
@@ -24,6 +25,16 @@ impl Loader<'_> {
             });
         }
         Ok(t)
+    }
+
+    /// Rows `r` of the tensor `name` of `shape` (a tensor-parallel rank's output rows).
+    pub(crate) fn rows(&self, name: &str, shape: &[usize], r: Range<usize>) -> Result<Tensor> {
+        take_rows(self.tensor(name, shape)?, r)
+    }
+
+    /// Columns `r` of the tensor `name` of `shape` (a tensor-parallel rank's input columns).
+    pub(crate) fn cols(&self, name: &str, shape: &[usize], r: Range<usize>) -> Result<Tensor> {
+        take_cols(self.tensor(name, shape)?, r, name)
     }
 
     pub(crate) fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -52,6 +63,36 @@ impl Loader<'_> {
             self.tensor(head_name, &shape)?
         };
         Ok((embed, head, norm_name))
+    }
+}
+
+/// Rows `r` of `t` (`t` itself when `r` spans it).
+pub(crate) fn take_rows(t: Tensor, r: Range<usize>) -> Result<Tensor> {
+    if r == (0..t.rows()) {
+        return Ok(t);
+    }
+    Ok(t.slice_rows(r.start, r.len())?)
+}
+
+/// Columns `r` of `t`, the tensor `name` (`t` itself when `r` spans it); block-quantized
+/// rows cut only at block boundaries.
+pub(crate) fn take_cols(t: Tensor, r: Range<usize>, name: &str) -> Result<Tensor> {
+    if t.shape().len() == 2 && r == (0..t.shape()[1]) {
+        return Ok(t);
+    }
+    t.slice_cols(r.start, r.len()).map_err(|e| {
+        ModelError::Invalid(format!(
+            "{name} does not split over the tensor-parallel ranks: {e}"
+        ))
+    })
+}
+
+/// `v[r]` (a tensor-parallel rank's part of a bias).
+pub(crate) fn take_vec(v: Vec<f32>, r: Range<usize>) -> Vec<f32> {
+    if r == (0..v.len()) {
+        v
+    } else {
+        v[r].to_vec()
     }
 }
 

@@ -173,9 +173,9 @@ fn experts_run_once_per_step_for_all_their_tokens() {
     } = setup("tiny-mixtral");
     let prompt = &prompts[3];
     assert_eq!(prompt.len(), 100);
-    let stats = |model: &ferrum_models::Model| match model {
-        ferrum_models::Model::Cpu(m) => m.backend().moe_stats(),
-        _ => panic!("a CPU model"),
+    let stats = |model: &ferrum_models::Model| match model.cpu() {
+        Some(m) => m.backend().moe_stats(),
+        None => panic!("a CPU model"),
     };
     let before = stats(&model);
     let mut b = ForwardBatch::new();

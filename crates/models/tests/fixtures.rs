@@ -135,7 +135,7 @@ fn tiny_mixtral_gguf_bf16() {
     config.rope_table_dtype = None;
     let pool = Arc::new(ThreadPool::new(2).unwrap());
     let backend = CpuBackend::new(pool, Linear::new(MatmulPrecision::Float));
-    let model = Model::Cpu(FamilyModel::load_with(config, &src, backend).unwrap());
+    let model = Model::from(FamilyModel::load_with(config, &src, backend).unwrap());
     check_model(&dir, &file, model, 1e-4);
 }
 
@@ -182,7 +182,7 @@ fn tiny_gemma3_gguf_bf16() {
     config.attention_scale = hf.attention_scale;
     let pool = Arc::new(ThreadPool::new(2).unwrap());
     let backend = CpuBackend::new(pool, Linear::new(MatmulPrecision::Float));
-    let model = Model::Cpu(FamilyModel::load_with(config, &src, backend).unwrap());
+    let model = Model::from(FamilyModel::load_with(config, &src, backend).unwrap());
     check_model(&dir, &file, model, 1e-4);
 }
 

@@ -30,6 +30,9 @@ pub enum RuntimeError {
     /// A CUDA driver call (or the interpreted device standing in for it) failed.
     #[error("CUDA, {step}: {detail}")]
     Cuda { step: String, detail: String },
+    /// A communicator between the ranks of a parallel run failed or was misused.
+    #[error("communicator: {0}")]
+    Comm(String),
     /// Element count overflows the address space.
     #[error("tensor shape {0:?} is too large")]
     TooLarge(Vec<usize>),

@@ -4,6 +4,7 @@
 //! This crate knows nothing of models or requests. Kernels take plain slices and tensors, so a
 //! faster kernel (or a CUDA one behind a feature) replaces one function without touching callers.
 
+pub mod comm;
 pub mod cpu;
 pub mod cuda;
 mod device;
@@ -14,6 +15,7 @@ pub mod quant;
 mod storage;
 mod tensor;
 
+pub use comm::{Communicator, SingleProcess};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Result, RuntimeError};

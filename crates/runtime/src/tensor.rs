@@ -142,6 +142,35 @@ impl Tensor {
         Tensor::new(self.dtype, vec![n, self.shape[1]], storage)
     }
 
+    /// Columns `start..start + n` of every row, copied (a tensor-parallel rank's share of a
+    /// product split by its input). Block-quantized rows split only at block boundaries: a
+    /// range that cuts a block is an error naming the block size.
+    pub fn slice_cols(&self, start: usize, n: usize) -> Result<Tensor> {
+        let cols = self.shape.get(1).copied().unwrap_or(0);
+        if self.shape.len() != 2 || start.checked_add(n).is_none_or(|end| end > cols) {
+            return Err(RuntimeError::Shape(format!(
+                "columns {start}..{} of a tensor of shape {:?}",
+                start.saturating_add(n),
+                self.shape
+            )));
+        }
+        let block = self.dtype.block_size();
+        if !start.is_multiple_of(block) || !n.is_multiple_of(block) {
+            return Err(RuntimeError::Shape(format!(
+                "columns {start}..{} of a {} tensor: its blocks of {block} columns cannot be cut",
+                start + n,
+                self.dtype
+            )));
+        }
+        let bb = self.dtype.block_bytes();
+        let (from, len) = (start / block * bb, n / block * bb);
+        let mut bytes = Vec::with_capacity(self.rows() * len);
+        for r in 0..self.rows() {
+            bytes.extend_from_slice(&self.row(r)[from..from + len]);
+        }
+        Tensor::new(self.dtype, vec![self.rows(), n], Storage::owned(bytes))
+    }
+
     /// Matrix `i` of a 3-D tensor `[n, rows, cols]` (GGUF's stacked experts) as a 2-D tensor
     /// of its own, in the same dtype (mapped rows stay mapped).
     pub fn index_first(&self, i: usize) -> Result<Tensor> {
@@ -186,6 +215,24 @@ mod tests {
         assert!(err.to_string().contains("whole number of blocks"), "{err}");
         let err = Tensor::bytes_for(DType::F32, &[1 << 40, 1 << 40]).unwrap_err();
         assert!(matches!(err, RuntimeError::TooLarge(_)));
+    }
+
+    #[test]
+    fn cols_slice() {
+        let t = Tensor::from_f32(vec![2, 3], &[0., 1., 2., 3., 4., 5.]).unwrap();
+        let s = t.slice_cols(1, 2).unwrap();
+        assert_eq!(
+            (s.shape(), s.to_f32_vec()),
+            (&[2, 2][..], vec![1., 2., 4., 5.])
+        );
+        assert!(t.slice_cols(2, 2).is_err());
+        // Q8_0 rows of 64: two blocks of 32 (34 bytes each).
+        let bytes: Vec<u8> = (0..2 * 68).map(|i| i as u8).collect();
+        let q = Tensor::new(DType::Q8_0, vec![2, 64], Storage::owned(bytes.clone())).unwrap();
+        let right = q.slice_cols(32, 32).unwrap();
+        assert_eq!(right.row(1), &bytes[68 + 34..136]);
+        let err = q.slice_cols(16, 32).unwrap_err();
+        assert!(err.to_string().contains("blocks of 32"), "{err}");
     }
 
     #[test]

@@ -5,9 +5,11 @@
 pub mod batch;
 mod error;
 mod finish;
+mod micro_batch;
 mod sampling;
 pub mod splitmix;
 mod structured;
+mod wire;
 
 pub use batch::{ForwardBatch, SeqSlice};
 pub use error::{Result, TypesError};

@@ -31,7 +31,7 @@ impl DraftModel {
     /// `model` with a cache of `num_blocks` blocks of `block_size`; its vocabulary must be the
     /// target's.
     pub fn new(
-        model: Model,
+        mut model: Model,
         target_vocab: usize,
         num_blocks: usize,
         block_size: usize,

@@ -454,6 +454,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
+        f(buf_mut(&mut self.s, buf))
+    }
+
     fn logits(
         &mut self,
         norm: &Vec<f32>,

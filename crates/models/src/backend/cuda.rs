@@ -693,6 +693,25 @@ impl Backend for CudaBackend {
         ))
     }
 
+    fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
+        let n = self.tokens * self.width(buf);
+        let ptr = self.buf(buf)?;
+        let bytes = &mut self.host_bytes;
+        bytes.resize(4 * n, 0);
+        let read = |e| ModelError::Invalid(format!("copying {buf:?} to the host: {e}"));
+        self.gpu.lock().read(ptr, bytes).map_err(read)?;
+        let mut rows: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        f(&mut rows)?;
+        for (c, v) in bytes.chunks_exact_mut(4).zip(&rows) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        let write = |e| ModelError::Invalid(format!("copying {buf:?} back to the GPU: {e}"));
+        self.gpu.lock().write(ptr, bytes).map_err(write)
+    }
+
     fn logits(
         &mut self,
         norm: &GpuVector,

@@ -171,6 +171,11 @@ pub trait Backend: std::fmt::Debug + Sized {
         moe: &MoeWeights<Self>,
         act: GatedAct,
     ) -> Result<()>;
+    /// Hands `buf`'s `[t, width]` values to `f` as host memory and keeps what `f` leaves
+    /// there: how a parallel run's communicators (over host buffers) reach the activations.
+    /// The CPU's buffers are host memory already; a GPU copies them out and back (an NCCL
+    /// communicator would work on the device buffer instead).
+    fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()>;
     /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`; with
     /// `softcap`, each logit `l` becomes `cap * tanh(l / cap)` (Gemma's final soft-capping).
     fn logits(

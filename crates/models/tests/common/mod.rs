@@ -79,13 +79,10 @@ pub fn ids(v: &Value) -> Vec<u32> {
 }
 
 /// A cache big enough for `max_tokens` tokens of one sequence, in blocks of `block_size`.
-pub fn cache(model: &Model, max_tokens: usize, block_size: usize) -> KvCache {
-    KvCache::new(
-        model.config(),
-        max_tokens.div_ceil(block_size) + 1,
-        block_size,
-    )
-    .unwrap()
+pub fn cache(model: &mut Model, max_tokens: usize, block_size: usize) -> KvCache {
+    model
+        .new_kv_cache(max_tokens.div_ceil(block_size) + 1, block_size)
+        .unwrap()
 }
 
 /// Logits at every position of `prompt` in one pass: `[len, vocab]`.
