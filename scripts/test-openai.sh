@@ -22,8 +22,11 @@ if ! "$venv/bin/python" -c "import openai, jsonschema, importlib.metadata as m, 
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
 fi
 
-cargo build --quiet --bin ferrum
-export FERRUM_BIN="$PWD/target/debug/ferrum"
+# FERRUM_BIN: a binary built elsewhere (scripts/test-mpi.sh builds one with MPI).
+if [ -z "${FERRUM_BIN:-}" ]; then
+  cargo build --quiet --bin ferrum
+  export FERRUM_BIN="$PWD/target/debug/ferrum"
+fi
 export FERRUM_FIXTURES="$PWD/tests/fixtures"
 export FERRUM_SMOLLM2="${FERRUM_SMOLLM2:-${FERRUM_MODELS_DIR:-$PWD/models}/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ ! -s "$FERRUM_SMOLLM2" ] && [ -n "${CI:-}" ]; then

@@ -2,7 +2,8 @@
 # Runs every test: the GPU kernels and the CUDA backend's device layer on the interpreted
 # device (scripts/test-cuda-interpret.sh, which installs the pinned Triton into a venv), the
 # workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
-# (scripts/test-openai.sh, which installs the `openai` package into a venv) and the benchmark
+# (scripts/test-openai.sh, which installs the `openai` package into a venv), the parallel runs
+# under mpirun (scripts/test-mpi.sh, which installs Open MPI when it is missing) and the benchmark
 # chart's tests (scripts/test-plot.sh, which installs the plotting library into another). Ends
 # with one summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
 # model is absent, except under CI.
@@ -18,6 +19,8 @@ echo "== engine fault injection (feature fault-injection)"
 cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
+echo "== parallel runs over MPI (scripts/test-mpi.sh)"
+bash scripts/test-mpi.sh 2>&1 | tee -a "$log" || status=$?
 echo "== benchmark chart tests (scripts/test-plot.sh)"
 bash scripts/test-plot.sh 2>&1 | tee -a "$log" || status=$?
 awk '

@@ -4,6 +4,9 @@ Run through scripts/test-openai.sh, which installs the client into a venv, build
 and sets FERRUM_BIN (the binary), FERRUM_FIXTURES (tests/fixtures) and FERRUM_SMOLLM2 (the
 SmolLM2 GGUF; its tests are skipped when it is missing, and CI always fetches it).
 FERRUM_SERVE_ARGS adds flags to every server (`--device cuda` on a GPU: scripts/test-gpu.sh).
+FERRUM_LAUNCHER starts every server through a launcher (`mpirun --oversubscribe -n 2` with
+`--pipeline-parallel-size 2` in FERRUM_SERVE_ARGS: scripts/test-mpi.sh); a server is then stopped
+as a user stops one, with SIGTERM to rank 0.
 """
 
 import json
@@ -22,6 +25,24 @@ FIXTURES = os.environ.get("FERRUM_FIXTURES", os.path.join(os.path.dirname(__file
 TINY = os.path.join(FIXTURES, "tiny-smollm")
 SMOLLM2 = os.environ.get("FERRUM_SMOLLM2", "")
 SERVE_ARGS = os.environ.get("FERRUM_SERVE_ARGS", "").split()
+LAUNCHER = os.environ.get("FERRUM_LAUNCHER", "").split()
+
+
+def rank0_of(launcher_pid):
+    """The pid of rank 0 among an mpirun's children (Linux /proc), or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMI_RANK=0" in env:
+                return int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 class Server:
@@ -29,7 +50,7 @@ class Server:
 
     def __init__(self, model, name, *extra):
         self.proc = subprocess.Popen(
-            [os.environ["FERRUM_BIN"], "serve", "--model", model, "--port", "0",
+            [*LAUNCHER, os.environ["FERRUM_BIN"], "serve", "--model", model, "--port", "0",
              "--served-model-name", name, *SERVE_ARGS, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
@@ -52,7 +73,12 @@ class Server:
         return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, **kw)
 
     def stop(self):
-        self.proc.terminate()
+        rank0 = rank0_of(self.proc.pid) if LAUNCHER else None
+        if rank0 is not None:
+            # Rank 0 shuts down gracefully and stops the other ranks; mpirun then exits.
+            os.kill(rank0, 15)
+        else:
+            self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -8,6 +8,7 @@
 //! `finish_reason` (with `n > 1`: `index` and a list `outputs` of those).
 
 use crate::common::{load_parts, EngineArgs, ModelArgs, SamplingArgs};
+use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use ferrum_engine::{Event, GenerateRequest};
 use ferrum_tokenizer::{ChatMessage, TextAssets};
@@ -23,6 +24,7 @@ pub fn run_batch(
     sampling: &SamplingArgs,
     input: &Path,
     output: Option<&Path>,
+    launch: &Launch,
 ) -> Result<()> {
     let text =
         std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
@@ -35,7 +37,7 @@ pub fn run_batch(
     if lines.is_empty() {
         bail!("{}: no prompts", input.display());
     }
-    let (m, assets, load_time) = load_parts(model)?;
+    let (m, assets, load_time) = load_parts(model, launch)?;
     let vocab = m.config().vocab_size;
     let defaults = sampling.params(vocab)?;
     let (tokenizer, template) = match assets {

@@ -3,6 +3,7 @@
 //! `bandwidth`, and the HTTP clients `serve` and `soak`, whose flags live with them).
 
 use crate::common::{load_parts, EngineArgs, ModelArgs};
+use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ferrum_bench::{LatencyConfig, ThroughputConfig};
@@ -18,9 +19,9 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Prefill and decode speed of the model itself.
-    Latency(LatencyArgs),
+    Latency(Box<LatencyArgs>),
     /// Offline throughput of many requests through the batching engine.
-    Throughput(ThroughputArgs),
+    Throughput(Box<ThroughputArgs>),
     /// Online load on any OpenAI-compatible server (Ferrum, vLLM, llama.cpp) at several
     /// concurrency levels: throughput, TTFT and inter-token latency.
     Serve(ferrum_bench::serve::ServeBenchArgs),
@@ -95,17 +96,17 @@ pub struct LatencyArgs {
     json: bool,
 }
 
-pub fn bench(args: &BenchArgs) -> Result<()> {
+pub fn bench(args: &BenchArgs, launch: &Launch) -> Result<()> {
     match &args.command {
-        BenchCommand::Latency(a) => latency(a),
-        BenchCommand::Throughput(a) => throughput(a),
+        BenchCommand::Latency(a) => latency(a, launch),
+        BenchCommand::Throughput(a) => throughput(a, launch),
         BenchCommand::Serve(a) => ferrum_bench::serve::bench_serve(a),
         BenchCommand::Soak(a) => ferrum_bench::soak::soak(a),
         BenchCommand::Bandwidth(a) => bandwidth(a),
     }
 }
 
-fn latency(args: &LatencyArgs) -> Result<()> {
+fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
     let cfg = LatencyConfig {
         input_len: args.input_len,
         output_len: args.output_len,
@@ -119,7 +120,7 @@ fn latency(args: &LatencyArgs) -> Result<()> {
             "--input-len, --batch-size and --num-iters must be at least 1, --output-len at least 2"
         );
     }
-    let (mut model, _, load_time) = load_parts(&args.model)?;
+    let (mut model, _, load_time) = load_parts(&args.model, launch)?;
     let r = ferrum_bench::latency(&mut model, &cfg)?;
     let kv_cache_dtype = model.config().kv_cache_dtype.name();
     let device = model.device_name();
@@ -210,7 +211,7 @@ fn bandwidth(args: &BandwidthArgs) -> Result<()> {
     Ok(())
 }
 
-fn throughput(args: &ThroughputArgs) -> Result<()> {
+fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
     let cfg = ThroughputConfig {
         num_prompts: args.num_prompts,
         input_len: args.input_len,
@@ -220,7 +221,7 @@ fn throughput(args: &ThroughputArgs) -> Result<()> {
     if cfg.num_prompts == 0 || cfg.input_len == 0 || cfg.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be at least 1");
     }
-    let (model, text, _) = load_parts(&args.model)?;
+    let (model, text, _) = load_parts(&args.model, launch)?;
     let device = model.device_name();
     let engine_cfg = args
         .engine

@@ -8,6 +8,7 @@
 use crate::common::{
     fresh_seed, load_parts, need_text, single_engine, ModelArgs, SamplingArgs, SpeculativeArgs,
 };
+use crate::parallel::Launch;
 use anyhow::Result;
 use clap::Args;
 use ferrum_engine::GenerateRequest;
@@ -27,8 +28,8 @@ pub struct ChatArgs {
     speculative: SpeculativeArgs,
 }
 
-pub fn chat(args: &ChatArgs) -> Result<()> {
-    let (model, text, _) = load_parts(&args.model)?;
+pub fn chat(args: &ChatArgs, launch: &Launch) -> Result<()> {
+    let (model, text, _) = load_parts(&args.model, launch)?;
     let vocab = model.config().vocab_size;
     let params = args.sampling.params(vocab)?;
     // Fail before the first prompt when the model cannot chat.

@@ -2,11 +2,13 @@
 //! engine for one request at a time, and the sampling flags.
 
 use crate::model_path;
+use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{
     EngineConfig, EngineHandle, KvCacheSize, NgramProposer, Proposer, SpeculativeConfig,
 };
+use ferrum_models::parallel::Layout;
 use ferrum_models::{load_model, load_model_on, load_text_assets_with, LoadOptions, Model};
 use ferrum_models::{ModelError, Result as ModelResult};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
@@ -51,6 +53,47 @@ pub struct ModelArgs {
     /// CUDA backend's kernels in the Triton interpreter on the host: for tests; slow).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceArg,
+    /// Ranks that split every layer (by attention heads and MLP rows), inside one node. A
+    /// parallel run is launched with `mpirun -n T*P` and needs a build with `--features mpi`.
+    #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
+    pub tensor_parallel_size: usize,
+    /// Stages that each run a contiguous range of layers.
+    #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
+    pub pipeline_parallel_size: usize,
+    /// Layers per stage, comma-separated (e.g. 10,14); default: as even as possible.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        help_heading = "Parallelism (under mpirun)"
+    )]
+    pub pipeline_layer_split: Option<Vec<usize>>,
+    /// Micro-batches a step is split into across the stages (default: one per stage).
+    #[arg(long, help_heading = "Parallelism (under mpirun)")]
+    pub pipeline_micro_batches: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The parallel layout the flags ask for.
+    pub fn layout(&self) -> Result<Layout> {
+        let (t, p) = (self.tensor_parallel_size, self.pipeline_parallel_size);
+        if t == 0 || p == 0 {
+            bail!("--tensor-parallel-size and --pipeline-parallel-size must be at least 1");
+        }
+        if self.pipeline_layer_split.is_some() && p == 1 {
+            bail!("--pipeline-layer-split goes with --pipeline-parallel-size 2 or more");
+        }
+        let micro_batches = match self.pipeline_micro_batches {
+            Some(0) => bail!("--pipeline-micro-batches must be at least 1"),
+            Some(m) => m,
+            None => p,
+        };
+        Ok(Layout {
+            tensor_parallel: t,
+            pipeline_parallel: p,
+            layer_split: self.pipeline_layer_split.clone(),
+            micro_batches,
+        })
+    }
 }
 
 /// `--device` values.
@@ -216,10 +259,13 @@ pub fn need_text(text: &std::result::Result<TextAssets, String>) -> Result<&Text
 /// Resolves and loads the model and its text assets; prints progress on a terminal.
 pub fn load_parts(
     args: &ModelArgs,
+    launch: &Launch,
 ) -> Result<(Model, std::result::Result<TextAssets, String>, Duration)> {
     let start = Instant::now();
+    let layout = args.layout()?;
     let path: PathBuf = model_path::resolve(&args.model)?;
-    let interactive = std::io::stderr().is_terminal();
+    let parallel = Launch::is_parallel(&layout);
+    let interactive = std::io::stderr().is_terminal() && !parallel;
     if interactive {
         eprint!("loading {} ... ", path.display());
     }
@@ -229,8 +275,13 @@ pub fn load_parts(
         kv_cache_dtype: args.kv_cache_dtype.fixed(),
         pool: None,
     };
-    let model = load_on_device(&path, args, &opts)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = if parallel {
+        // Any rank but 0 serves rank 0's steps inside and never returns.
+        launch.load(&path, args, &opts, &layout)
+    } else {
+        load_on_device(&path, args, &opts).map_err(anyhow::Error::from)
+    }
+    .with_context(|| format!("loading {}", path.display()))?;
     let mode = if args.no_template_sandbox {
         TemplateMode::InProcess
     } else {
@@ -434,6 +485,9 @@ pub fn start_engine(
         (_, Some(_)) => bail!("--speculative-model goes with --speculative-method draft"),
         (_, None) => return Ok(EngineHandle::start(model, tokenizer, cfg)?),
     };
+    if model.shard().is_some() {
+        bail!("--speculative-model does not run in a parallel run yet; use --speculative-method ngram");
+    }
     let path = model_path::resolve(draft)?;
     let Some(pool) = model.compute_pool() else {
         bail!(

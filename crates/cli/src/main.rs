@@ -8,6 +8,7 @@ mod chat;
 mod common;
 mod inspect;
 mod model_path;
+mod parallel;
 mod run;
 mod serve;
 mod structured;
@@ -51,13 +52,15 @@ fn main() -> ExitCode {
         return ExitCode::from(ferrum_tokenizer::sandbox::worker_main() as u8);
     }
     let cli = Cli::parse();
+    // MPI, when a parallel run starts it; finalised after the command ends.
+    let launch = parallel::Launch::default();
     let result = match cli.command {
-        Command::Run(args) => run::run(&args),
-        Command::Chat(args) => chat::chat(&args),
-        Command::Serve(args) => serve::serve(&args),
+        Command::Run(args) => run::run(&args, &launch),
+        Command::Chat(args) => chat::chat(&args, &launch),
+        Command::Serve(args) => serve::serve(&args, &launch),
         Command::Tokenize(args) => tokenize::tokenize(&args),
         Command::Inspect(args) => inspect::inspect(&args),
-        Command::Bench(args) => bench::bench(&args),
+        Command::Bench(args) => bench::bench(&args, &launch),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

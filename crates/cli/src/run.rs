@@ -2,6 +2,7 @@
 //! the text to stdout, with time to first token and decode speed on stderr.
 
 use crate::common::{load_parts, need_text, single_engine, EngineArgs, ModelArgs, SamplingArgs};
+use crate::parallel::Launch;
 use crate::structured::StructuredArgs;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -48,7 +49,7 @@ pub struct RunArgs {
     json: bool,
 }
 
-pub fn run(args: &RunArgs) -> Result<()> {
+pub fn run(args: &RunArgs, launch: &Launch) -> Result<()> {
     if let Some(file) = &args.prompts_file {
         if args.structured.constraint()?.is_some() {
             bail!(
@@ -61,12 +62,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             &args.sampling,
             file,
             args.output.as_deref(),
+            launch,
         );
     }
     if args.prompt.is_none() && args.prompt_ids.is_none() {
         bail!("give a prompt: --prompt TEXT, --prompt-ids 1,2,3 or --prompts-file FILE");
     }
-    let (model, text, load_time) = load_parts(&args.model)?;
+    let (model, text, load_time) = load_parts(&args.model, launch)?;
     let vocab = model.config().vocab_size;
     let mut params = args.sampling.params(vocab)?;
     params.structured = args.structured.constraint()?;

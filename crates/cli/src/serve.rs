@@ -1,6 +1,7 @@
 //! `ferrum serve`: the OpenAI-compatible HTTP server over the batching engine.
 
 use crate::common::{load_parts, EngineArgs, ModelArgs};
+use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_server::ServerConfig;
@@ -40,7 +41,7 @@ pub struct ServeArgs {
     engine: EngineArgs,
 }
 
-pub fn serve(args: &ServeArgs) -> Result<()> {
+pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
     if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
         bail!(
             "--shutdown-timeout {}: expected seconds, 0 or more",
@@ -60,7 +61,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         bail!("--api-key must not be empty");
     }
-    let (model, text, _) = load_parts(&args.model)?;
+    let (model, text, _) = load_parts(&args.model, launch)?;
     let TextAssets {
         tokenizer,
         chat_template,

@@ -122,7 +122,13 @@ fn rank() {
         world: world.clone(),
         tp: tp_group,
     };
-    let path = model_path(name).unwrap();
+    // A rank that cannot read the model: every rank hears of it, naming that rank.
+    let unreadable = name == "unreadable-on-rank-1";
+    let path = match (unreadable, rank) {
+        (true, 1) => PathBuf::from("/nonexistent/ferrum-model"),
+        (true, _) => fixtures().join("tiny-llama"),
+        _ => model_path(name).unwrap(),
+    };
     let opts = LoadOptions {
         num_threads: Some(1),
         precision: MatmulPrecision::Float,
@@ -134,7 +140,20 @@ fn rank() {
         .as_ref()
         .map(|_| ())
         .map_err(|e| ferrum_models::ModelError::Invalid(e.to_string()));
-    check_loaded(world.as_ref(), "test", status).unwrap();
+    let checked = check_loaded(world.as_ref(), "test", status);
+    if unreadable {
+        let err = checked.unwrap_err().to_string();
+        assert!(
+            err.contains("rank 1 on test") && err.contains("/nonexistent/ferrum-model"),
+            "{err}"
+        );
+        assert!(!err.contains("rank 0"), "{err}");
+        if rank == 0 {
+            println!("rank 0: parallel case passed");
+        }
+        return;
+    }
+    checked.unwrap();
     let mut model = loaded.unwrap();
     if rank != 0 {
         model.run_worker().unwrap();
@@ -279,4 +298,17 @@ fn smollm2_tp3_and_pp2_give_the_reference_tokens() {
             micro_batches: 2,
         });
     }
+}
+
+/// A rank that cannot read the model file: the load fails on every rank, and the error names
+/// that rank and the file.
+#[test]
+fn a_rank_that_cannot_read_the_model_fails_the_load_everywhere() {
+    launch(Case {
+        model: "unreadable-on-rank-1",
+        tp: 2,
+        pp: 1,
+        split: &[],
+        micro_batches: 1,
+    });
 }

@@ -249,8 +249,7 @@ mod tests {
 
     fn tiny_llama() -> ModelConfig {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        ModelConfig::from_hf_file(&dir.join("../../tests/fixtures/tiny-llama/config.json"))
-            .unwrap()
+        ModelConfig::from_hf_file(&dir.join("../../tests/fixtures/tiny-llama/config.json")).unwrap()
     }
 
     #[test]
@@ -280,7 +279,10 @@ mod tests {
         // tiny-llama: 4 heads, 2 KV heads, intermediate 128, 2 layers.
         let c = tiny_llama();
         let s = Shard::new(&c, &layout(4, 1, None), 3).unwrap();
-        assert_eq!((s.q_heads(4), s.kv_heads(2), s.intermediate(128)), (3..4, 1..2, 96..128));
+        assert_eq!(
+            (s.q_heads(4), s.kv_heads(2), s.intermediate(128)),
+            (3..4, 1..2, 96..128)
+        );
         let s = Shard::new(&c, &layout(4, 1, None), 1).unwrap();
         assert_eq!(s.kv_heads(2), 0..1);
         let s = Shard::new(&c, &layout(2, 2, None), 3).unwrap();
@@ -296,9 +298,16 @@ mod tests {
             ),
             (2, 1, 64, 1)
         );
-        let err = Shard::new(&c, &layout(3, 1, None), 0).unwrap_err().to_string();
-        assert!(err.contains("4 attention heads do not split over 3"), "{err}");
-        let err = Shard::new(&c, &layout(2, 1, None), 2).unwrap_err().to_string();
+        let err = Shard::new(&c, &layout(3, 1, None), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("4 attention heads do not split over 3"),
+            "{err}"
+        );
+        let err = Shard::new(&c, &layout(2, 1, None), 2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("outside a layout of 2"), "{err}");
     }
 }

@@ -1,0 +1,195 @@
+//! Parallel runs from the command line: `mpirun -n N ferrum serve --model M
+//! --tensor-parallel-size T --pipeline-parallel-size P` (N = T x P).
+//!
+//! Every rank parses the same flags and loads its shard. Rank 0 goes on as a normal run (the
+//! engine, the server or the benchmark, whose model steps every rank); the other ranks run
+//! rank 0's steps until it stops, then leave without output. MPI is initialised only for a
+//! parallel layout or a process that `mpirun` started with others, and finalised when
+//! [`Launch`] is dropped at the end of `main` (a worker finalises before it exits).
+
+use crate::common::ModelArgs;
+use anyhow::{bail, Result};
+use ferrum_models::parallel::Layout;
+use ferrum_models::{LoadOptions, Model};
+use std::path::Path;
+
+/// Ranks the process manager says the job has (Open MPI, MPICH/Hydra, Slurm), if any.
+fn launched_world_size() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "SLURM_NTASKS",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// The process's place in a parallel run: MPI, once initialised.
+#[derive(Default)]
+pub struct Launch {
+    #[cfg(feature = "mpi")]
+    mpi: std::sync::Mutex<Option<ferrum_runtime::comm::mpi::MpiRuntime>>,
+}
+
+impl Launch {
+    /// Whether `layout` (or the way the process was started) makes this a parallel run.
+    pub fn is_parallel(layout: &Layout) -> bool {
+        layout.is_parallel() || launched_world_size().is_some_and(|n| n > 1)
+    }
+
+    /// Loads this rank's shard of the model at `path`. Rank 0 gets it back; any other rank
+    /// serves rank 0's steps and exits here.
+    #[cfg(not(feature = "mpi"))]
+    pub fn load(
+        &self,
+        _path: &Path,
+        _args: &ModelArgs,
+        _opts: &LoadOptions,
+        layout: &Layout,
+    ) -> Result<Model> {
+        match launched_world_size() {
+            Some(n) if n > 1 && !layout.is_parallel() => bail!(
+                "mpirun started {n} copies of a ferrum built without MPI: build with `cargo build --release --features mpi` and pass --tensor-parallel-size/--pipeline-parallel-size"
+            ),
+            _ => bail!(
+                "--tensor-parallel-size {} --pipeline-parallel-size {} needs MPI: build with `cargo build --release --features mpi` and launch with `mpirun -n {}`",
+                layout.tensor_parallel,
+                layout.pipeline_parallel,
+                layout.world_size()
+            ),
+        }
+    }
+
+    /// Loads this rank's shard of the model at `path`. Rank 0 gets it back; any other rank
+    /// serves rank 0's steps and exits here.
+    #[cfg(feature = "mpi")]
+    pub fn load(
+        &self,
+        path: &Path,
+        args: &ModelArgs,
+        opts: &LoadOptions,
+        layout: &Layout,
+    ) -> Result<Model> {
+        use crate::common::DeviceArg;
+        use ferrum_models::parallel::{check_loaded, Comms};
+        use ferrum_models::{load_model_sharded, ModelError};
+        use ferrum_runtime::comm::mpi::MpiRuntime;
+        use ferrum_runtime::{Communicator, Device};
+        use std::sync::Arc;
+
+        let mut guard = self
+            .mpi
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the MPI state was poisoned"))?;
+        if guard.is_none() {
+            *guard = Some(MpiRuntime::init()?);
+        }
+        let Some(rt) = guard.as_ref() else {
+            bail!("MPI did not start")
+        };
+        let world = Arc::new(rt.world());
+        let (rank, size) = (world.rank(), world.size());
+        if size != layout.world_size() && rank != 0 {
+            // Rank 0 says why; the others leave quietly.
+            drop(world);
+            guard.take();
+            std::process::exit(1)
+        }
+        if size != layout.world_size() {
+            bail!(
+                "{size} ranks were launched for --tensor-parallel-size {} x --pipeline-parallel-size {}: launch {} (mpirun -n {})",
+                layout.tensor_parallel,
+                layout.pipeline_parallel,
+                layout.world_size(),
+                layout.world_size()
+            );
+        }
+        let node = rt.node_name()?;
+        check_tp_groups(world.as_ref(), &node, layout.tensor_parallel)?;
+        let tp = Arc::new(world.split(rank / layout.tensor_parallel)?);
+        let device = match args.device {
+            DeviceArg::Fixed(d) => d,
+            // Each rank on the CPU unless told otherwise: ranks must not race for GPU 0.
+            DeviceArg::Auto => Device::Cpu,
+        };
+        let comms = Comms {
+            world: world.clone(),
+            tp,
+        };
+        let loaded = load_model_sharded(path, opts, device, layout, comms);
+        let status = match &loaded {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ModelError::Invalid(e.to_string())),
+        };
+        let checked = check_loaded(world.as_ref(), &node, status);
+        let model = match (checked, loaded) {
+            (Ok(()), Ok(model)) => model,
+            (Err(e), _) if rank == 0 => return Err(e.into()),
+            (Ok(()), Err(e)) if rank == 0 => return Err(e.into()),
+            // Rank 0 reports every rank's failure; the others leave quietly.
+            _ => {
+                drop(world);
+                guard.take();
+                std::process::exit(1)
+            }
+        };
+        if rank == 0 {
+            return Ok(model);
+        }
+        drop(guard);
+        ignore_stop_signals();
+        let served = model.run_worker();
+        drop(world);
+        if let Err(e) = served {
+            eprintln!("ferrum: rank {rank}: {e}");
+        }
+        // Finalise, then leave: a worker has no output of its own.
+        if let Ok(mut g) = self.mpi.lock() {
+            g.take();
+        }
+        std::process::exit(0)
+    }
+}
+
+/// A worker ends when rank 0 says so (or the job is torn down, which kills it): the SIGTERM and
+/// SIGINT that `mpirun` forwards to every rank must not end it before rank 0's graceful
+/// shutdown has finished its last steps.
+#[cfg(feature = "mpi")]
+fn ignore_stop_signals() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to "ignore" installs no handler code; nothing
+    // else in a worker installs handlers.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+}
+
+/// Checks that the ranks of each tensor-parallel group (consecutive ranks) share a node.
+#[cfg(feature = "mpi")]
+fn check_tp_groups(world: &dyn ferrum_runtime::Communicator, node: &str, tp: usize) -> Result<()> {
+    const NAME: usize = 256;
+    let mut mine = [0u8; NAME];
+    let n = node.len().min(NAME);
+    mine[..n].copy_from_slice(&node.as_bytes()[..n]);
+    let all = world.all_gather_bytes(&mine)?;
+    let names: Vec<String> = all
+        .chunks_exact(NAME)
+        .map(|c| {
+            let len = c.iter().position(|&b| b == 0).unwrap_or(NAME);
+            String::from_utf8_lossy(&c[..len]).into_owned()
+        })
+        .collect();
+    for (g, group) in names.chunks(tp).enumerate() {
+        if let Some(other) = group.iter().find(|n| *n != &group[0]) {
+            bail!(
+                "the tensor-parallel group of ranks {}..{} spans nodes {} and {other}: a group must sit on one node (place ranks by slot, e.g. mpirun --map-by slot)",
+                g * tp,
+                g * tp + group.len() - 1,
+                group[0]
+            );
+        }
+    }
+    Ok(())
+}
