@@ -1,5 +1,5 @@
 //! Tensor and pipeline parallelism: a rank's [`Shard`] of the model, the [`Comms`] it talks
-//! over, and the step protocol between rank 0 and the other ranks ([`driver`]).
+//! over, and the step protocol between rank 0 and the other ranks (the `driver` module).
 //!
 //! Every rank loads only its shard. Rank 0 runs the engine; each step it broadcasts the batch,
 //! and every rank runs the same forward over its shard: a tensor-parallel group all-reduces the
