@@ -1,7 +1,7 @@
 //! The measurements behind `ferrum bench`, apart from the binary that parses its flags.
 //!
-//! - [`mod@latency`], [`mod@throughput`], [`mod@bandwidth`]: offline figures of a loaded model, the
-//!   batching engine and the machine, as typed configs in and typed results out; the command
+//! - [`mod@latency`], [`mod@throughput`], [`mod@bandwidth`], [`mod@comm`]: offline figures of a
+//!   loaded model, the batching engine, the machine and the links between ranks, as typed configs in and typed results out; the command
 //!   line loads the model and prints.
 //! - [`serve`]: an online load generator for any OpenAI-compatible server; [`soak`]: a
 //!   fault-injecting load that checks a server's responses and recovery. Both are HTTP clients
@@ -11,12 +11,14 @@
 //! name the flag or the server at fault, not a library error type.
 
 pub mod bandwidth;
+pub mod comm;
 pub mod latency;
 pub mod serve;
 pub mod soak;
 pub mod throughput;
 
 pub use bandwidth::{bandwidth, BandwidthResult};
+pub use comm::{comm, CommResult};
 pub use latency::{latency, LatencyConfig, LatencyResult};
 pub use throughput::{throughput, ThroughputConfig, ThroughputResult};
 

@@ -30,6 +30,25 @@ enum BenchCommand {
     Soak(ferrum_bench::soak::SoakArgs),
     /// This machine's streaming read bandwidth (the bound on decode speed for large models).
     Bandwidth(BandwidthArgs),
+    /// What a parallel run's communication costs: all-reduce and stage-to-stage send of
+    /// rows x hidden f32 values (under mpirun -n 2 or more; a build with --features mpi).
+    Comm(CommArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CommArgs {
+    /// Widths of a row (a model's hidden size), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "576,896,1536,4096,8192")]
+    hidden_sizes: Vec<usize>,
+    /// Rows per operation (tokens in a step), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    rows: Vec<usize>,
+    /// Measured repetitions of each (the median is reported).
+    #[arg(long, default_value_t = 200)]
+    num_iters: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +122,7 @@ pub fn bench(args: &BenchArgs, launch: &Launch) -> Result<()> {
         BenchCommand::Serve(a) => ferrum_bench::serve::bench_serve(a),
         BenchCommand::Soak(a) => ferrum_bench::soak::soak(a),
         BenchCommand::Bandwidth(a) => bandwidth(a),
+        BenchCommand::Comm(a) => comm(a, launch),
     }
 }
 
@@ -171,6 +191,35 @@ fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn comm(args: &CommArgs, launch: &Launch) -> Result<()> {
+    launch.with_world(&mut |world| {
+        let r = ferrum_bench::comm(world, &args.hidden_sizes, &args.rows, args.num_iters)?;
+        if world.rank() != 0 {
+            return Ok(());
+        }
+        if args.json {
+            println!("{}", json!({ "ranks": world.size(), "results": r }));
+        } else {
+            println!(
+                "{:>11} {:>6} {:>7} {:>10} {:>10} {:>9}",
+                "op", "rows", "hidden", "bytes", "median us", "GB/s"
+            );
+            for c in &r {
+                println!(
+                    "{:>11} {:>6} {:>7} {:>10} {:>10.2} {:>9.2}",
+                    c.op,
+                    c.rows,
+                    c.hidden,
+                    c.bytes,
+                    c.median_us,
+                    c.bytes as f64 / c.median_us / 1e3
+                );
+            }
+        }
+        Ok(())
+    })
 }
 
 fn bandwidth(args: &BandwidthArgs) -> Result<()> {

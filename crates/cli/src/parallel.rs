@@ -166,6 +166,36 @@ fn ignore_stop_signals() {
     }
 }
 
+impl Launch {
+    /// Runs `f` over every rank of the job (initialising MPI).
+    #[cfg(feature = "mpi")]
+    pub fn with_world(
+        &self,
+        f: &mut dyn FnMut(&dyn ferrum_runtime::Communicator) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = self
+            .mpi
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the MPI state was poisoned"))?;
+        if guard.is_none() {
+            *guard = Some(ferrum_runtime::comm::mpi::MpiRuntime::init()?);
+        }
+        let Some(rt) = guard.as_ref() else {
+            bail!("MPI did not start")
+        };
+        f(&rt.world())
+    }
+
+    /// Runs `f` over every rank of the job: needs MPI.
+    #[cfg(not(feature = "mpi"))]
+    pub fn with_world(
+        &self,
+        _f: &mut dyn FnMut(&dyn ferrum_runtime::Communicator) -> Result<()>,
+    ) -> Result<()> {
+        bail!("this needs MPI: build with `cargo build --release --features mpi` and launch with mpirun")
+    }
+}
+
 /// Checks that the ranks of each tensor-parallel group (consecutive ranks) share a node.
 #[cfg(feature = "mpi")]
 fn check_tp_groups(world: &dyn ferrum_runtime::Communicator, node: &str, tp: usize) -> Result<()> {

@@ -20,7 +20,7 @@
 use crate::backend::{Backend, Buf, CpuBackend};
 use crate::parallel::Placement;
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::{forward_dims, Loader};
+use crate::weights::{forward_dims, take_rows, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope, RopeScaling};
 use ferrum_types::ForwardBatch;
@@ -57,8 +57,10 @@ pub struct GemmaModel<B: Backend = CpuBackend> {
     embed: Option<B::Table>,
     /// This stage's layers.
     layers: Vec<Layer<B>>,
-    /// The final norm and LM head, on the rank that computes the logits.
+    /// The final norm and this rank's vocabulary rows of the LM head, on the last stage.
     head: Option<(B::Vector, B::Weight)>,
+    /// The logits gathered from the stage's ranks.
+    gathered: Vec<f32>,
     /// The global layers' rope, then (Gemma 3) the local layers'.
     ropes: Vec<Rope>,
 }
@@ -204,8 +206,10 @@ impl<B: Backend> GemmaModel<B> {
                 },
             });
         }
-        let head = if sh.computes_logits() {
-            Some((b.vector(norm(norm_name, h)?)?, b.weight(lm_head)?))
+        // The last stage's ranks each hold a slice of the vocabulary.
+        let head = if sh.is_last_stage() {
+            let rows = take_rows(lm_head, sh.vocab(c.vocab_size))?;
+            Some((b.vector(norm(norm_name, h)?)?, b.weight(rows)?))
         } else {
             None
         };
@@ -222,6 +226,7 @@ impl<B: Backend> GemmaModel<B> {
             embed,
             layers,
             head,
+            gathered: Vec::new(),
             ropes,
         })
     }
@@ -277,7 +282,11 @@ impl<B: Backend> GemmaModel<B> {
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        let dims = forward_dims(&self.local, batch, kv)?;
+        let mut dims = forward_dims(&self.local, batch, kv)?;
+        dims.vocab = self
+            .head
+            .as_ref()
+            .map_or(0, |_| self.place.shard.vocab(c.vocab_size).len());
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
@@ -328,14 +337,18 @@ impl<B: Backend> GemmaModel<B> {
             return Ok(&[]);
         }
         match &self.head {
-            // [num_logits, vocab]
-            Some((norm, head)) => b.logits(
-                norm,
-                eps,
-                head,
-                &batch.logits_indices,
-                c.final_logit_softcap,
-            ),
+            Some((norm, head)) => {
+                // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
+                let local = b.logits(
+                    norm,
+                    eps,
+                    head,
+                    &batch.logits_indices,
+                    c.final_logit_softcap,
+                )?;
+                let rows = batch.logits_indices.len();
+                place.gather_logits(local, rows, c.vocab_size, &mut self.gathered)
+            }
             None => Ok(&[]),
         }
     }

@@ -62,8 +62,10 @@ pub struct LlamaModel<B: Backend = CpuBackend> {
     embed: Option<B::Table>,
     /// This stage's layers.
     layers: Vec<Layer<B>>,
-    /// On the rank that computes the logits.
+    /// The final norm and this rank's vocabulary rows of the LM head, on the last stage.
     head: Option<(B::Vector, B::Weight)>,
+    /// The logits gathered from the stage's ranks.
+    gathered: Vec<f32>,
     /// One rope for every layer (index 0 of the backend's).
     ropes: [Rope; 1],
 }
@@ -428,8 +430,10 @@ impl<B: Backend> LlamaModel<B> {
             freq_factors.as_deref(),
             c.rope_table_dtype,
         );
-        let head = if sh.computes_logits() {
-            Some((b.vector(ld.vector(norm_name, h)?)?, b.weight(lm_head)?))
+        // The last stage's ranks each hold a slice of the vocabulary.
+        let head = if sh.is_last_stage() {
+            let rows = take_rows(lm_head, sh.vocab(c.vocab_size))?;
+            Some((b.vector(ld.vector(norm_name, h)?)?, b.weight(rows)?))
         } else {
             None
         };
@@ -447,6 +451,7 @@ impl<B: Backend> LlamaModel<B> {
             backend,
             config,
             place,
+            gathered: Vec::new(),
         })
     }
 
@@ -511,7 +516,11 @@ impl<B: Backend> LlamaModel<B> {
     /// run, this rank's part: the rank that computes no logits returns none.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
-        let dims = forward_dims(&self.local, batch, kv)?;
+        let mut dims = forward_dims(&self.local, batch, kv)?;
+        dims.vocab = self
+            .head
+            .as_ref()
+            .map_or(0, |_| self.place.shard.vocab(c.vocab_size).len());
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
@@ -572,8 +581,12 @@ impl<B: Backend> LlamaModel<B> {
             return Ok(&[]);
         }
         match &self.head {
-            // [num_logits, vocab]
-            Some((norm, head)) => b.logits(norm, eps, head, &batch.logits_indices, None),
+            Some((norm, head)) => {
+                // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
+                let local = b.logits(norm, eps, head, &batch.logits_indices, None)?;
+                let rows = batch.logits_indices.len();
+                place.gather_logits(local, rows, c.vocab_size, &mut self.gathered)
+            }
             None => Ok(&[]),
         }
     }

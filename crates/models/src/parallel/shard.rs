@@ -10,9 +10,11 @@
 //! vLLM does) and the MLP by intermediate rows (each expert's, for a mixture of experts); the
 //! products after them (`o`, `down`) take the same range of their input columns, so each rank's
 //! output is a partial sum that one all-reduce completes. Norms, the router and biases of the
-//! outputs are replicated. The embedding lives on every rank of the first stage, the final norm
-//! and LM head on the first rank of the last stage (replicated, not split by vocabulary: one
-//! rank computes the logits and no gather is needed).
+//! outputs are replicated. The embedding is replicated on every rank of the first stage (a
+//! lookup reads one row per token); the LM head is split by vocabulary over the ranks of the
+//! last stage (`ceil(V / T)` rows each), which gather the logits to the stage's first rank:
+//! the head is a large share of a small model's weights, and replicated it would leave the
+//! other ranks idle while one reads it all.
 
 use crate::{ModelConfig, ModelError, Result};
 use std::ops::Range;
@@ -192,6 +194,14 @@ impl Shard {
         }
     }
 
+    /// This rank's rows of the LM head (of a vocabulary of `n`): `ceil(n / T)` each, the last
+    /// rank the rest.
+    pub fn vocab(&self, n: usize) -> Range<usize> {
+        let chunk = n.div_ceil(self.tp_size);
+        let start = (self.tp_rank * chunk).min(n);
+        start..(start + chunk).min(n)
+    }
+
     /// This rank's rows of an MLP's intermediate of `n`.
     pub fn intermediate(&self, n: usize) -> Range<usize> {
         part(n, self.tp_rank, self.tp_size)
@@ -205,7 +215,8 @@ impl Shard {
         self.pp_rank + 1 == self.pp_size
     }
 
-    /// Whether this rank computes the logits (the last stage's first rank).
+    /// Whether this rank holds the whole logits (the last stage's first rank, which gathers
+    /// the group's vocabulary slices).
     pub fn computes_logits(&self) -> bool {
         self.is_last_stage() && self.tp_rank == 0
     }
@@ -285,6 +296,17 @@ mod tests {
         );
         let s = Shard::new(&c, &layout(4, 1, None), 1).unwrap();
         assert_eq!(s.kv_heads(2), 0..1);
+        // A vocabulary of 10 over 4 ranks: 3, 3, 3 and 1 rows.
+        let v: Vec<_> = (0..4)
+            .map(|r| {
+                Shard {
+                    tp_rank: r,
+                    ..s.clone()
+                }
+                .vocab(10)
+            })
+            .collect();
+        assert_eq!(v, [0..3, 3..6, 6..9, 9..10]);
         let s = Shard::new(&c, &layout(2, 2, None), 3).unwrap();
         assert_eq!((s.tp_rank, s.pp_rank, s.layers.clone()), (1, 1, 1..2));
         assert!(s.is_last_stage() && !s.computes_logits());
