@@ -485,9 +485,6 @@ pub fn start_engine(
         (_, Some(_)) => bail!("--speculative-model goes with --speculative-method draft"),
         (_, None) => return Ok(EngineHandle::start(model, tokenizer, cfg)?),
     };
-    if model.shard().is_some() {
-        bail!("--speculative-model does not run in a parallel run yet; use --speculative-method ngram");
-    }
     let path = model_path::resolve(draft)?;
     let Some(pool) = model.compute_pool() else {
         bail!(

@@ -74,17 +74,10 @@ impl Launch {
         use crate::common::DeviceArg;
         use ferrum_models::parallel::{check_loaded, Comms};
         use ferrum_models::{load_model_sharded, ModelError};
-        use ferrum_runtime::comm::mpi::MpiRuntime;
         use ferrum_runtime::{Communicator, Device};
         use std::sync::Arc;
 
-        let mut guard = self
-            .mpi
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the MPI state was poisoned"))?;
-        if guard.is_none() {
-            *guard = Some(MpiRuntime::init()?);
-        }
+        let mut guard = self.runtime()?;
         let Some(rt) = guard.as_ref() else {
             bail!("MPI did not start")
         };
@@ -167,12 +160,11 @@ fn ignore_stop_signals() {
 }
 
 impl Launch {
-    /// Runs `f` over every rank of the job (initialising MPI).
+    /// MPI, initialised on first use; held (locked) by the caller.
     #[cfg(feature = "mpi")]
-    pub fn with_world(
+    fn runtime(
         &self,
-        f: &mut dyn FnMut(&dyn ferrum_runtime::Communicator) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<std::sync::MutexGuard<'_, Option<ferrum_runtime::comm::mpi::MpiRuntime>>> {
         let mut guard = self
             .mpi
             .lock()
@@ -180,6 +172,16 @@ impl Launch {
         if guard.is_none() {
             *guard = Some(ferrum_runtime::comm::mpi::MpiRuntime::init()?);
         }
+        Ok(guard)
+    }
+
+    /// Runs `f` over every rank of the job (initialising MPI).
+    #[cfg(feature = "mpi")]
+    pub fn with_world(
+        &self,
+        f: &mut dyn FnMut(&dyn ferrum_runtime::Communicator) -> Result<()>,
+    ) -> Result<()> {
+        let guard = self.runtime()?;
         let Some(rt) = guard.as_ref() else {
             bail!("MPI did not start")
         };

@@ -18,7 +18,7 @@
 //! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
 
 use crate::backend::{Backend, Buf, CpuBackend};
-use crate::parallel::Placement;
+use crate::parallel::{LogitsGather, Placement};
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, take_rows, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
@@ -60,7 +60,7 @@ pub struct GemmaModel<B: Backend = CpuBackend> {
     /// The final norm and this rank's vocabulary rows of the LM head, on the last stage.
     head: Option<(B::Vector, B::Weight)>,
     /// The logits gathered from the stage's ranks.
-    gathered: Vec<f32>,
+    gathered: LogitsGather,
     /// The global layers' rope, then (Gemma 3) the local layers'.
     ropes: Vec<Rope>,
 }
@@ -108,12 +108,6 @@ fn layer_name(format: ModelFormat, i: usize, part: Part) -> String {
 }
 
 impl<B: Backend> GemmaModel<B> {
-    /// Builds the model on `backend` from `src`, checking every tensor against `config`.
-    pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
-        let place = Placement::whole(&config);
-        Self::load_placed(config, src, backend, place)
-    }
-
     /// Builds `place`'s shard of the model on `backend` from `src` (see
     /// [`crate::LlamaModel::load_placed`]).
     pub fn load_placed(
@@ -226,7 +220,7 @@ impl<B: Backend> GemmaModel<B> {
             embed,
             layers,
             head,
-            gathered: Vec::new(),
+            gathered: LogitsGather::default(),
             ropes,
         })
     }
@@ -347,7 +341,7 @@ impl<B: Backend> GemmaModel<B> {
                     c.final_logit_softcap,
                 )?;
                 let rows = batch.logits_indices.len();
-                place.gather_logits(local, rows, c.vocab_size, &mut self.gathered)
+                self.gathered.gather(place, local, rows, c.vocab_size)
             }
             None => Ok(&[]),
         }

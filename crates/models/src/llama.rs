@@ -14,7 +14,7 @@
 //! own form and runs each fused operation on its device.
 
 use crate::backend::{Backend, Buf, CpuBackend, Expert, MoeWeights};
-use crate::parallel::{Placement, Shard};
+use crate::parallel::{LogitsGather, Placement, Shard};
 use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, take_cols, take_rows, take_vec, Loader};
@@ -65,7 +65,7 @@ pub struct LlamaModel<B: Backend = CpuBackend> {
     /// The final norm and this rank's vocabulary rows of the LM head, on the last stage.
     head: Option<(B::Vector, B::Weight)>,
     /// The logits gathered from the stage's ranks.
-    gathered: Vec<f32>,
+    gathered: LogitsGather,
     /// One rope for every layer (index 0 of the backend's).
     ropes: [Rope; 1],
 }
@@ -266,14 +266,9 @@ fn load_moe<B: Backend>(
 }
 
 impl<B: Backend> LlamaModel<B> {
-    /// Builds the model on `backend` from `src`, checking every tensor against `config`.
-    pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
-        let place = Placement::whole(&config);
-        Self::load_placed(config, src, backend, place)
-    }
-
     /// Builds `place`'s shard of the model (its stage's layers, its heads and intermediate
-    /// rows; see [`crate::parallel`]) on `backend` from `src`.
+    /// rows; see [`crate::parallel`]; the whole model with [`Placement::whole`]) on `backend`
+    /// from `src`, checking every tensor against `config`.
     pub fn load_placed(
         config: ModelConfig,
         src: &WeightSource,
@@ -451,7 +446,7 @@ impl<B: Backend> LlamaModel<B> {
             backend,
             config,
             place,
-            gathered: Vec::new(),
+            gathered: LogitsGather::default(),
         })
     }
 
@@ -585,7 +580,7 @@ impl<B: Backend> LlamaModel<B> {
                 // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
                 let local = b.logits(norm, eps, head, &batch.logits_indices, None)?;
                 let rows = batch.logits_indices.len();
-                place.gather_logits(local, rows, c.vocab_size, &mut self.gathered)
+                self.gathered.gather(place, local, rows, c.vocab_size)
             }
             None => Ok(&[]),
         }

@@ -6,8 +6,9 @@
 //! out) or the end (`[STOP]`). The other ranks loop on the broadcast ([`run_worker`]) and run
 //! the same commands on their shards.
 //!
-//! A step with several stages splits the batch into micro-batches of whole sequences; each
-//! stage runs them in order, receiving each one's residual stream from the stage before and
+//! A step with several stages splits the batch into micro-batches of about equal token counts
+//! (a long prompt's chunk is cut into pieces; see `ForwardBatch::split_into`); each stage runs
+//! them in order, receiving each one's residual stream from the stage before and
 //! sending its own on, so stage `s` works on micro-batch `i` while stage `s + 1` works on
 //! `i - 1`. The last stage's first rank keeps the logits of every micro-batch and sends them
 //! to rank 0 in one message once the step is done (sending them earlier could block on rank 0,

@@ -58,51 +58,6 @@ impl Placement {
         b.host_rows(buf, &mut |rows| Ok(tp.all_reduce_sum(rows)?))
     }
 
-    /// The whole logits `[rows, vocab]` from each tensor-parallel rank's slice of the
-    /// vocabulary (`local`, `[rows, its slice]`), on the group's first rank (`out` holds
-    /// them); other ranks get none. One rank: `local` itself.
-    pub(crate) fn gather_logits<'a>(
-        &self,
-        local: &'a [f32],
-        rows: usize,
-        vocab: usize,
-        out: &'a mut Vec<f32>,
-    ) -> Result<&'a [f32]> {
-        let s = &self.shard;
-        if s.tp_size == 1 {
-            return Ok(local);
-        }
-        let chunk = vocab.div_ceil(s.tp_size);
-        // Every rank's slice padded to `chunk` columns, gathered in rank order.
-        let mut padded = vec![0.0f32; rows * chunk];
-        let mine = s.vocab(vocab).len();
-        for (dst, src) in padded
-            .chunks_exact_mut(chunk)
-            .zip(local.chunks_exact(mine.max(1)))
-        {
-            dst[..mine].copy_from_slice(&src[..mine]);
-        }
-        let mut all = vec![0.0f32; s.tp_size * rows * chunk];
-        self.comms()?.tp.all_gather(&padded, &mut all)?;
-        if s.tp_rank != 0 {
-            return Ok(&[]);
-        }
-        out.resize(rows * vocab, 0.0);
-        for r in 0..s.tp_size {
-            let cols = Shard {
-                tp_rank: r,
-                ..s.clone()
-            }
-            .vocab(vocab);
-            let part = &all[r * rows * chunk..(r + 1) * rows * chunk];
-            for (i, src) in part.chunks_exact(chunk).enumerate() {
-                out[i * vocab + cols.start..i * vocab + cols.end]
-                    .copy_from_slice(&src[..cols.len()]);
-            }
-        }
-        Ok(out)
-    }
-
     /// `X` from the previous stage (the same tensor-parallel rank there).
     pub(crate) fn recv_residual<B: Backend>(&self, b: &mut B) -> Result<()> {
         let s = &self.shard;
@@ -117,5 +72,67 @@ impl Placement {
         let dest = s.world_rank(s.pp_rank + 1, s.tp_rank);
         let world = &self.comms()?.world;
         b.host_rows(Buf::X, &mut |rows| Ok(world.send(rows, dest)?))
+    }
+}
+
+/// Gathers the last stage's vocabulary slices of the logits into whole rows; its buffers are
+/// kept, so a warm step allocates nothing.
+#[derive(Debug, Default)]
+pub(crate) struct LogitsGather {
+    /// This rank's slice, padded to `ceil(vocab / T)` columns.
+    padded: Vec<f32>,
+    /// Every rank's padded slice, in rank order.
+    all: Vec<f32>,
+    /// `[rows, vocab]`, on the group's first rank.
+    out: Vec<f32>,
+}
+
+impl LogitsGather {
+    /// The whole logits `[rows, vocab]` from each tensor-parallel rank's slice of the
+    /// vocabulary (`local`, `[rows, its slice]`), on the group's first rank; other ranks get
+    /// none. One rank: `local` itself.
+    pub(crate) fn gather<'a>(
+        &'a mut self,
+        place: &Placement,
+        local: &'a [f32],
+        rows: usize,
+        vocab: usize,
+    ) -> Result<&'a [f32]> {
+        let s = &place.shard;
+        if s.tp_size == 1 {
+            return Ok(local);
+        }
+        let chunk = vocab.div_ceil(s.tp_size);
+        let mine = s.vocab(vocab).len();
+        self.padded.clear();
+        self.padded.resize(rows * chunk, 0.0);
+        if mine > 0 {
+            for (dst, src) in self
+                .padded
+                .chunks_exact_mut(chunk)
+                .zip(local.chunks_exact(mine))
+            {
+                dst[..mine].copy_from_slice(src);
+            }
+        }
+        self.all.resize(s.tp_size * rows * chunk, 0.0);
+        place.comms()?.tp.all_gather(&self.padded, &mut self.all)?;
+        if s.tp_rank != 0 {
+            return Ok(&[]);
+        }
+        self.out.resize(rows * vocab, 0.0);
+        for r in 0..s.tp_size {
+            let cols = Shard {
+                tp_rank: r,
+                ..s.clone()
+            }
+            .vocab(vocab);
+            let part = &self.all[r * rows * chunk..(r + 1) * rows * chunk];
+            for (i, src) in part.chunks_exact(chunk).enumerate() {
+                self.out[i * vocab + cols.start..i * vocab + cols.end]
+                    .copy_from_slice(&src[..cols.len()]);
+            }
+        }
+        Ok(&self.out)
     }
 }

@@ -29,8 +29,8 @@ pub struct Layout {
     /// Layers per stage, in order (`--pipeline-layer-split 10,14`); `None`: as even as
     /// possible, earlier stages taking the remainder.
     pub layer_split: Option<Vec<usize>>,
-    /// Micro-batches a step is split into when there are several stages (whole sequences
-    /// each; never more than the step's sequences).
+    /// Micro-batches a step is split into when there are several stages (about equal token
+    /// counts; never more than the step's tokens).
     pub micro_batches: usize,
 }
 
