@@ -5,7 +5,9 @@ set -euo pipefail
 need=()
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/*/libclang*.so* 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' \
+# libclang itself (libclang.so, libclang-14.so.1), not libclang-cpp.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
+  || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null \
   || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -31,11 +31,12 @@ log="$(mktemp)"
 mpirun --oversubscribe -n 2 "$bin" serve --model tests/fixtures/tiny-smollm --port 0 \
   --pipeline-parallel-size 2 --threads 1 2>"$log" >/dev/null &
 launcher=$!
+trap 'kill -9 "$launcher" 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
   grep -q "http://" "$log" && break
   sleep 0.2
 done
-base=$(grep -o "http://[0-9.:]*" "$log" | head -1)
+base=$(grep -o "http://[0-9.:]*" "$log" | head -1 || true)
 if [ -z "$base" ]; then
   cat "$log" >&2
   echo "test-mpi: the parallel server did not start" >&2
@@ -46,8 +47,8 @@ curl -s -N "$base/v1/completions" -H 'content-type: application/json' \
   >/dev/null 2>&1 &
 sleep 0.5
 worker=""
-for p in $(pgrep -P "$launcher"); do
-  if tr '\0' '\n' <"/proc/$p/environ" | grep -qx "OMPI_COMM_WORLD_RANK=1"; then worker=$p; fi
+for p in $(pgrep -P "$launcher" || true); do
+  if grep -qzx "OMPI_COMM_WORLD_RANK=1" "/proc/$p/environ"; then worker=$p; fi
 done
 if [ -z "$worker" ]; then
   echo "test-mpi: no rank 1 under mpirun $launcher" >&2

@@ -45,6 +45,8 @@ pub fn comm(
             let mut buf = vec![1.0f32; r * h];
             let mut times = Vec::with_capacity(iters);
             for i in 0..iters + 3 {
+                // Summed again each time, the values would grow without bound.
+                buf.fill(1.0);
                 world.all_reduce_sum(&mut sync)?;
                 let t = Instant::now();
                 world.all_reduce_sum(&mut buf)?;

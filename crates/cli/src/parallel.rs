@@ -13,16 +13,25 @@ use ferrum_models::parallel::Layout;
 use ferrum_models::{LoadOptions, Model};
 use std::path::Path;
 
-/// Ranks the process manager says the job has (Open MPI, MPICH/Hydra, Slurm), if any.
+/// Ranks the process manager says the job has (Open MPI, MPICH/Hydra, Slurm's srun), if any.
 fn launched_world_size() -> Option<usize> {
+    // Set for each launched process (not for a batch script around it).
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// This process's rank among the job's processes on its node (0 when unknown).
+#[cfg(feature = "mpi")]
+fn local_rank() -> usize {
     [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_SIZE",
-        "SLURM_NTASKS",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
     ]
     .iter()
     .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(0)
 }
 
 /// The process's place in a parallel run: MPI, once initialised.
@@ -102,6 +111,8 @@ impl Launch {
         check_tp_groups(world.as_ref(), &node, layout.tensor_parallel)?;
         let tp = Arc::new(world.split(rank / layout.tensor_parallel)?);
         let device = match args.device {
+            // Each rank of a node on its own GPU: `cuda:N` is the node's first rank's.
+            DeviceArg::Fixed(Device::Cuda(n)) => Device::Cuda(n + local_rank()),
             DeviceArg::Fixed(d) => d,
             // Each rank on the CPU unless told otherwise: ranks must not race for GPU 0.
             DeviceArg::Auto => Device::Cpu,
@@ -116,6 +127,13 @@ impl Launch {
             Err(e) => Err(ModelError::Invalid(e.to_string())),
         };
         let checked = check_loaded(world.as_ref(), &node, status);
+        let mut loaded = loaded;
+        if checked.is_err() {
+            // The other ranks stop here too: rank 0's model must not call on them.
+            if let Ok(m) = loaded.as_mut() {
+                m.disarm_parallel();
+            }
+        }
         let model = match (checked, loaded) {
             (Ok(()), Ok(model)) => model,
             (Err(e), _) if rank == 0 => return Err(e.into()),

@@ -92,6 +92,20 @@ impl EventStream {
     }
 }
 
+/// The last handle gone, the engine stops (in-flight requests finish; their streams were
+/// dropped with the handles, which aborted them) and its thread is joined: nothing the engine
+/// holds (a parallel run's communicators) outlives the caller's scope.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Ok(tx) = self.tx.get_mut() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        if let Some(t) = self.thread.get_mut().ok().and_then(Option::take) {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Drop for EventStream {
     fn drop(&mut self) {
         if !self.done {

@@ -158,9 +158,17 @@ impl Model {
         }
     }
 
-    /// Bytes one KV block takes on this rank (its layers and KV heads).
+    /// Bytes one KV block takes on a rank (its layers and KV heads): in a parallel run, on
+    /// the rank whose stage has the most layers, so a cache sized by it fits every rank.
     pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
-        KvCache::bytes_per_block(self.local_config(), block_size)
+        let local = self.local_config();
+        let bytes = KvCache::bytes_per_block(local, block_size);
+        match &self.run {
+            Some(run) if local.num_hidden_layers > 0 => {
+                bytes / local.num_hidden_layers * run.max_stage_layers()
+            }
+            _ => bytes,
+        }
     }
 
     /// A KV cache of `num_blocks` blocks of `block_size` slots on the model's device; in a
@@ -191,6 +199,14 @@ impl Model {
                 run.forward(batch, kv, &mut self.device)
             }
             None => on_device!(&mut self.device, m => m.forward(batch, kv)),
+        }
+    }
+
+    /// Rank 0 of a parallel run whose other ranks never started their loops (a load failed
+    /// elsewhere): dropping the model then sends them nothing.
+    pub fn disarm_parallel(&mut self) {
+        if let Some(run) = self.run.as_mut() {
+            run.disarm();
         }
     }
 
@@ -311,6 +327,12 @@ pub fn load_model_sharded(
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     let shard = Shard::new(&config, layout, comms.world.rank())?;
+    let max_stage_layers = layout
+        .stage_layers(config.num_hidden_layers)?
+        .iter()
+        .map(|r| r.len())
+        .max()
+        .unwrap_or(0);
     let place = Placement {
         shard: shard.clone(),
         comms: Some(comms.clone()),
@@ -339,6 +361,12 @@ pub fn load_model_sharded(
     };
     Ok(Model {
         device,
-        run: Some(Driver::new(comms, shard, layout.micro_batches, vocab)),
+        run: Some(Driver::new(
+            comms,
+            shard,
+            layout.micro_batches,
+            vocab,
+            max_stage_layers,
+        )),
     })
 }

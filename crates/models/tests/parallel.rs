@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use ferrum_models::parallel::{check_loaded, Comms, Layout};
-use ferrum_models::{load_model_sharded, ForwardBatch, LoadOptions, Model};
+use ferrum_models::{load_model_on, load_model_sharded, ForwardBatch, LoadOptions, Model};
 use ferrum_runtime::comm::mpi::MpiRuntime;
 use ferrum_runtime::cpu::MatmulPrecision;
 use ferrum_runtime::{Communicator, Device};
@@ -26,6 +26,8 @@ const TOLERANCE: f32 = 1e-5;
 /// A case: a model, the layout, the layers of each stage (empty: even).
 struct Case {
     model: &'static str,
+    /// Run on the interpreted device (the CUDA backend) instead of the CPU.
+    interpreted: bool,
     tp: usize,
     pp: usize,
     split: &'static [usize],
@@ -36,12 +38,17 @@ impl Case {
     fn encode(&self) -> String {
         let split: Vec<String> = self.split.iter().map(usize::to_string).collect();
         format!(
-            "{}:{}:{}:{}:{}",
+            "{}:{}:{}:{}:{}:{}",
             self.model,
             self.tp,
             self.pp,
             split.join(","),
-            self.micro_batches
+            self.micro_batches,
+            if self.interpreted {
+                "interpreted"
+            } else {
+                "cpu"
+            }
         )
     }
 }
@@ -135,7 +142,22 @@ fn rank() {
         kv_cache_dtype: None,
         pool: None,
     };
-    let loaded = load_model_sharded(&path, &opts, Device::Cpu, &layout, comms);
+    // A name ending in "@interpreted": the CUDA backend on the interpreted device, whose
+    // ranks exchange through host memory.
+    let device = if f.get(5) == Some(&"interpreted") {
+        Device::Interpreted
+    } else {
+        Device::Cpu
+    };
+    let opts = if device == Device::Interpreted {
+        LoadOptions {
+            num_threads: None,
+            ..opts
+        }
+    } else {
+        opts
+    };
+    let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded
         .as_ref()
         .map(|_| ())
@@ -164,6 +186,9 @@ fn rank() {
         let case = &reference["cases"][0];
         let got = greedy(&mut model, &ids(&case["prompt_ids"]), 32);
         assert_eq!(got, ids(&case["generated_ids"]));
+    } else if device == Device::Interpreted {
+        let whole = load_model_on(&path, &opts, Device::Interpreted).unwrap();
+        compare_with_whole(&mut model, &mut { whole });
     } else {
         compare_with_whole(&mut model, &mut load(&path));
     }
@@ -233,6 +258,7 @@ fn tensor_parallel_2_matches_one_process() {
         "tiny-mixtral",
     ] {
         launch(Case {
+            interpreted: false,
             model,
             tp: 2,
             pp: 1,
@@ -246,6 +272,7 @@ fn tensor_parallel_2_matches_one_process() {
 #[test]
 fn tensor_parallel_beyond_the_kv_heads_replicates_them() {
     launch(Case {
+        interpreted: false,
         model: "tiny-qwen3",
         tp: 4,
         pp: 1,
@@ -259,6 +286,7 @@ fn pipeline_parallel_2_matches_one_process() {
     for (model, split) in [("tiny-llama", &[][..]), ("tiny-gemma3", &[3, 1][..])] {
         for micro_batches in [1, 2, 3] {
             launch(Case {
+                interpreted: false,
                 model,
                 tp: 1,
                 pp: 2,
@@ -273,6 +301,7 @@ fn pipeline_parallel_2_matches_one_process() {
 fn tensor_and_pipeline_parallel_2x2_match_one_process() {
     for model in ["tiny-llama", "tiny-gemma3", "tiny-qwen2-moe"] {
         launch(Case {
+            interpreted: false,
             model,
             tp: 2,
             pp: 2,
@@ -291,6 +320,7 @@ fn smollm2_tp3_and_pp2_give_the_reference_tokens() {
     }
     for (tp, pp) in [(3, 1), (1, 2)] {
         launch(Case {
+            interpreted: false,
             model: "smollm2",
             tp,
             pp,
@@ -305,10 +335,35 @@ fn smollm2_tp3_and_pp2_give_the_reference_tokens() {
 #[test]
 fn a_rank_that_cannot_read_the_model_fails_the_load_everywhere() {
     launch(Case {
+        interpreted: false,
         model: "unreadable-on-rank-1",
         tp: 2,
         pp: 1,
         split: &[],
         micro_batches: 1,
+    });
+}
+
+/// The CUDA backend's ranks (here on the interpreted device) exchange activations through host
+/// memory: TP=2 x PP=2 on tiny-llama matches the whole model on the same device.
+#[test]
+fn cuda_backend_ranks_on_the_interpreted_device_match_one_process() {
+    let config = ferrum_runtime::cuda::InterpreterConfig::from_env();
+    if !config.is_available() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: the Triton venv is missing ({})",
+            config.python.display()
+        );
+        eprintln!("interpreted device skipped: run scripts/test-cuda-interpret.sh");
+        return;
+    }
+    launch(Case {
+        interpreted: true,
+        model: "tiny-llama",
+        tp: 2,
+        pp: 2,
+        split: &[],
+        micro_batches: 2,
     });
 }

@@ -47,6 +47,8 @@ pub(crate) struct Driver {
     shard: Shard,
     micro_batches: usize,
     vocab: usize,
+    /// Layers of the largest stage (what a KV cache is sized by).
+    max_stage_layers: usize,
     msg: Vec<u32>,
     parts: Vec<ForwardBatch>,
     logits: Vec<f32>,
@@ -55,18 +57,35 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(comms: Comms, shard: Shard, micro_batches: usize, vocab: usize) -> Driver {
+    pub(crate) fn new(
+        comms: Comms,
+        shard: Shard,
+        micro_batches: usize,
+        vocab: usize,
+        max_stage_layers: usize,
+    ) -> Driver {
         let stopped = comms.world.rank() != 0;
         Driver {
             comms,
             shard,
             micro_batches: micro_batches.max(1),
             vocab,
+            max_stage_layers,
             msg: Vec::new(),
             parts: Vec::new(),
             logits: Vec::new(),
             stopped,
         }
+    }
+
+    /// Rank 0 will not send `STOP` when dropped (the other ranks never started their loops:
+    /// a failed load).
+    pub(crate) fn disarm(&mut self) {
+        self.stopped = true;
+    }
+
+    pub(crate) fn max_stage_layers(&self) -> usize {
+        self.max_stage_layers
     }
 
     pub(crate) fn shard(&self) -> &Shard {
@@ -113,6 +132,24 @@ impl Driver {
         Ok(&self.logits)
     }
 
+    /// `stage.step`, with a panic turned into an error (so the job ends, not hangs).
+    fn step_once(
+        stage: &mut dyn Stage,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stage.step(batch, kv, out)))
+            .unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                Err(ModelError::Invalid(format!("panic in a step: {what}")))
+            })
+    }
+
     /// This rank's part of one step.
     fn run_step(
         &mut self,
@@ -122,13 +159,13 @@ impl Driver {
     ) -> Result<()> {
         self.logits.clear();
         if self.shard.pp_size == 1 {
-            return stage.step(batch, kv, &mut self.logits);
+            return Self::step_once(stage, batch, kv, &mut self.logits);
         }
         let mut parts = std::mem::take(&mut self.parts);
         batch.split_into(self.micro_batches, &mut parts);
         let ran = parts
             .iter()
-            .try_for_each(|p| stage.step(p, kv, &mut self.logits));
+            .try_for_each(|p| Self::step_once(stage, p, kv, &mut self.logits));
         self.parts = parts;
         ran?;
         let last = self.shard.world_rank(self.shard.pp_size - 1, 0);
