@@ -20,7 +20,7 @@
 use crate::backend::{Backend, Buf, CpuBackend};
 use crate::parallel::{LogitsGather, Placement};
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::{forward_dims, take_rows, Loader};
+use crate::weights::{forward_dims, stage_ends, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope, RopeScaling};
 use ferrum_types::ForwardBatch;
@@ -200,18 +200,7 @@ impl<B: Backend> GemmaModel<B> {
                 },
             });
         }
-        // The last stage's ranks each hold a slice of the vocabulary.
-        let head = if sh.is_last_stage() {
-            let rows = take_rows(lm_head, sh.vocab(c.vocab_size))?;
-            Some((b.vector(norm(norm_name, h)?)?, b.weight(rows)?))
-        } else {
-            None
-        };
-        let embed = if sh.is_first_stage() {
-            Some(b.table(embed)?)
-        } else {
-            None
-        };
+        let (embed, head) = stage_ends(b, sh, c.vocab_size, embed, lm_head, || norm(norm_name, h))?;
         Ok(GemmaModel {
             local: sh.local_config(&config),
             config,
@@ -326,24 +315,8 @@ impl<B: Backend> GemmaModel<B> {
         if !self.layers.is_empty() {
             b.add_residual()?;
         }
-        if !place.shard.is_last_stage() {
-            place.send_residual(b)?;
-            return Ok(&[]);
-        }
-        match &self.head {
-            Some((norm, head)) => {
-                // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
-                let local = b.logits(
-                    norm,
-                    eps,
-                    head,
-                    &batch.logits_indices,
-                    c.final_logit_softcap,
-                )?;
-                let rows = batch.logits_indices.len();
-                self.gathered.gather(place, local, rows, c.vocab_size)
-            }
-            None => Ok(&[]),
-        }
+        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
+        let softcap = c.final_logit_softcap;
+        place.finish(b, head, gather, eps, batch, c.vocab_size, softcap)
     }
 }

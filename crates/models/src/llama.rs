@@ -17,7 +17,7 @@ use crate::backend::{Backend, Buf, CpuBackend, Expert, MoeWeights};
 use crate::parallel::{LogitsGather, Placement, Shard};
 use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
-use crate::weights::{forward_dims, take_cols, take_rows, take_vec, Loader};
+use crate::weights::{forward_dims, stage_ends, take_cols, take_rows, take_vec, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, Rope};
 use ferrum_runtime::Tensor;
@@ -425,18 +425,9 @@ impl<B: Backend> LlamaModel<B> {
             freq_factors.as_deref(),
             c.rope_table_dtype,
         );
-        // The last stage's ranks each hold a slice of the vocabulary.
-        let head = if sh.is_last_stage() {
-            let rows = take_rows(lm_head, sh.vocab(c.vocab_size))?;
-            Some((b.vector(ld.vector(norm_name, h)?)?, b.weight(rows)?))
-        } else {
-            None
-        };
-        let embed = if sh.is_first_stage() {
-            Some(b.table(embed)?)
-        } else {
-            None
-        };
+        let (embed, head) = stage_ends(b, sh, c.vocab_size, embed, lm_head, || {
+            ld.vector(norm_name, h)
+        })?;
         Ok(LlamaModel {
             local: sh.local_config(&config),
             head,
@@ -571,19 +562,8 @@ impl<B: Backend> LlamaModel<B> {
         if !self.layers.is_empty() {
             b.add_residual()?;
         }
-        if !place.shard.is_last_stage() {
-            place.send_residual(b)?;
-            return Ok(&[]);
-        }
-        match &self.head {
-            Some((norm, head)) => {
-                // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
-                let local = b.logits(norm, eps, head, &batch.logits_indices, None)?;
-                let rows = batch.logits_indices.len();
-                self.gathered.gather(place, local, rows, c.vocab_size)
-            }
-            None => Ok(&[]),
-        }
+        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
+        place.finish(b, head, gather, eps, batch, c.vocab_size, None)
     }
 }
 

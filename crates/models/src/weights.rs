@@ -1,7 +1,8 @@
 //! Reading a family's tensors from a [`WeightSource`] with their shapes checked: a tensor of
 //! another shape is an error naming it and both shapes, before anything is built from it.
 
-use crate::backend::Dims;
+use crate::backend::{Backend, Dims};
+use crate::parallel::Shard;
 use crate::source::{ModelFormat, WeightSource};
 use crate::{KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::Tensor;
@@ -64,6 +65,31 @@ impl Loader<'_> {
         };
         Ok((embed, head, norm_name))
     }
+}
+
+/// The first stage's embedding table, and the last stage's final norm (`final_norm`, read
+/// only there) with its ranks' vocabulary rows of the LM head; `None` for the stages without.
+#[allow(clippy::type_complexity)]
+pub(crate) fn stage_ends<B: Backend>(
+    b: &mut B,
+    sh: &Shard,
+    vocab: usize,
+    embed: Tensor,
+    lm_head: Tensor,
+    final_norm: impl FnOnce() -> Result<Vec<f32>>,
+) -> Result<(Option<B::Table>, Option<(B::Vector, B::Weight)>)> {
+    let head = if sh.is_last_stage() {
+        let rows = take_rows(lm_head, sh.vocab(vocab))?;
+        Some((b.vector(final_norm()?)?, b.weight(rows)?))
+    } else {
+        None
+    };
+    let embed = if sh.is_first_stage() {
+        Some(b.table(embed)?)
+    } else {
+        None
+    };
+    Ok((embed, head))
 }
 
 /// Rows `r` of `t` (`t` itself when `r` spans it).

@@ -58,6 +58,34 @@ impl Placement {
         b.host_rows(buf, &mut |rows| Ok(tp.all_reduce_sum(rows)?))
     }
 
+    /// The end of a forward on this rank: the residual stream on to the next stage, or on
+    /// the last stage the logits of `batch.logits_indices` (`[rows, vocab]`, softcapped when
+    /// `softcap` says) from `head` (the final norm and this rank's vocabulary rows), gathered
+    /// to the stage's first rank. Ranks that hold no logits return none.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish<'a, B: Backend>(
+        &self,
+        b: &'a mut B,
+        head: Option<&(B::Vector, B::Weight)>,
+        gather: &'a mut LogitsGather,
+        eps: f32,
+        batch: &ferrum_types::ForwardBatch,
+        vocab: usize,
+        softcap: Option<f32>,
+    ) -> Result<&'a [f32]> {
+        if !self.shard.is_last_stage() {
+            self.send_residual(b)?;
+            return Ok(&[]);
+        }
+        let Some((norm, w)) = head else {
+            return Ok(&[]);
+        };
+        let rows = &batch.logits_indices;
+        // [num_logits, this rank's vocabulary], gathered to [num_logits, vocab].
+        let local = b.logits(norm, eps, w, rows, softcap)?;
+        gather.gather(self, local, rows.len(), vocab)
+    }
+
     /// `X` from the previous stage (the same tensor-parallel rank there).
     pub(crate) fn recv_residual<B: Backend>(&self, b: &mut B) -> Result<()> {
         let s = &self.shard;
