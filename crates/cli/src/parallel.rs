@@ -92,20 +92,14 @@ impl Launch {
         };
         let world = Arc::new(rt.world());
         let (rank, size) = (world.rank(), world.size());
-        if size != layout.world_size() && rank != 0 {
-            // Rank 0 says why; the others leave quietly.
+        // Before any collective: rank 0 says why, the others leave quietly.
+        if let Err(e) = layout.check_world_size(size) {
+            if rank == 0 {
+                return Err(e.into());
+            }
             drop(world);
             guard.take();
             std::process::exit(1)
-        }
-        if size != layout.world_size() {
-            bail!(
-                "{size} ranks were launched for --tensor-parallel-size {} x --pipeline-parallel-size {}: launch {} (mpirun -n {})",
-                layout.tensor_parallel,
-                layout.pipeline_parallel,
-                layout.world_size(),
-                layout.world_size()
-            );
         }
         let node = rt.node_name()?;
         check_tp_groups(world.as_ref(), &node, layout.tensor_parallel)?;

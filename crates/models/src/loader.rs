@@ -313,16 +313,7 @@ pub fn load_model_sharded(
     layout: &Layout,
     comms: Comms,
 ) -> Result<Model> {
-    if comms.world.size() != layout.world_size() {
-        return Err(ModelError::Invalid(format!(
-            "{} ranks were launched for a tensor-parallel size of {} and a pipeline-parallel size of {}: launch {} (mpirun -n {})",
-            comms.world.size(),
-            layout.tensor_parallel,
-            layout.pipeline_parallel,
-            layout.world_size(),
-            layout.world_size()
-        )));
-    }
+    layout.check_world_size(comms.world.size())?;
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);

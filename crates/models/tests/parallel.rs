@@ -136,26 +136,19 @@ fn rank() {
         (true, _) => fixtures().join("tiny-llama"),
         _ => model_path(name).unwrap(),
     };
-    let opts = LoadOptions {
-        num_threads: Some(1),
-        precision: MatmulPrecision::Float,
-        kv_cache_dtype: None,
-        pool: None,
-    };
-    // A name ending in "@interpreted": the CUDA backend on the interpreted device, whose
+    // A sixth field "interpreted": the CUDA backend on the interpreted device, whose
     // ranks exchange through host memory.
     let device = if f.get(5) == Some(&"interpreted") {
         Device::Interpreted
     } else {
         Device::Cpu
     };
-    let opts = if device == Device::Interpreted {
-        LoadOptions {
-            num_threads: None,
-            ..opts
-        }
-    } else {
-        opts
+    let opts = LoadOptions {
+        // Threads are the CPU's only.
+        num_threads: (device == Device::Cpu).then_some(1),
+        precision: MatmulPrecision::Float,
+        kv_cache_dtype: None,
+        pool: None,
     };
     let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded
@@ -187,8 +180,8 @@ fn rank() {
         let got = greedy(&mut model, &ids(&case["prompt_ids"]), 32);
         assert_eq!(got, ids(&case["generated_ids"]));
     } else if device == Device::Interpreted {
-        let whole = load_model_on(&path, &opts, Device::Interpreted).unwrap();
-        compare_with_whole(&mut model, &mut { whole });
+        let mut whole = load_model_on(&path, &opts, Device::Interpreted).unwrap();
+        compare_with_whole(&mut model, &mut whole);
     } else {
         compare_with_whole(&mut model, &mut load(&path));
     }

@@ -120,6 +120,8 @@ pub struct CudaBackend {
     rows: Grown,
     logits: Grown,
     host_logits: Vec<f32>,
+    /// An activation buffer on the host, for [`Backend::host_rows`].
+    host_act: Vec<f32>,
     indices: Grown,
     host_indices: Vec<u32>,
     host_bytes: Vec<u8>,
@@ -189,6 +191,7 @@ impl CudaBackend {
             rows: Grown::default(),
             logits: Grown::default(),
             host_logits: Vec::new(),
+            host_act: Vec::new(),
             indices: Grown::default(),
             host_indices: Vec::new(),
             host_bytes: Vec::new(),
@@ -700,12 +703,15 @@ impl Backend for CudaBackend {
         bytes.resize(4 * n, 0);
         let read = |e| ModelError::Invalid(format!("copying {buf:?} to the host: {e}"));
         self.gpu.lock().read(ptr, bytes).map_err(read)?;
-        let mut rows: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        f(&mut rows)?;
-        for (c, v) in bytes.chunks_exact_mut(4).zip(&rows) {
+        let rows = &mut self.host_act;
+        rows.clear();
+        rows.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        f(rows)?;
+        for (c, v) in bytes.chunks_exact_mut(4).zip(rows.iter()) {
             c.copy_from_slice(&v.to_le_bytes());
         }
         let write = |e| ModelError::Invalid(format!("copying {buf:?} back to the GPU: {e}"));

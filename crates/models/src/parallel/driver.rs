@@ -161,13 +161,17 @@ impl Driver {
         if self.shard.pp_size == 1 {
             return Self::step_once(stage, batch, kv, &mut self.logits);
         }
-        let mut parts = std::mem::take(&mut self.parts);
-        batch.split_into(self.micro_batches, &mut parts);
-        let ran = parts
-            .iter()
-            .try_for_each(|p| Self::step_once(stage, p, kv, &mut self.logits));
-        self.parts = parts;
-        ran?;
+        if self.micro_batches == 1 {
+            Self::step_once(stage, batch, kv, &mut self.logits)?;
+        } else {
+            let mut parts = std::mem::take(&mut self.parts);
+            batch.split_into(self.micro_batches, &mut parts);
+            let ran = parts
+                .iter()
+                .try_for_each(|p| Self::step_once(stage, p, kv, &mut self.logits));
+            self.parts = parts;
+            ran?;
+        }
         let last = self.shard.world_rank(self.shard.pp_size - 1, 0);
         if last == 0 {
             return Ok(());

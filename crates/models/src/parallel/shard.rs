@@ -50,6 +50,21 @@ impl Layout {
         self.tensor_parallel * self.pipeline_parallel
     }
 
+    /// Checks that a job of `ranks` processes is the layout's (an error telling how to launch
+    /// it otherwise).
+    pub fn check_world_size(&self, ranks: usize) -> Result<()> {
+        if ranks == self.world_size() {
+            return Ok(());
+        }
+        Err(ModelError::Invalid(format!(
+            "{ranks} ranks were launched for --tensor-parallel-size {} x --pipeline-parallel-size {}: launch {} (mpirun -n {})",
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.world_size(),
+            self.world_size()
+        )))
+    }
+
     /// Whether more than one rank runs the model.
     pub fn is_parallel(&self) -> bool {
         self.world_size() > 1
@@ -283,6 +298,13 @@ mod tests {
             let err = l.stage_layers(24).unwrap_err().to_string();
             assert!(err.contains(why), "{err}");
         }
+        let l = layout(2, 2, None);
+        assert!(l.check_world_size(4).is_ok());
+        let err = l.check_world_size(3).unwrap_err().to_string();
+        assert!(
+            err.contains("3 ranks were launched") && err.contains("mpirun -n 4"),
+            "{err}"
+        );
     }
 
     #[test]
