@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health and /metrics.
+    /// Require the key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every route but
+    /// /health, /metrics and the chat page.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
     /// The model name clients pass as `model` (default: the --model argument).
@@ -34,6 +35,13 @@ pub struct ServeArgs {
     /// mistral (default: read off the chat template).
     #[arg(long, value_name = "FORMAT", value_parser = ["hermes", "llama3", "mistral"])]
     tool_call_parser: Option<String>,
+    /// Do not serve the chat page at `/`.
+    #[arg(long)]
+    no_web_ui: bool,
+    /// Origins whose browser pages may call the API (CORS), such as
+    /// http://localhost:3000; comma-separated or repeated; `*` allows any. Default: none.
+    #[arg(long, value_name = "ORIGINS")]
+    allowed_origins: Vec<String>,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -61,6 +69,7 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         bail!("--api-key must not be empty");
     }
+    ferrum_server::cors::parse_origins(&args.allowed_origins)?;
     let (model, text, _) = load_parts(&args.model, launch)?;
     let TextAssets {
         tokenizer,
@@ -95,16 +104,24 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
             .tool_call_parser
             .as_deref()
             .and_then(ferrum_server::tools::ToolFormat::from_name),
+        web_ui: !args.no_web_ui,
+        allowed_origins: args.allowed_origins.clone(),
     };
     let has_template = chat_template.is_some();
+    let web_ui = server.web_ui;
     ferrum_server::run(engine, chat_template, &server, |addr| {
         eprintln!(
             "ferrum: serving '{name}' on {device} (context {max_model_len} tokens, KV cache \
-             {kv_tokens} tokens in {kv_dtype}{}) on http://{addr}",
+             {kv_tokens} tokens in {kv_dtype}{}) on http://{addr}{}",
             if has_template {
                 ""
             } else {
                 ", no chat template"
+            },
+            if web_ui && has_template {
+                format!("\nferrum: chat page at http://{addr}/")
+            } else {
+                String::new()
             }
         );
     })

@@ -12,11 +12,11 @@ use crate::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionObject, Delta,
     FunctionDelta, FunctionOut, TokenLogprobEntry, ToolCallDelta, ToolCallOut, TopLogprob,
 };
-use crate::protocol::ChatCompletionRequest;
+use crate::protocol::{AdmittedChat, ChatCompletionRequest};
 use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
-use crate::tools::parser::parse_whole;
-use crate::tools::{ToolCallParser, ToolEvent, ToolRequest};
+use crate::tools::parser::{parse_whole, split_output};
+use crate::tools::{ToolCallParser, ToolEvent, ToolFormat, ToolRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -36,53 +36,8 @@ pub async fn chat_completions(
     req.refuse_unsupported()?;
     let mut req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
-    let Some(template) = s.template.clone() else {
-        return Err(ServerError::bad(
-            "this model has no chat template; use /v1/completions with a prompt",
-        ));
-    };
-    // Rendering and tokenizing a long conversation is CPU work: keep it off the I/O threads.
-    let (tok, messages, tools, add_gen) = (
-        s.tokenizer.clone(),
-        req.messages.clone(),
-        req.tools.clone(),
-        req.add_generation_prompt,
-    );
-    let prompt = tokio::task::spawn_blocking(move || -> Result<Vec<TokenId>> {
-        let text = template.render_with_tools(&messages, tools.as_ref(), add_gen)?;
-        Ok(tok.encode(&text, false)?)
-    })
-    .await
-    .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
-    let tool_format = match &req.tool_request {
-        Some(tr) => {
-            let format = s.tool_format.ok_or_else(|| {
-                ServerError::param(
-                    "tools",
-                    "this model's chat template does not take tools (or its call format is not known: pass --tool-call-parser)",
-                )
-            })?;
-            req.opts.params.structured = format.constraint(tr, &s.tokenizer);
-            req.opts.constraint_param = Some("tools".into());
-            // Call markup made of special tokens must reach the parser as text.
-            if format.markup_is_special(&s.tokenizer) {
-                req.opts.params.skip_special_tokens = false;
-            }
-            Some(format)
-        }
-        None => None,
-    };
-    let guide = match s.compile_constraint(&req.opts).await {
-        Ok(g) => g,
-        // Name the tool whose parameters do not compile.
-        Err(e) => return Err(tool_error(&s, req.tool_request.as_ref(), e).await),
-    };
-    let params = req.opts.params;
-    s.check_context(prompt.len(), params.max_tokens, "messages")?;
-    let n = params.n;
-    let mut request = GenerateRequest::new(prompt, params);
-    request.guide = guide;
-    let merged = Merged::submit(&s.engine, vec![request])?;
+    let started = start_chat(&s, &mut req).await?;
+    let (merged, tool_format, n) = (started.merged, started.tool_format, started.n);
     let fmt = ChatChunks {
         env: Envelope {
             id: s.new_id("chatcmpl"),
@@ -148,6 +103,88 @@ pub async fn chat_completions(
     ))
 }
 
+/// A chat request submitted to the engine: its events, and what reading them needs.
+#[derive(Debug)]
+pub struct StartedChat {
+    pub merged: Merged,
+    /// The tool-call format its output is parsed with, when it has tools.
+    pub tool_format: Option<ToolFormat>,
+    /// Prompt tokens (the rendered conversation).
+    pub prompt_tokens: usize,
+    pub n: usize,
+}
+
+/// The prompt of an admitted chat: the conversation through the chat template (and the
+/// assistant prefill after it, when the last message is one), tokenized on the blocking pool.
+pub async fn chat_prompt(s: &AppState, req: &AdmittedChat) -> Result<Vec<TokenId>> {
+    let Some(template) = s.template.clone() else {
+        return Err(ServerError::bad(
+            "this model has no chat template; use /v1/completions with a prompt",
+        ));
+    };
+    // Rendering and tokenizing a long conversation is CPU work: keep it off the I/O threads.
+    let (tok, messages, tools, add_gen, prefill) = (
+        s.tokenizer.clone(),
+        req.messages.clone(),
+        req.tools.clone(),
+        req.add_generation_prompt,
+        req.prefill.clone(),
+    );
+    tokio::task::spawn_blocking(move || -> Result<Vec<TokenId>> {
+        let mut text = template.render_with_tools(&messages, tools.as_ref(), add_gen)?;
+        if let Some(p) = prefill {
+            text.push_str(&p);
+        }
+        Ok(tok.encode(&text, false)?)
+    })
+    .await
+    .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))?
+}
+
+/// What every chat-shaped route (chat completions, Responses, Anthropic Messages) does once
+/// its body is admitted: render and tokenize the prompt, turn tools into their call grammar,
+/// compile the constraint, check the context, and submit one engine request with `n`
+/// samples. `req.opts` is updated with what the tools imply.
+pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedChat> {
+    let prompt = chat_prompt(s, req).await?;
+    let tool_format = match &req.tool_request {
+        Some(tr) => {
+            let format = s.tool_format.ok_or_else(|| {
+                ServerError::param(
+                    "tools",
+                    "this model's chat template does not take tools (or its call format is not known: pass --tool-call-parser)",
+                )
+            })?;
+            req.opts.params.structured = format.constraint(tr, &s.tokenizer);
+            req.opts.constraint_param = Some("tools".into());
+            // Call markup made of special tokens must reach the parser as text.
+            if format.markup_is_special(&s.tokenizer) {
+                req.opts.params.skip_special_tokens = false;
+            }
+            Some(format)
+        }
+        None => None,
+    };
+    let guide = match s.compile_constraint(&req.opts).await {
+        Ok(g) => g,
+        // Name the tool whose parameters do not compile.
+        Err(e) => return Err(tool_error(s, req.tool_request.as_ref(), e).await),
+    };
+    let params = req.opts.params.clone();
+    s.check_context(prompt.len(), params.max_tokens, "messages")?;
+    let n = params.n;
+    let prompt_tokens = prompt.len();
+    let mut request = GenerateRequest::new(prompt, params);
+    request.guide = guide;
+    let merged = Merged::submit(&s.engine, vec![request])?;
+    Ok(StartedChat {
+        merged,
+        tool_format,
+        prompt_tokens,
+        n,
+    })
+}
+
 /// A token as OpenAI's logprob objects show it: text, logprob and UTF-8 bytes.
 pub fn top_logprob(tok: &Tokenizer, id: TokenId, logprob: f32) -> TopLogprob {
     let text = tok.token_text(id).unwrap_or_default();
@@ -204,22 +241,8 @@ impl ChatChunks {
 
     /// The deltas of a choice's text: as it is, or through its tool-call parser.
     fn deltas(&mut self, choice: usize, text: &str, last: bool) -> Vec<Delta> {
-        let events = match self.parsers.get_mut(choice).and_then(Option::as_mut) {
-            None => {
-                return if text.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![text_delta(text)]
-                }
-            }
-            Some(p) => {
-                let mut ev = p.push(text);
-                if last {
-                    ev.extend(p.finish());
-                }
-                ev
-            }
-        };
+        let parser = self.parsers.get_mut(choice).and_then(Option::as_mut);
+        let events = split_output(parser, text, last);
         events
             .into_iter()
             .map(|ev| match ev {

@@ -1,7 +1,9 @@
 //! The OpenAI-compatible HTTP server behind `ferrum serve`, on axum and tokio.
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`, `POST /detokenize`.
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
+//! (OpenAI's Responses API), `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic's
+//! Messages API), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
+//! `POST /tokenize`, `POST /detokenize`, and the chat page at `GET /` ([`webui`]).
 //!
 //! Design and invariants:
 //! - Admission happens here: the body is read into typed requests ([`protocol`]), the chat
@@ -17,17 +19,21 @@
 //!   the grace period to finish, then whatever is left is aborted and the engine stops. A
 //!   second signal skips the wait.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod cors;
 pub mod error;
 pub mod generate;
 pub mod json;
 pub mod metrics;
 pub mod protocol;
+pub mod responses;
 pub mod routes;
 pub mod sse;
 pub mod state;
 pub mod tools;
+pub mod webui;
 
 pub use error::{Result, ServerError};
 pub use routes::router;
@@ -57,6 +63,10 @@ pub struct ServerConfig {
     pub http_threads: usize,
     /// The tool-call format, overriding the one read off the chat template.
     pub tool_call_parser: Option<tools::ToolFormat>,
+    /// Serve the chat page at `/`.
+    pub web_ui: bool,
+    /// `--allowed-origins`: origins (or `*`) whose browser pages may call the API.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +80,8 @@ impl Default for ServerConfig {
             grace_period: Duration::from_secs(30),
             http_threads: 2,
             tool_call_parser: None,
+            web_ui: true,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -116,6 +128,8 @@ pub fn run(
     if cfg.tool_call_parser.is_some() {
         state.tool_format = cfg.tool_call_parser;
     }
+    state.web_ui = cfg.web_ui;
+    state.allowed_origins = cors::parse_origins(&cfg.allowed_origins)?;
     let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.http_threads.max(1))

@@ -4,14 +4,17 @@
 //! `/health` and `/metrics` are open so that probes and scrapers need no key; every other
 //! route needs `Authorization: Bearer <key>` when the server has one.
 
+use crate::anthropic::{count_tokens, messages};
 use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::{Result, ServerError};
 use crate::json::json_response;
+use crate::protocol::anthropic::AnthropicError;
 use crate::protocol::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
 use crate::protocol::tokenize::{DetokenizeRequest, TokenizeRequest};
 use crate::protocol::wire::{from_value, parse_body, Flag, Text, TokenIds};
 use crate::protocol::ChatCompletionRequest;
+use crate::responses::responses;
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -26,9 +29,16 @@ use std::sync::Arc;
 /// Every route of the server over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
+    let mut app = Router::new();
+    if state.web_ui {
+        app = app.route("/", get(crate::webui::page));
+    }
+    let app = app
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*model}", get(model))
         .route("/health", get(health))
@@ -38,8 +48,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(from_fn_with_state(state.clone(), auth))
-        .with_state(state)
+        .layer(from_fn_with_state(state.clone(), auth));
+    // Outermost, so preflights are answered before the key check.
+    let app = match crate::cors::layer(&state.allowed_origins) {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.with_state(state)
 }
 
 /// Constant-time comparison, so the key cannot be guessed byte by byte from timings.
@@ -47,26 +62,41 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether a path takes Anthropic's error shape.
+fn anthropic_path(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// The key a request carries: `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>`
+/// (Anthropic).
+fn given_key(req: &Request) -> Option<&str> {
+    let h = req.headers();
+    h.get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+}
+
 async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let open = matches!(req.uri().path(), "/health" | "/metrics");
+    // The chat page is open: it asks for the key and sends it with its API calls.
+    let open = matches!(req.uri().path(), "/health" | "/metrics" | "/");
     if let (Some(key), false) = (&s.api_key, open) {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            None => {
-                return ServerError::Unauthorized(
-                    "no API key: send it as 'Authorization: Bearer <key>'".into(),
-                )
-                .into_response()
-            }
+        let refusal = match given_key(&req) {
+            None => Some(ServerError::Unauthorized(
+                "no API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'".into(),
+            )),
             Some(g) if !same(g.as_bytes(), key.as_bytes()) => {
-                return ServerError::Unauthorized("the API key is not valid".into()).into_response()
+                Some(ServerError::Unauthorized("the API key is not valid".into()))
             }
-            Some(_) => {}
+            Some(_) => None,
+        };
+        if let Some(e) = refusal {
+            return if anthropic_path(req.uri().path()) {
+                AnthropicError(e).into_response()
+            } else {
+                e.into_response()
+            };
         }
     }
     next.run(req).await
@@ -136,16 +166,7 @@ async fn tokenize(
         let chat = ChatCompletionRequest::from_json(&body)?;
         chat.refuse_unsupported()?;
         let chat = chat.admit()?;
-        let template = s
-            .template
-            .as_ref()
-            .ok_or_else(|| ServerError::param("messages", "this model has no chat template"))?;
-        let text = template.render_with_tools(
-            &chat.messages,
-            chat.tools.as_ref(),
-            chat.add_generation_prompt,
-        )?;
-        s.tokenizer.encode(&text, false)?
+        crate::chat::chat_prompt(&s, &chat).await?
     } else {
         let Some(Text(prompt)) = &req.prompt else {
             return Err(ServerError::param(

@@ -1,6 +1,7 @@
 //! What every handler shares: the engine handle, the text assets, the served name and the
 //! checks every generation request goes through (model name, context length, body size).
 
+use crate::cors::Origins;
 use crate::error::{Result, ServerError};
 use crate::protocol::Options;
 use crate::tools::ToolFormat;
@@ -26,6 +27,10 @@ pub struct AppState {
     pub model_name: String,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// Whether `GET /` serves the chat page.
+    pub web_ui: bool,
+    /// Origins whose browser pages may call the API (CORS).
+    pub allowed_origins: Origins,
     /// When the server started (Unix seconds), reported as the model's `created`.
     pub created: u64,
     next_id: AtomicU64,
@@ -66,6 +71,8 @@ impl AppState {
             model_name,
             api_key,
             max_body_bytes,
+            web_ui: true,
+            allowed_origins: Origins::None,
             created: unix_now(),
             next_id: AtomicU64::new(0),
             id_salt: salt,

@@ -151,6 +151,9 @@ pub struct AdmittedChat {
     /// `tool_choice: "none"`.
     pub tool_request: Option<ToolRequest>,
     pub add_generation_prompt: bool,
+    /// Text the answer continues from, after the rendered conversation (Anthropic's
+    /// assistant prefill: a last message from the assistant). `None` on chat completions.
+    pub prefill: Option<String>,
     /// `logprobs: true`: the sampled token's logprob per token, with `top_logprobs` more.
     pub logprobs: bool,
 }
@@ -288,6 +291,7 @@ impl ChatCompletionRequest {
             tools,
             tool_request,
             add_generation_prompt: c.add_generation_prompt.is_none_or(|Flag(b)| b),
+            prefill: None,
             logprobs,
         })
     }

@@ -13,9 +13,11 @@
 //! Unknown fields are ignored as OpenAI does; `null` reads as absent. Responses are the types
 //! of [`response`].
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod response;
+pub mod responses;
 pub mod sampling;
 pub mod structured;
 pub mod tokenize;

@@ -463,6 +463,22 @@ impl ToolCallParser {
     }
 }
 
+/// A choice's output split into events: through `parser` when the request has tools (all
+/// of it when `last`, held-back text included), else all content.
+pub fn split_output(parser: Option<&mut ToolCallParser>, text: &str, last: bool) -> Vec<ToolEvent> {
+    match parser {
+        None if text.is_empty() => Vec::new(),
+        None => vec![ToolEvent::Content(text.to_string())],
+        Some(p) => {
+            let mut ev = p.push(text);
+            if last {
+                ev.extend(p.finish());
+            }
+            ev
+        }
+    }
+}
+
 /// Runs a whole output through the parser: the content and the calls.
 pub fn parse_whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) {
     let mut p = ToolCallParser::new(format);

@@ -1,0 +1,253 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API over the
+//! chat path.
+//!
+//! The body is admitted into a chat request ([`crate::protocol::anthropic`]) and started like
+//! a chat completion ([`start_chat`]). The answer is a `message` whose content is the text
+//! block and then one `tool_use` block per call; or, with `stream`, Anthropic's events:
+//! `message_start` (with the prompt's token count), `ping`, per block `content_block_start`,
+//! its `content_block_delta`s (`text_delta` or `input_json_delta`) and `content_block_stop`,
+//! then `message_delta` (stop reason and usage) and `message_stop`. A `ping` also goes out
+//! after [`PING_AFTER`] without an event (a long prompt's prefill), so proxies keep the
+//! connection. An engine failure mid-stream is an `error` event. Every error is in Anthropic's
+//! shape ([`AnthropicError`]).
+
+use crate::chat::{chat_prompt, start_chat};
+use crate::generate::{add_usage, collect, TokenLogprob};
+use crate::json::json_response;
+use crate::protocol::anthropic::{
+    stop_reason, tool_input, AnthropicError, Block, MessageObject, MessageUsage, MessagesRequest,
+};
+use crate::sse::{event_frame, event_stream, FrameWriter};
+use crate::state::AppState;
+use crate::tools::parser::{parse_whole, split_output};
+use crate::tools::{ToolCallParser, ToolEvent};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use ferrum_engine::Usage;
+use ferrum_types::FinishReason;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A stream sends a `ping` after this long without an event.
+pub const PING_AFTER: Duration = Duration::from_secs(10);
+
+type Result<T> = std::result::Result<T, AnthropicError>;
+
+pub async fn messages(
+    State(s): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let body = s.body(body)?;
+    let mut req = MessagesRequest::from_body(&body)?.admit(false)?;
+    s.check_model(req.opts.model.as_deref())?;
+    let started = start_chat(&s, &mut req).await?;
+    let id = s.new_id("msg").replacen('-', "_", 1);
+    let tool_base = id.trim_start_matches("msg_").to_string();
+    if req.opts.stream {
+        let writer = MessageEvents {
+            id,
+            tool_base,
+            model: s.model_name.clone(),
+            prompt_tokens: started.prompt_tokens,
+            parser: started.tool_format.map(ToolCallParser::new),
+            blocks: 0,
+            open: None,
+            calls: 0,
+            finish: None,
+            usage: Usage::default(),
+        };
+        return Ok(event_stream(started.merged, 1, writer));
+    }
+    let (choices, usage) = collect(started.merged, 1, 1).await?;
+    let choice = choices.into_iter().next().unwrap_or_default();
+    let (text, calls) = match started.tool_format {
+        Some(f) => parse_whole(f, &choice.text),
+        None => (choice.text, Vec::new()),
+    };
+    let mut content = Vec::new();
+    if !text.is_empty() {
+        content.push(Block::Text { text });
+    }
+    let has_calls = !calls.is_empty();
+    for (k, call) in calls.into_iter().enumerate() {
+        content.push(Block::ToolUse {
+            id: format!("toolu_{tool_base}_{k}"),
+            input: tool_input(&call.arguments),
+            name: call.name,
+        });
+    }
+    let (reason, sequence) = stop_reason(choice.finish.as_ref(), has_calls);
+    let message = MessageObject {
+        content,
+        id,
+        model: s.model_name.clone(),
+        role: "assistant",
+        stop_reason: Some(reason),
+        stop_sequence: sequence,
+        kind: "message",
+        usage: (&usage).into(),
+    };
+    Ok(json_response(StatusCode::OK, &message))
+}
+
+/// `{"input_tokens": N}`: the prompt the same body would run with (template, tools and all).
+pub async fn count_tokens(
+    State(s): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let body = s.body(body)?;
+    let req = MessagesRequest::from_body(&body)?.admit(true)?;
+    s.check_model(req.opts.model.as_deref())?;
+    let prompt = chat_prompt(&s, &req).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"input_tokens": prompt.len()}),
+    ))
+}
+
+/// The block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Open {
+    Text,
+    ToolUse,
+}
+
+/// Anthropic's event stream of one message.
+struct MessageEvents {
+    id: String,
+    tool_base: String,
+    model: String,
+    prompt_tokens: usize,
+    parser: Option<ToolCallParser>,
+    /// Blocks started so far (the next block's index).
+    blocks: usize,
+    open: Option<Open>,
+    calls: usize,
+    finish: Option<FinishReason>,
+    usage: Usage,
+}
+
+fn event(kind: &str, mut data: Value) -> String {
+    if let Some(o) = data.as_object_mut() {
+        o.insert("type".into(), json!(kind));
+    }
+    event_frame(kind, &data)
+}
+
+impl MessageEvents {
+    fn close(&mut self, out: &mut Vec<String>) {
+        if self.open.take().is_some() {
+            out.push(event(
+                "content_block_stop",
+                json!({"index": self.blocks - 1}),
+            ));
+        }
+    }
+
+    fn start_block(&mut self, out: &mut Vec<String>, open: Open, block: Value) {
+        self.close(out);
+        out.push(event(
+            "content_block_start",
+            json!({"index": self.blocks, "content_block": block}),
+        ));
+        self.blocks += 1;
+        self.open = Some(open);
+    }
+
+    fn apply(&mut self, events: Vec<ToolEvent>) -> Vec<String> {
+        let mut out = Vec::new();
+        for ev in events {
+            match ev {
+                ToolEvent::Content(text) => {
+                    if self.open != Some(Open::Text) {
+                        self.start_block(&mut out, Open::Text, json!({"type": "text", "text": ""}));
+                    }
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"index": self.blocks - 1,
+                               "delta": {"type": "text_delta", "text": text}}),
+                    ));
+                }
+                ToolEvent::CallStart { name, .. } => {
+                    let id = format!("toolu_{}_{}", self.tool_base, self.calls);
+                    self.calls += 1;
+                    self.start_block(
+                        &mut out,
+                        Open::ToolUse,
+                        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    );
+                }
+                ToolEvent::Arguments { text, .. } => {
+                    if self.open == Some(Open::ToolUse) {
+                        out.push(event(
+                            "content_block_delta",
+                            json!({"index": self.blocks - 1,
+                                   "delta": {"type": "input_json_delta", "partial_json": text}}),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl FrameWriter for MessageEvents {
+    fn start(&mut self) -> Vec<String> {
+        let message = json!({
+            "id": self.id, "type": "message", "role": "assistant", "content": [],
+            "model": self.model, "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0,
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        });
+        vec![
+            event("message_start", json!({ "message": message })),
+            event("ping", json!({})),
+        ]
+    }
+
+    fn token(&mut self, _choice: usize, text: &str, _lp: Option<TokenLogprob>) -> Vec<String> {
+        let events = split_output(self.parser.as_mut(), text, false);
+        self.apply(events)
+    }
+
+    fn finish(&mut self, _choice: usize, text: &str, reason: &FinishReason) -> Vec<String> {
+        let events = split_output(self.parser.as_mut(), text, true);
+        let mut out = self.apply(events);
+        self.close(&mut out);
+        self.finish = Some(reason.clone());
+        out
+    }
+
+    fn usage(&mut self, usage: &Usage) {
+        add_usage(&mut self.usage, usage);
+    }
+
+    fn end(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        let (reason, sequence) = stop_reason(self.finish.as_ref(), self.calls > 0);
+        let usage = MessageUsage::from(&self.usage);
+        out.push(event(
+            "message_delta",
+            json!({"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage}),
+        ));
+        out.push(event("message_stop", json!({})));
+        out
+    }
+
+    fn error(&mut self, msg: &str) -> Vec<String> {
+        vec![event(
+            "error",
+            json!({"error": {"type": "api_error", "message": msg}}),
+        )]
+    }
+
+    fn keepalive(&self) -> Option<(Duration, String)> {
+        Some((PING_AFTER, event("ping", json!({}))))
+    }
+}

@@ -1,0 +1,368 @@
+//! `POST /v1/responses`: OpenAI's Responses API over the chat path, stateless.
+//!
+//! The body is admitted into a chat request ([`crate::protocol::responses`]) and started like
+//! a chat completion ([`start_chat`]). The answer is a `response` object whose `output` holds
+//! the assistant's message (one `output_text` part) and then its function calls; or, with
+//! `stream`, the typed event sequence: `response.created`, `response.in_progress`, per item
+//! `response.output_item.added`, for a message `response.content_part.added`, its
+//! `response.output_text.delta`s, `response.output_text.done` and
+//! `response.content_part.done`, for a call its `response.function_call_arguments.delta`s and
+//! `.done`, then `response.output_item.done`; last `response.completed` (or
+//! `response.incomplete` when the token limit was reached, or `response.failed`). Every event
+//! carries its `sequence_number`, from 0.
+//!
+//! Invariant: a streamed response's items reassemble to exactly the non-streamed `output`
+//! (both go through the same tool-call parser), and the final event carries the whole object.
+
+use crate::chat::start_chat;
+use crate::error::{Result, ServerError};
+use crate::generate::{add_usage, collect, TokenLogprob};
+use crate::json::json_response;
+use crate::protocol::responses::{
+    IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponsesRequest,
+};
+use crate::sse::{event_frame, event_stream, FrameWriter};
+use crate::state::{unix_now, AppState};
+use crate::tools::parser::{parse_whole, split_output};
+use crate::tools::{ToolCallParser, ToolEvent};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use ferrum_engine::Usage;
+use ferrum_types::FinishReason;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub async fn responses(
+    State(s): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let body = s.body(body)?;
+    let req = ResponsesRequest::from_body(&body)?;
+    req.refuse_unsupported()?;
+    let mut req = req.admit()?;
+    s.check_model(req.chat.opts.model.as_deref())?;
+    let started = start_chat(&s, &mut req.chat).await?;
+    let id = s.new_id("resp").replacen('-', "_", 1);
+    let object = ResponseObject::new(id, s.model_name.clone(), unix_now(), &req);
+    let items = Items::new(&object.id);
+    if req.chat.opts.stream {
+        let writer = ResponseEvents {
+            object,
+            items,
+            parser: started.tool_format.map(ToolCallParser::new),
+            open: None,
+            seq: 0,
+            finish: None,
+            usage: Usage::default(),
+        };
+        return Ok(event_stream(started.merged, 1, writer));
+    }
+    let (choices, usage) = collect(started.merged, 1, 1).await?;
+    let choice = choices.into_iter().next().unwrap_or_default();
+    let (content, calls) = match started.tool_format {
+        Some(f) => parse_whole(f, &choice.text),
+        None => (choice.text, Vec::new()),
+    };
+    let mut object = object;
+    let mut items = items;
+    if !content.is_empty() || calls.is_empty() {
+        object.output.push(items.message(content, "completed"));
+    }
+    for call in calls {
+        object
+            .output
+            .push(items.call(call.name, call.arguments, "completed"));
+    }
+    finish_object(&mut object, choice.finish.as_ref(), &usage);
+    Ok(json_response(StatusCode::OK, &object))
+}
+
+/// Sets the final status, incomplete details and usage.
+fn finish_object(object: &mut ResponseObject, finish: Option<&FinishReason>, usage: &Usage) {
+    let cut = matches!(
+        finish,
+        Some(FinishReason::MaxTokens | FinishReason::MaxModelLen)
+    );
+    object.status = if cut { "incomplete" } else { "completed" };
+    object.incomplete_details = cut.then_some(IncompleteDetails {
+        reason: "max_output_tokens",
+    });
+    object.usage = Some(usage.into());
+}
+
+/// Ids of a response's items: `msg_<base>_<k>`, `fc_<base>_<k>` and `call_<base>_<k>`.
+struct Items {
+    base: String,
+    next: usize,
+}
+
+impl Items {
+    fn new(response_id: &str) -> Self {
+        Items {
+            base: response_id.trim_start_matches("resp_").to_string(),
+            next: 0,
+        }
+    }
+
+    fn id(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}_{}_{}", self.base, self.next - 1)
+    }
+
+    fn message(&mut self, text: String, status: &'static str) -> OutputItem {
+        OutputItem::Message {
+            content: vec![OutputText::new(text)],
+            id: self.id("msg"),
+            role: "assistant",
+            status,
+        }
+    }
+
+    fn call(&mut self, name: String, arguments: String, status: &'static str) -> OutputItem {
+        let id = self.id("fc");
+        OutputItem::FunctionCall {
+            arguments,
+            call_id: id.replacen("fc_", "call_", 1),
+            id,
+            name,
+            status,
+        }
+    }
+}
+
+/// The item being streamed.
+enum Open {
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// The Responses event stream of one response.
+struct ResponseEvents {
+    object: ResponseObject,
+    items: Items,
+    parser: Option<ToolCallParser>,
+    open: Option<Open>,
+    seq: u64,
+    finish: Option<FinishReason>,
+    usage: Usage,
+}
+
+impl ResponseEvents {
+    fn event(&mut self, kind: &str, mut data: Value) -> String {
+        if let Some(o) = data.as_object_mut() {
+            o.insert("type".into(), json!(kind));
+            o.insert("sequence_number".into(), json!(self.seq));
+        }
+        self.seq += 1;
+        event_frame(kind, &data)
+    }
+
+    fn output_index(&self) -> usize {
+        self.object.output.len()
+    }
+
+    fn open_message(&mut self, out: &mut Vec<String>) {
+        let id = self.items.id("msg");
+        let item = json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
+        let index = self.output_index();
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        ));
+        out.push(self.event(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": OutputText::new(String::new())}),
+        ));
+        self.open = Some(Open::Message {
+            id,
+            text: String::new(),
+        });
+    }
+
+    fn close(&mut self, out: &mut Vec<String>) {
+        let index = self.output_index();
+        let item = match self.open.take() {
+            None => return,
+            Some(Open::Message { id, text }) => {
+                out.push(self.event(
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "text": text, "logprobs": []}),
+                ));
+                out.push(self.event(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "part": OutputText::new(text.clone())}),
+                ));
+                OutputItem::Message {
+                    content: vec![OutputText::new(text)],
+                    id,
+                    role: "assistant",
+                    status: "completed",
+                }
+            }
+            Some(Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            }) => {
+                out.push(self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": name,
+                           "arguments": arguments}),
+                ));
+                OutputItem::FunctionCall {
+                    arguments,
+                    call_id,
+                    id,
+                    name,
+                    status: "completed",
+                }
+            }
+        };
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.object.output.push(item);
+    }
+
+    fn apply(&mut self, events: Vec<ToolEvent>) -> Vec<String> {
+        let mut out = Vec::new();
+        for ev in events {
+            match ev {
+                ToolEvent::Content(t) => {
+                    if !matches!(self.open, Some(Open::Message { .. })) {
+                        self.close(&mut out);
+                        self.open_message(&mut out);
+                    }
+                    let index = self.output_index();
+                    let id = match &mut self.open {
+                        Some(Open::Message { id, text }) => {
+                            text.push_str(&t);
+                            id.clone()
+                        }
+                        _ => continue,
+                    };
+                    out.push(self.event(
+                        "response.output_text.delta",
+                        json!({"item_id": id, "output_index": index, "content_index": 0,
+                               "delta": t, "logprobs": []}),
+                    ));
+                }
+                ToolEvent::CallStart { name, .. } => {
+                    self.close(&mut out);
+                    let OutputItem::FunctionCall { id, call_id, .. } =
+                        self.items.call(name.clone(), String::new(), "in_progress")
+                    else {
+                        continue;
+                    };
+                    let item = json!({"type": "function_call", "id": id, "call_id": call_id,
+                                      "name": name, "arguments": "", "status": "in_progress"});
+                    let index = self.output_index();
+                    out.push(self.event(
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": item}),
+                    ));
+                    self.open = Some(Open::Call {
+                        id,
+                        call_id,
+                        name,
+                        arguments: String::new(),
+                    });
+                }
+                ToolEvent::Arguments { text, .. } => {
+                    let index = self.output_index();
+                    let id = match &mut self.open {
+                        Some(Open::Call { id, arguments, .. }) => {
+                            arguments.push_str(&text);
+                            id.clone()
+                        }
+                        _ => continue,
+                    };
+                    out.push(self.event(
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": index, "delta": text}),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn snapshot(&self) -> Value {
+        serde_json::to_value(&self.object).unwrap_or_default()
+    }
+}
+
+impl FrameWriter for ResponseEvents {
+    fn start(&mut self) -> Vec<String> {
+        let r = self.snapshot();
+        vec![
+            self.event("response.created", json!({"response": r})),
+            self.event("response.in_progress", json!({"response": r})),
+        ]
+    }
+
+    fn token(&mut self, _choice: usize, text: &str, _lp: Option<TokenLogprob>) -> Vec<String> {
+        let events = split_output(self.parser.as_mut(), text, false);
+        self.apply(events)
+    }
+
+    fn finish(&mut self, _choice: usize, text: &str, reason: &FinishReason) -> Vec<String> {
+        let events = split_output(self.parser.as_mut(), text, true);
+        let mut out = self.apply(events);
+        self.close(&mut out);
+        self.finish = Some(reason.clone());
+        out
+    }
+
+    fn usage(&mut self, usage: &Usage) {
+        add_usage(&mut self.usage, usage);
+    }
+
+    fn end(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        if self.object.output.is_empty() {
+            // An empty answer is still a message, as the whole response has it.
+            self.open_message(&mut out);
+            self.close(&mut out);
+        }
+        let usage = self.usage;
+        let finish = self.finish.clone();
+        finish_object(&mut self.object, finish.as_ref(), &usage);
+        let kind = if self.object.status == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        let r = self.snapshot();
+        out.push(self.event(kind, json!({"response": r})));
+        out
+    }
+
+    fn error(&mut self, msg: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        let e = ServerError::Internal(msg.to_string());
+        self.object.status = "failed";
+        self.object.error = Some(json!({"code": "server_error", "message": e.to_string()}));
+        let r = self.snapshot();
+        out.push(self.event("response.failed", json!({"response": r})));
+        out
+    }
+}
