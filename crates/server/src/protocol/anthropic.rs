@@ -16,6 +16,7 @@
 
 use super::chat::AdmittedChat;
 use super::sampling::{max_tokens, SamplingFields};
+use super::structured::{Constraint, StructuredFields};
 use super::wire::{from_value, kind, parse_body, Count, Flag, Int, Num, Strings, Text};
 use crate::error::{Result, ServerError};
 use crate::tools::ToolChoice;
@@ -46,6 +47,9 @@ pub struct MessagesRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub thinking: Option<Value>,
+    /// `{"format": {"type": "json_schema", "schema": {...}}, "effort": ...}`: the format
+    /// constrains the output; `effort` (a reasoning hint) has nothing to act on here.
+    pub output_config: Option<Value>,
     pub container: Option<Value>,
     pub mcp_servers: Option<Value>,
 }
@@ -396,7 +400,8 @@ impl MessagesRequest {
             stop: self.stop_sequences.clone(),
             ..SamplingFields::default()
         };
-        let opts = sampling.options(max).map_err(|e| rename_stop(rename(e)))?;
+        let mut opts = sampling.options(max).map_err(|e| rename_stop(rename(e)))?;
+        opts.set_constraint(output_format(self.output_config.as_ref())?);
         let Some(messages) = self.messages.as_ref().filter(|v| !v.is_null()) else {
             return Err(bad("messages", "messages: Field required"));
         };
@@ -418,6 +423,12 @@ impl MessagesRequest {
             crate::tools::request::read(tools.as_ref(), choice.as_ref(), Some(&json!(parallel)))
                 .map_err(rename)?
                 .filter(|t| t.choice != ToolChoice::None);
+        if let (Some(_), Some(p)) = (&tool_request, &opts.constraint_param) {
+            return Err(bad(
+                p.as_str(),
+                format!("{p}: a response format and tool calls both constrain the output; give one"),
+            ));
+        }
         if tool_request.is_some() && prefill.as_deref().is_some_and(|p| !p.is_empty()) {
             return Err(bad(
                 "messages",
@@ -437,6 +448,54 @@ impl MessagesRequest {
             logprobs: false,
         })
     }
+}
+
+/// `output_config.format` as the request's constraint.
+fn output_format(config: Option<&Value>) -> Result<Option<Constraint>> {
+    const AT: &str = "output_config.format";
+    let format = match config.filter(|v| !v.is_null()) {
+        None => return Ok(None),
+        Some(Value::Object(o)) => match o.get("format").filter(|v| !v.is_null()) {
+            None => return Ok(None),
+            Some(f) => f,
+        },
+        Some(v) => {
+            return Err(bad(
+                "output_config",
+                format!("output_config: must be an object, got {}", kind(v)),
+            ))
+        }
+    };
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Err(bad(
+            format!("{AT}.type"),
+            format!("{AT}.type: must be 'json_schema'"),
+        ));
+    }
+    let Some(schema) = format.get("schema").filter(|v| v.is_object()) else {
+        return Err(bad(
+            format!("{AT}.schema"),
+            format!("{AT}.schema: must be a JSON schema object"),
+        ));
+    };
+    let fields = StructuredFields {
+        json_schema: Some(schema.clone()),
+        ..StructuredFields::default()
+    };
+    Ok(fields
+        .constraint()
+        .map_err(|e| match e {
+            ServerError::BadRequest { msg, code, .. } => ServerError::BadRequest {
+                msg: msg.replace("'json_schema'", "output_config.format.schema"),
+                param: Some(format!("{AT}.schema")),
+                code,
+            },
+            e => e,
+        })?
+        .map(|c| Constraint {
+            spec: c.spec,
+            param: AT.into(),
+        }))
 }
 
 /// `stop` errors name `stop_sequences`.
@@ -612,6 +671,19 @@ mod tests {
             r.tools.unwrap()[0]["function"]["parameters"]["type"],
             "object"
         );
+    }
+
+    #[test]
+    fn output_config_format_constrains() {
+        let r = admit(
+            r#"{"model":"m","max_tokens":5,"output_config":{"effort":"low","format":{"type":"json_schema","schema":{"type":"object"}}},"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.opts.params.structured,
+            Some(ferrum_types::StructuredOutput::JsonSchema(r#"{"type":"object"}"#.into()))
+        );
+        assert_eq!(r.opts.constraint_param.as_deref(), Some("output_config.format"));
     }
 
     #[test]
