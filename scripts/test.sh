@@ -2,7 +2,9 @@
 # Runs every test: the GPU kernels and the CUDA backend's device layer on the interpreted
 # device (scripts/test-cuda-interpret.sh, which installs the pinned Triton into a venv), the
 # workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
-# (scripts/test-openai.sh, which installs the `openai` package into a venv), the parallel runs
+# (scripts/test-openai.sh, which installs the `openai` and `anthropic` packages into a venv), the
+# chat page in headless Chromium (scripts/test-webui.sh, which installs Chromium and
+# playwright-core), the parallel runs
 # under mpirun (scripts/test-mpi.sh, which installs Open MPI when it is missing) and the benchmark
 # chart's tests (scripts/test-plot.sh, which installs the plotting library into another). Ends
 # with one summary line. The SmolLM2 tests need scripts/fetch-smollm2.sh first; they skip when the
@@ -19,6 +21,8 @@ echo "== engine fault injection (feature fault-injection)"
 cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
 echo "== OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
+echo "== chat page in headless Chromium (scripts/test-webui.sh)"
+bash scripts/test-webui.sh 2>&1 | tee -a "$log" || status=$?
 echo "== parallel runs over MPI (scripts/test-mpi.sh)"
 bash scripts/test-mpi.sh 2>&1 | tee -a "$log" || status=$?
 echo "== benchmark chart tests (scripts/test-plot.sh)"
@@ -26,6 +30,8 @@ bash scripts/test-plot.sh 2>&1 | tee -a "$log" || status=$?
 awk '
   /^test result:/ { p += $4; f += $6 }
   /^Ran [0-9]+ tests? in/ { py += $2 }
+  /^ok - / { web += 1 }
+  /^FAILED: / { wf += 1 }
   /^FAILED \(/ { n = split($0, parts, /[=,)]/); for (i = 2; i <= n; i += 2) pf += parts[i] }
-  END { printf "all tests: %d passed, %d failed\n", p + py - pf, f + pf }' "$log"
+  END { printf "all tests: %d passed, %d failed\n", p + py - pf + web, f + pf + wf }' "$log"
 exit "$status"

@@ -1,9 +1,12 @@
-//! Fuzz target: parsing and validating OpenAI request bodies (`/v1/chat/completions` and
-//! `/v1/completions`). Any body gets a typed request or a 4xx error that serializes to
-//! OpenAI's error JSON; never a panic and never a 5xx.
+//! Fuzz target: parsing and validating request bodies of every generation route
+//! (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, and `/v1/messages` with its
+//! `count_tokens`). Any body gets a typed request or a 4xx error that serializes to the API's
+//! error JSON (OpenAI's, or Anthropic's for the Messages routes); never a panic and never a 5xx.
 
 use ferrum_fuzz::harness::{run, Limits, Target};
 use ferrum_fuzz::mutate::Mutator;
+use ferrum_server::protocol::anthropic::{AnthropicError, MessagesRequest};
+use ferrum_server::protocol::responses::ResponsesRequest;
 use ferrum_server::protocol::wire::parse_body;
 use ferrum_server::protocol::{ChatCompletionRequest, CompletionRequest};
 use ferrum_server::ServerError;
@@ -19,6 +22,8 @@ const SEEDS: &[&str] = &[
     r#"{"prompt":["a","b"],"temperature":0,"seed":-1}"#,
     r#"{"messages":[],"tools":[{"type":"function"}],"response_format":{"type":"json_object"}}"#,
     r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"1"}],"tools":[]}"#,
+    r#"{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"1"}],"max_output_tokens":5,"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"n","schema":{}}},"stream":true,"store":false}"#,
+    r#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]},{"role":"assistant","content":"pre"}],"stop_sequences":["x"],"temperature":0.5,"top_k":3,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"output_config":{"format":{"type":"json_schema","schema":{}}},"stream":true}"#,
 ];
 
 fn check(r: Result<(), ServerError>) -> Result<String, String> {
@@ -79,6 +84,26 @@ fn fuzz_openai_request() {
         "\"tools\"",
         "\"function\"",
         "\"arguments\"",
+        "\"input\"",
+        "\"instructions\"",
+        "\"max_output_tokens\"",
+        "\"function_call\"",
+        "\"function_call_output\"",
+        "\"call_id\"",
+        "\"output\"",
+        "\"input_text\"",
+        "\"previous_response_id\"",
+        "\"system\"",
+        "\"tool_use\"",
+        "\"tool_result\"",
+        "\"tool_use_id\"",
+        "\"input_schema\"",
+        "\"stop_sequences\"",
+        "\"tool_choice\"",
+        "\"output_config\"",
+        "\"format\"",
+        "\"json_schema\"",
+        "\"schema\"",
         "18446744073709551615",
         "9223372036854775807",
         "-9223372036854775808",
@@ -137,7 +162,34 @@ fn fuzz_openai_request() {
             r.refuse_unsupported()?;
             r.admit().map(|_| ())
         }))?;
-        Ok(format!("{chat} | {completion}"))
+        let responses = check(ResponsesRequest::from_json(&body).and_then(|r| {
+            r.refuse_unsupported()?;
+            r.admit().map(|_| ())
+        }))?;
+        let mut messages = String::new();
+        for count in [false, true] {
+            match MessagesRequest::from_json(&body).and_then(|r| r.admit(count)) {
+                Ok(_) => messages.push_str("ok "),
+                Err(e) => {
+                    let e = AnthropicError(e);
+                    let (status, _) = e.status_and_type();
+                    if !status.is_client_error() {
+                        return Err(format!(
+                            "status {status} for a bad Messages body: {:?}",
+                            e.0
+                        ));
+                    }
+                    let body = e.body();
+                    if body["type"] != "error"
+                        || body["error"]["message"].as_str().is_none_or(str::is_empty)
+                    {
+                        return Err(format!("a Messages error without its shape: {body}"));
+                    }
+                    messages.push_str(&format!("{status} "));
+                }
+            }
+        }
+        Ok(format!("{chat} | {completion} | {responses} | {messages}"))
     });
     assert!(report.execs > 0);
 }

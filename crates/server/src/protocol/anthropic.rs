@@ -346,7 +346,12 @@ fn rename(e: ServerError) -> ServerError {
 
 impl MessagesRequest {
     pub fn from_body(body: &[u8]) -> Result<Self> {
-        from_value(&parse_body(body)?)
+        Self::from_json(&parse_body(body)?)
+    }
+
+    /// Reads a parsed body.
+    pub fn from_json(v: &Value) -> Result<Self> {
+        from_value(v)
     }
 
     /// Checks every rule and builds the chat request; `count` is for `count_tokens`, where
@@ -426,7 +431,9 @@ impl MessagesRequest {
         if let (Some(_), Some(p)) = (&tool_request, &opts.constraint_param) {
             return Err(bad(
                 p.as_str(),
-                format!("{p}: a response format and tool calls both constrain the output; give one"),
+                format!(
+                    "{p}: a response format and tool calls both constrain the output; give one"
+                ),
             ));
         }
         if tool_request.is_some() && prefill.as_deref().is_some_and(|p| !p.is_empty()) {
@@ -681,9 +688,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.opts.params.structured,
-            Some(ferrum_types::StructuredOutput::JsonSchema(r#"{"type":"object"}"#.into()))
+            Some(ferrum_types::StructuredOutput::JsonSchema(
+                r#"{"type":"object"}"#.into()
+            ))
         );
-        assert_eq!(r.opts.constraint_param.as_deref(), Some("output_config.format"));
+        assert_eq!(
+            r.opts.constraint_param.as_deref(),
+            Some("output_config.format")
+        );
     }
 
     #[test]

@@ -422,10 +422,14 @@ fn text_format(text: Option<&Value>) -> Result<(StructuredFields, Value)> {
 
 impl ResponsesRequest {
     pub fn from_body(body: &[u8]) -> Result<Self> {
-        let v = parse_body(body)?;
+        Self::from_json(&parse_body(body)?)
+    }
+
+    /// Reads a parsed body.
+    pub fn from_json(v: &Value) -> Result<Self> {
         Ok(ResponsesRequest {
-            sampling: from_value(&v)?,
-            fields: from_value(&v)?,
+            sampling: from_value(v)?,
+            fields: from_value(v)?,
         })
     }
 

@@ -1,0 +1,136 @@
+// The chat page (GET /) in headless Chromium, driven by Playwright against a real
+// `ferrum serve`: it asks for the API key, shows the model's name, streams a greedy answer equal
+// to the API's own, stops a long answer (the engine aborts it and frees its KV blocks), and
+// resets the conversation. Run by scripts/test-webui.sh, which installs Chromium and
+// playwright-core. Env: FERRUM_BIN, FERRUM_WEBUI_MODEL (the model to serve),
+// FERRUM_WEBUI_PROMPT, FERRUM_WEBUI_SYSTEM (system prompt), FERRUM_SCREENSHOT (where the
+// screenshot goes).
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { createRequire } from "node:module";
+import assert from "node:assert/strict";
+
+// playwright-core lives where scripts/test-webui.sh installed it (PLAYWRIGHT_PREFIX).
+const { chromium } = createRequire(process.env.PLAYWRIGHT_PREFIX + "/")("playwright-core");
+
+const KEY = "webui-test-key";
+const model = process.env.FERRUM_WEBUI_MODEL;
+const prompt = process.env.FERRUM_WEBUI_PROMPT || "Hello there";
+const shot = process.env.FERRUM_SCREENSHOT || "target/webui/chat.png";
+const system = process.env.FERRUM_WEBUI_SYSTEM ?? "Be brief.";
+
+function startServer() {
+  const proc = spawn(process.env.FERRUM_BIN, ["serve", "--model", model, "--port", "0",
+    "--served-model-name", "ferrum-test", "--api-key", KEY], { stdio: ["ignore", "ignore", "pipe"] });
+  const lines = [];
+  return new Promise((resolve, reject) => {
+    const rl = createInterface({ input: proc.stderr });
+    const timer = setTimeout(() => reject(new Error("the server did not start:\n" + lines.join("\n"))), 120000);
+    rl.on("line", (line) => {
+      lines.push(line);
+      const at = line.indexOf("http://");
+      if (at >= 0 && !line.includes("chat page")) {
+        clearTimeout(timer);
+        resolve({ proc, base: line.slice(at).trim(), lines });
+      }
+    });
+    proc.on("exit", (code) => reject(new Error(`the server exited (${code}):\n` + lines.join("\n"))));
+  });
+}
+
+async function api(base, path, body) {
+  const r = await fetch(base + path, {
+    method: body ? "POST" : "GET",
+    headers: { "content-type": "application/json", authorization: "Bearer " + KEY },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  return r.headers.get("content-type").includes("json") ? r.json() : r.text();
+}
+
+async function gauges(base) {
+  const text = await api(base, "/metrics");
+  const get = (name) => Number(text.split("\n").find((l) => l.startsWith(name + "{")).split(" ").pop());
+  return { free: get("ferrum_kv_blocks_free"), total: get("ferrum_kv_blocks_total"),
+           running: get("ferrum_num_requests_running"), generated: get("ferrum_generation_tokens_total") };
+}
+
+const { proc, base } = await startServer();
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+let failed = false;
+try {
+  const page = await browser.newPage({ viewport: { width: 1100, height: 700 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(e.message));
+  await page.goto(base + "/");
+
+  // 1. The server has a key: the page asks for it, then shows the model.
+  await page.locator("#key-box").waitFor({ state: "visible" });
+  await page.fill("#api-key", KEY);
+  await page.click("#save-key");
+  await page.locator("#model").filter({ hasText: "ferrum-test" }).waitFor();
+  console.log("ok - asks for the API key and shows the model's name");
+
+  // 2. A greedy answer streams in and equals the API's answer to the same messages.
+  await page.fill("#system", system);
+  await page.$eval("#temperature", (el) => { el.value = "0"; el.dispatchEvent(new Event("input")); });
+  await page.fill("#max-tokens", "24");
+  await page.fill("#input", prompt);
+  await page.press("#input", "Enter");
+  const first = page.locator(".msg.assistant").first();
+  await first.locator(".meta").waitFor({ timeout: 120000 });
+  const shown = await first.locator(".text").textContent();
+  const want = await api(base, "/v1/chat/completions", {
+    model: "ferrum-test", temperature: 0, max_tokens: 24,
+    messages: [...(system ? [{ role: "system", content: system }] : []), { role: "user", content: prompt }],
+  });
+  assert.equal(shown, want.choices[0].message.content);
+  assert.ok(shown.length > 0, "an answer was shown");
+  assert.equal(await page.locator(".msg.user").first().textContent(), prompt);
+  console.log("ok - streams the greedy answer the API gives: " + JSON.stringify(shown.slice(0, 60)));
+  await page.screenshot({ path: shot });
+  console.log("ok - screenshot in " + shot);
+
+  // 3. A long answer is stopped: the request is aborted and its blocks come back.
+  await page.fill("#max-tokens", "");
+  await page.$eval("#temperature", (el) => { el.value = "1"; el.dispatchEvent(new Event("input")); });
+  await page.fill("#input", "Write a very long story.");
+  await page.press("#input", "Enter");
+  const second = page.locator(".msg.assistant").nth(1);
+  await page.waitForFunction(() => {
+    const m = document.querySelectorAll(".msg.assistant")[1];
+    return m && m.querySelector(".text").textContent.length > 20;
+  }, null, { timeout: 120000 });
+  const before = await gauges(base);
+  assert.equal(before.running, 1, "the answer is running");
+  await page.click("#stop");
+  await second.locator(".meta").filter({ hasText: "stopped" }).waitFor();
+  let g;
+  for (let i = 0; ; i++) {
+    g = await gauges(base);
+    if (g.running === 0 && g.free === g.total) break;
+    assert.ok(i < 100, `blocks not freed after Stop: ${JSON.stringify(g)}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const ctx = (await api(base, "/v1/models")).data[0].max_model_len;
+  assert.ok(g.generated < ctx, `the answer ran to the context (${g.generated} tokens): Stop did not abort it`);
+  assert.equal(await page.locator("#stop").isHidden(), true);
+  console.log(`ok - Stop aborts the request and frees its blocks (${g.free}/${g.total} free)`);
+
+  // 4. Reset empties the conversation.
+  await page.click("#reset");
+  assert.equal(await page.locator(".msg").count(), 0);
+  assert.equal(await page.locator("#empty").isVisible(), true);
+  console.log("ok - New conversation empties the page");
+  assert.deepEqual(errors, [], "no script errors");
+} catch (e) {
+  failed = true;
+  console.error("FAILED: " + (e.stack || e));
+} finally {
+  await browser.close();
+  proc.kill("SIGTERM");
+}
+process.exit(failed ? 1 : 0);
