@@ -318,7 +318,7 @@ impl EngineCore {
     fn collect_proposing(&mut self, spec: &SpeculativeConfig) {
         self.proposing.clear();
         for (&id, seq) in &self.seqs {
-            if Self::is_decoding(&self.sched, id) {
+            if Self::is_decoding(&self.sched, id) && !self.finished.contains(&id) {
                 let k = spec
                     .num_speculative_tokens
                     .min(seq.output.remaining().saturating_sub(1));
@@ -580,7 +580,8 @@ impl EngineCore {
         };
         if let Some(d) = self.draft.as_mut() {
             // Before any rollback frees a block the batch wrote.
-            d.follow(&self.batch)?;
+            let bs = self.sched.config().block_size;
+            d.follow(&self.batch, out.seqs.iter().map(|s| s.id), bs)?;
         }
         let now = Instant::now();
         self.sampled.clear();
@@ -738,12 +739,20 @@ impl EngineCore {
         for (id, msg) in std::mem::take(&mut self.failed) {
             self.fail(id, &msg);
         }
+        // Before finished sequences leave: the draft's held-back positions of their last run
+        // are computed with the next proposals (their blocks may be reused from the cache).
+        let proposed = self.draft_propose();
+        if let Some(d) = self.draft.as_mut() {
+            if let Ok(mut m) = self.metrics.lock() {
+                m.spec.draft_forwards += d.take_forwards();
+            }
+        }
         let finished = std::mem::take(&mut self.finished);
         for &seq in &finished {
             self.finish_seq(seq, now);
         }
         self.finished = finished;
-        self.draft_propose()
+        proposed
     }
 
     /// Ends a request with an error: its sequences and blocks are released.

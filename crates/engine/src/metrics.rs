@@ -52,6 +52,8 @@ pub struct SpecCounters {
     pub num_accepted_tokens: u64,
     /// `accepted_per_pos[i]`: runs whose proposal `i` (0-based) was accepted.
     pub accepted_per_pos: Vec<u64>,
+    /// Forward passes of the draft model (proposal steps, and the target's batches it follows).
+    pub draft_forwards: u64,
 }
 
 impl SpecCounters {
@@ -73,6 +75,7 @@ impl SpecCounters {
         into.num_drafts += self.num_drafts;
         into.num_draft_tokens += self.num_draft_tokens;
         into.num_accepted_tokens += self.num_accepted_tokens;
+        into.draft_forwards += self.draft_forwards;
         if into.accepted_per_pos.len() < self.accepted_per_pos.len() {
             into.accepted_per_pos.resize(self.accepted_per_pos.len(), 0);
         }
@@ -82,6 +85,7 @@ impl SpecCounters {
         self.num_drafts = 0;
         self.num_draft_tokens = 0;
         self.num_accepted_tokens = 0;
+        self.draft_forwards = 0;
         self.accepted_per_pos.iter_mut().for_each(|c| *c = 0);
     }
 

@@ -204,6 +204,39 @@ fn a_draft_model_proposes_and_greedy_output_is_unchanged() {
         wait_for_idle(&e);
         e.shutdown();
     }
+    // One sequence, every proposal accepted: the draft never runs a position twice, so a
+    // verifying step costs it k forwards (its proposal steps), not k + 1.
+    let k = 4;
+    let e = self_drafted(
+        name,
+        EngineConfig {
+            speculative: Some(drafted(k, 64)),
+            ..EngineConfig::default()
+        },
+    );
+    let p = prompts().swap_remove(0);
+    let plain = engine(name, EngineConfig::default());
+    let (want, _) = collect(
+        plain
+            .generate(GenerateRequest::new(p.clone(), greedy(60)))
+            .unwrap(),
+    );
+    plain.shutdown();
+    let (tokens, _) = collect(e.generate(GenerateRequest::new(p, greedy(60))).unwrap());
+    assert_eq!(tokens, want);
+    wait_for_idle(&e);
+    let m = e.metrics();
+    let runs = m.spec.num_drafts;
+    assert!(runs >= 3, "{m:?}");
+    // The prompt's prefill, k per proposal round before each run (the held-back position of
+    // an all-accepted run rides in the next round's first step), and the last run's held-back
+    // position.
+    assert!(
+        m.spec.draft_forwards <= 2 + runs * k as u64,
+        "{} draft forwards for {runs} verifying runs of {k}: {m:?}",
+        m.spec.draft_forwards
+    );
+    e.shutdown();
     // A draft with another vocabulary is refused.
     let model = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();
     let other = load_model(&fixture("tiny-smollm"), &LoadOptions::default()).unwrap();

@@ -154,6 +154,11 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
             "Speculative decoding: proposed tokens accepted.",
             m.spec.num_accepted_tokens,
         ),
+        (
+            "ferrum_spec_decode_draft_forwards_total",
+            "Speculative decoding: forward passes of the draft model.",
+            m.spec.draft_forwards,
+        ),
     ];
     for (name, help, v) in counters {
         o.metric(name, "counter", help, v as f64);

@@ -2,10 +2,18 @@
 //! its own KV cache over the same block ids as the target's.
 //!
 //! Invariants: after every step the draft's cache holds, for every position the target
-//! computed, the draft's K/V of the same token (it runs each step's batch right after the
-//! target, before any rollback frees a block); its proposals for the next step are written
-//! into look-ahead slots the scheduler holds for the sequence, and those positions are
-//! computed again by both models when the next step verifies them.
+//! computed, the draft's K/V of the same token. Its proposals for the next step are made by
+//! greedy draft steps whose inputs (the last token, then each proposal but the last) are
+//! written into look-ahead slots the scheduler holds for the sequence.
+//!
+//! The draft never computes a position twice: when the target verifies `[last, p1..pm]` from
+//! position `s`, the draft already wrote `[last, p1..p(k-1)]` at `s..s+k` while proposing
+//! (`covered`), so [`DraftModel::follow`] runs only what it has not seen (prefill chunks,
+//! recomputed sequences). The one position it lacks, `pk` at `s+k` when all `k` were kept, is
+//! held back (`carry`) and, if the target accepted it, runs in the first draft step of the
+//! next proposal round together with the new last token; otherwise it was rolled back and
+//! is dropped. So a step with all proposals accepted costs the draft `k` forwards, not
+//! `k + 1`.
 
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model};
@@ -25,6 +33,14 @@ pub struct DraftModel {
     active: Vec<(RequestId, usize)>,
     /// Scratch: the sequences of one draft round, in batch order.
     round_ids: Vec<RequestId>,
+    /// Per sequence that proposed at the end of the last step: the position of its first
+    /// draft input and the inputs the draft wrote from there.
+    covered: HashMap<RequestId, (usize, Vec<TokenId>)>,
+    /// Per sequence whose verified run ended one past what the draft wrote: that position
+    /// and token, computed in the next proposal round if the target kept it.
+    carry: HashMap<RequestId, (usize, TokenId)>,
+    /// Forward passes since the last [`DraftModel::take_forwards`].
+    forwards: u64,
 }
 
 impl DraftModel {
@@ -51,15 +67,61 @@ impl DraftModel {
             pending: HashMap::new(),
             active: Vec::new(),
             round_ids: Vec::new(),
+            covered: HashMap::new(),
+            carry: HashMap::new(),
+            forwards: 0,
         })
     }
 
-    /// Runs the target's step batch through the draft, for its K/V only.
-    pub fn follow(&mut self, batch: &ForwardBatch) -> Result<()> {
-        self.batch.clone_from(batch);
-        self.batch.logits_indices.clear();
-        self.model.forward(&self.batch, &mut self.kv)?;
+    /// Runs the target's step batch (sequence `ids[i]` is `batch.seqs[i]`) through the draft,
+    /// for its K/V only, leaving out the positions the draft wrote while proposing; the first
+    /// position past them is held back for the next proposal round.
+    pub fn follow(
+        &mut self,
+        batch: &ForwardBatch,
+        ids: impl Iterator<Item = RequestId>,
+        block_size: usize,
+    ) -> Result<()> {
+        self.batch.clear();
+        self.carry.clear();
+        for (slice, id) in batch.seqs.iter().zip(ids) {
+            let end = slice.query_start + slice.query_len;
+            let tokens = &batch.token_ids[slice.query_start..end];
+            let start = slice.context_len - slice.query_len;
+            let table = &batch.block_tables
+                [slice.block_table_start..slice.block_table_start + slice.num_blocks];
+            // How many of the slice's tokens the draft already wrote at the same positions.
+            let seen = match self.covered.get(&id) {
+                Some((at, inputs)) if *at == start => tokens
+                    .iter()
+                    .zip(inputs)
+                    .take_while(|(a, b)| a == b)
+                    .count(),
+                _ => 0,
+            };
+            match tokens.len() - seen {
+                0 => {}
+                1 if seen > 0 => {
+                    self.carry.insert(id, (start + seen, tokens[seen]));
+                }
+                _ => {
+                    self.batch
+                        .push_seq(&tokens[seen..], start + seen, table, block_size, 0)?;
+                    self.batch.set_prompt_len(slice.prompt_len);
+                }
+            }
+        }
+        self.covered.clear();
+        if !self.batch.seqs.is_empty() {
+            self.forwards += 1;
+            self.model.forward(&self.batch, &mut self.kv)?;
+        }
         Ok(())
+    }
+
+    /// Forward passes run since the last call.
+    pub fn take_forwards(&mut self) -> u64 {
+        std::mem::take(&mut self.forwards)
     }
 
     /// The proposals made for `id` at the end of the last step (none if it made none).
@@ -73,19 +135,32 @@ impl DraftModel {
     /// Proposes up to `k` tokens for each sequence of `seqs` (`(id, k)`, decoding: all final
     /// tokens but the last computed), by `k` greedy draft steps from its last token, batched
     /// over the sequences. Look-ahead slots come from `sched`; a sequence that cannot get them
-    /// proposes nothing.
+    /// proposes nothing. A held-back position the target kept runs in the first step (also
+    /// for sequences that do not propose, so the cache stays whole).
     pub fn propose(&mut self, sched: &mut Scheduler, seqs: &[(RequestId, usize)]) -> Result<()> {
         self.pending.clear();
         self.active.clear();
+        self.covered.clear();
         for &(id, k) in seqs {
             if k > 0 && sched.reserve_lookahead(id, k) {
                 self.active.push((id, k));
                 self.pending.insert(id, Vec::with_capacity(k));
             }
         }
-        let rounds = self.active.iter().map(|&(_, k)| k).max().unwrap_or(0);
+        // Held-back positions the target kept: the sequence computed past them, same token.
+        let carry = std::mem::take(&mut self.carry);
+        let kept = |id: RequestId| {
+            let &(pos, tok) = carry.get(&id)?;
+            let computed = sched.num_computed(id)?;
+            (computed == pos + 1 && sched.tokens(id)?.get(pos) == Some(&tok)).then_some((pos, tok))
+        };
+        let mut rounds = self.active.iter().map(|&(_, k)| k).max().unwrap_or(0);
+        if rounds == 0 && carry.keys().any(|&id| kept(id).is_some()) {
+            rounds = 1;
+        }
         let bs = sched.config().block_size;
         let vocab = self.model.config().vocab_size;
+        let mut input: Vec<TokenId> = Vec::with_capacity(2);
         for round in 0..rounds {
             self.batch.clear();
             self.round_ids.clear();
@@ -101,23 +176,51 @@ impl DraftModel {
                     continue;
                 };
                 let made = self.pending.get(&id).map_or(&[][..], Vec::as_slice);
-                let input = match round {
-                    0 => tokens.last().copied(),
-                    _ => made.last().copied(),
-                };
-                let Some(input) = input else {
+                input.clear();
+                let mut from = start + round;
+                if round == 0 {
+                    if let Some((pos, tok)) = kept(id) {
+                        input.push(tok);
+                        from = pos;
+                    }
+                    input.extend(tokens.last().copied());
+                } else {
+                    input.extend(made.last().copied());
+                }
+                let Some(&last) = input.last() else {
                     continue;
                 };
-                self.batch.push_seq(&[input], start + round, table, bs, 1)?;
+                self.batch.push_seq(&input, from, table, bs, 1)?;
                 // The draft picks LongRoPE's factors as the target does.
                 if let Some(n) = sched.prompt_len(id) {
                     self.batch.set_prompt_len(n);
                 }
+                self.covered
+                    .entry(id)
+                    .or_insert_with(|| (start, Vec::with_capacity(k)))
+                    .1
+                    .push(last);
                 self.round_ids.push(id);
             }
-            if self.round_ids.is_empty() {
+            if round == 0 {
+                // Held-back positions of sequences that propose nothing: K/V only.
+                for (&id, _) in carry.iter() {
+                    if self.pending.contains_key(&id) {
+                        continue;
+                    }
+                    let (Some((pos, tok)), Some(table)) = (kept(id), sched.block_table(id)) else {
+                        continue;
+                    };
+                    self.batch.push_seq(&[tok], pos, table, bs, 0)?;
+                    if let Some(n) = sched.prompt_len(id) {
+                        self.batch.set_prompt_len(n);
+                    }
+                }
+            }
+            if self.batch.seqs.is_empty() {
                 break;
             }
+            self.forwards += 1;
             let logits = self.model.forward(&self.batch, &mut self.kv)?;
             // [round_ids.len(), vocab]
             for (id, row) in self.round_ids.iter().zip(logits.chunks_exact(vocab)) {
