@@ -134,6 +134,13 @@ def real_files(d: pathlib.Path) -> None:
                 f"| {label} | {what} | {off['decode_tok_s']:.1f} | {sp['decode_tok_s']:.1f} | "
                 f"{ratio(sp['decode_tok_s'], off['decode_tok_s'])} | {sp['spec_accepted_tokens']} of "
                 f"{sp['spec_draft_tokens']} | {sp['mean_acceptance_length']:.2f} | {same} |")
+        llama = load(d / f"spec-llamacpp-{name}.json")
+        sp = load(d / f"spec-{name}-draft.json")
+        if llama and sp:
+            spec_rows.append(
+                f"| {label} | llama.cpp `llama-speculative`, same draft ({llama['prompt_tokens']} prompt tokens, "
+                f"{llama['generated']} generated) | | {llama['decode_tok_s']:.1f} | Ferrum's is "
+                f"{ratio(sp['decode_tok_s'], llama['decode_tok_s'])} | {llama['accepted']} of {llama['drafted']} | | |")
     if spec_rows:
         p("### Speculative decoding\n")
         p("One stream, greedy, 300 tokens at most, on an input-grounded prompt (rename a function in a")

@@ -123,6 +123,26 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m; do
       --max-tokens 300 --temperature 0 --threads "$threads" --json "${flags[@]}" \
       > "$out/spec-$name-$spec.json" 2>/dev/null || rm -f "$out/spec-$name-$spec.json"
   done
+  # llama.cpp's llama-speculative with the same pair and settings (greedy, 4 drafted tokens,
+  # 300 tokens, $threads threads for each model), on the same prompt in the model's ChatML
+  # template with its default system prompt, as `ferrum run --chat` renders it.
+  if [ "$name" = qwen2.5-coder-1.5b ] && [ -x "$llama_bin/llama-speculative" ]; then
+    printf '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' \
+      "$(cat benchmarks/prompts/edit-code.txt)" > "$out/spec-prompt-chatml.txt"
+    "$llama_bin/llama-speculative" -m "$model" -md "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)" \
+      -f "$out/spec-prompt-chatml.txt" -n 300 --temp 0 --top-k 1 -t "$threads" -td "$threads" \
+      --spec-draft-n-max 4 -c 2048 --seed 1 > "$out/spec-llamacpp-$name.log" 2>&1 || true
+    python3 - "$out/spec-llamacpp-$name.log" > "$out/spec-llamacpp-$name.json" <<'PY' || rm -f "$out/spec-llamacpp-$name.json"
+import json, re, sys
+log = open(sys.argv[1]).read()
+num = lambda pat: float(re.search(pat, log).group(1))
+print(json.dumps({"prompt_tokens": int(num(r"encoded\s+(\d+) tokens")),
+                  "generated": int(num(r"decoded\s+(\d+) tokens")),
+                  "decode_tok_s": num(r"decoded.*speed:\s*([0-9.]+)"),
+                  "drafted": int(num(r"n_drafted\s*=\s*(\d+)")),
+                  "accepted": int(num(r"n_accept\s*=\s*(\d+)"))}))
+PY
+  fi
   echo "  speculation: $(python3 -c 'import json,sys; print([round(json.load(open(f))["decode_tok_s"], 1) for f in sys.argv[1:]])' \
     "$out/spec-$name-off.json" "$out/spec-$name-ngram.json" 2>/dev/null) tok/s (off, ngram)"
 done

@@ -4,7 +4,8 @@
 #
 # 1. target/bench/venv-llamacpp: the Python bindings (`llama_cpp`, used by llamacpp_latency.py)
 #    and their server (`python -m llama_cpp.server`).
-# 2. target/bench/llama.cpp/bin: llama.cpp's own `llama-server` and `llama-batched-bench`.
+# 2. target/bench/llama.cpp/bin: llama.cpp's own `llama-server`, `llama-batched-bench` and
+#    `llama-speculative` (draft-model speculative decoding, the peer of `--speculative-model`).
 #    The wheel does not ship them: its CMakeLists adds llama.cpp as a subdirectory, where
 #    LLAMA_BUILD_TOOLS and LLAMA_BUILD_SERVER default to OFF, and it installs only the libraries.
 #    (CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_TOOLS_INSTALL=ON" would
@@ -34,11 +35,14 @@ else
 fi
 
 bin="$bench/llama.cpp/bin"
-if [ -x "$bin/llama-server" ] && [ -x "$bin/llama-batched-bench" ]; then
-  echo "setup-llamacpp: llama-server and llama-batched-bench already in $bin" >&2
+tools=(llama-server llama-batched-bench llama-speculative)
+have=1
+for t in "${tools[@]}"; do [ -x "$bin/$t" ] || have=0; done
+if [ "$have" = 1 ]; then
+  echo "setup-llamacpp: ${tools[*]} already in $bin" >&2
   exit 0
 fi
-echo "setup-llamacpp: building llama-server and llama-batched-bench (about 10 minutes on 2 cores)" >&2
+echo "setup-llamacpp: building ${tools[*]} (about 10 minutes on 2 cores)" >&2
 "$venv/bin/pip" install --disable-pip-version-check -q cmake ninja "scikit-build-core>=0.9.2"
 src="$bench/downloads/llama_cpp_python-$version"
 if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
@@ -54,11 +58,11 @@ build="$bench/llama.cpp-build"
 # without it the server has no UI page, which the benchmarks do not need.
 PATH="$venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF > "$build.configure.log" 2>&1 \
   || { echo "setup-llamacpp: cmake configure failed; see $build.configure.log" >&2; exit 1; }
-PATH="$venv/bin:$PATH" cmake --build "$build" --target llama-server llama-batched-bench -j "$jobs"
+PATH="$venv/bin:$PATH" cmake --build "$build" --target "${tools[@]}" -j "$jobs"
 mkdir -p "$bin"
-cp "$build/bin/llama-server" "$build/bin/llama-batched-bench" "$bin/"
+for t in "${tools[@]}"; do cp "$build/bin/$t" "$bin/"; done
 "$bin/llama-server" --version 2>&1 | tail -n 2 >&2
