@@ -274,6 +274,7 @@ pub fn load_parts(
         precision: args.matmul_precision.into(),
         kv_cache_dtype: args.kv_cache_dtype.fixed(),
         pool: None,
+        output_vocab: None,
     };
     let model = if parallel {
         // Any rank but 0 serves rank 0's steps inside and never returns.
@@ -456,6 +457,13 @@ pub struct SpeculativeArgs {
     /// Tokens proposed per sequence and step at most.
     #[arg(long, default_value_t = 4, requires = "speculation")]
     pub num_speculative_tokens: usize,
+    /// The draft model proposes only among the first N tokens of the vocabulary: its LM head
+    /// computes N rows instead of all (with byte-level BPE vocabularies, whose ids follow the
+    /// merge order, the first 65536 of Qwen's 151936 tokens cover nearly all English and code).
+    /// Output is unchanged (the target verifies every token); proposals get cheaper, and a
+    /// token past N is never proposed.
+    #[arg(long, value_name = "N", requires = "speculative_model")]
+    pub speculative_draft_vocab: Option<usize>,
     /// ngram: the longest suffix looked up in the sequence (the lookup window).
     #[arg(long, default_value_t = 4, requires = "speculation")]
     pub prompt_lookup_max: usize,
@@ -499,6 +507,7 @@ pub fn start_engine(
             pool: Some(Arc::clone(pool)),
             precision: model_args.matmul_precision.into(),
             kv_cache_dtype: model_args.kv_cache_dtype.fixed(),
+            output_vocab: spec.speculative_draft_vocab,
         },
     )
     .with_context(|| format!("loading the draft model {}", path.display()))?;

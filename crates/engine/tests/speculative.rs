@@ -18,11 +18,17 @@ use ferrum_types::{SamplingParams, TokenId};
 /// proposal of a greedy request must then be accepted, which checks that the draft's KV
 /// cache follows the target's through chunking, preemption and rollbacks.
 fn self_drafted(name: &str, cfg: EngineConfig) -> EngineHandle {
+    self_drafted_vocab(name, cfg, None)
+}
+
+/// [`self_drafted`], the draft proposing among the first `output_vocab` tokens only.
+fn self_drafted_vocab(name: &str, cfg: EngineConfig, output_vocab: Option<usize>) -> EngineHandle {
     let model = model(name);
     let draft = load_model(
         &fixture(name),
         &LoadOptions {
             pool: Some(model.compute_pool().unwrap().clone()),
+            output_vocab,
             ..LoadOptions::default()
         },
     )
@@ -216,14 +222,14 @@ fn a_draft_model_proposes_and_greedy_output_is_unchanged() {
     );
     let p = prompts().swap_remove(0);
     let plain = engine(name, EngineConfig::default());
-    let (want, _) = collect(
+    let (want60, _) = collect(
         plain
             .generate(GenerateRequest::new(p.clone(), greedy(60)))
             .unwrap(),
     );
     plain.shutdown();
     let (tokens, _) = collect(e.generate(GenerateRequest::new(p, greedy(60))).unwrap());
-    assert_eq!(tokens, want);
+    assert_eq!(tokens, want60);
     wait_for_idle(&e);
     let m = e.metrics();
     let runs = m.spec.num_drafts;
@@ -236,6 +242,24 @@ fn a_draft_model_proposes_and_greedy_output_is_unchanged() {
         "{} draft forwards for {runs} verifying runs of {k}: {m:?}",
         m.spec.draft_forwards
     );
+    e.shutdown();
+    // A draft that proposes among the first half of the vocabulary only: proposals past it
+    // are never made, so fewer are accepted, and the output is the same.
+    let model_vocab = model(name).config().vocab_size;
+    let e = self_drafted_vocab(
+        name,
+        EngineConfig {
+            speculative: Some(drafted(4, 64)),
+            ..EngineConfig::default()
+        },
+        Some(model_vocab / 2),
+    );
+    for (i, p) in prompts().into_iter().enumerate() {
+        let (got, _) = collect(e.generate(GenerateRequest::new(p, greedy(20 + i))).unwrap());
+        assert_eq!(got, want[i], "prompt {i}, half-vocabulary draft");
+    }
+    let m = e.metrics();
+    assert!(m.spec.num_draft_tokens > 0, "{m:?}");
     e.shutdown();
     // A draft with another vocabulary is refused.
     let model = load_model(&fixture("tiny-llama"), &LoadOptions::default()).unwrap();

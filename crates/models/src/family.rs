@@ -19,7 +19,24 @@ pub enum FamilyModel<B: Backend> {
 impl<B: Backend> FamilyModel<B> {
     /// Builds `config`'s family on `backend` from `src`.
     pub fn load_with(config: ModelConfig, src: &WeightSource, backend: B) -> Result<Self> {
-        let place = Placement::whole(&config);
+        Self::load_whole(config, src, backend, None)
+    }
+
+    /// Builds the whole model, with logits for the first `output_vocab` tokens only when
+    /// given (see [`crate::LoadOptions::output_vocab`]).
+    pub fn load_whole(
+        config: ModelConfig,
+        src: &WeightSource,
+        backend: B,
+        output_vocab: Option<usize>,
+    ) -> Result<Self> {
+        if output_vocab == Some(0) {
+            return Err(crate::ModelError::Invalid(
+                "an output vocabulary of 0 tokens".into(),
+            ));
+        }
+        let mut place = Placement::whole(&config);
+        place.shard.output_vocab = output_vocab;
         Self::load_placed(config, src, backend, place)
     }
 
@@ -38,6 +55,15 @@ impl<B: Backend> FamilyModel<B> {
                 FamilyModel::Gemma(GemmaModel::load_placed(config, src, backend, place)?)
             }
         })
+    }
+
+    /// Columns of a logits row: the vocabulary, or the output vocabulary the model was loaded
+    /// with ([`crate::LoadOptions::output_vocab`]).
+    pub fn logits_vocab(&self) -> usize {
+        match self {
+            FamilyModel::Llama(m) => m.logits_vocab(),
+            FamilyModel::Gemma(m) => m.logits_vocab(),
+        }
     }
 
     /// The config as this rank runs it (the whole config in one process).

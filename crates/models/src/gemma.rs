@@ -200,7 +200,10 @@ impl<B: Backend> GemmaModel<B> {
                 },
             });
         }
-        let (embed, head) = stage_ends(b, sh, c.vocab_size, embed, lm_head, || norm(norm_name, h))?;
+        let (embed, head) =
+            stage_ends(b, sh, sh.logits_vocab(c.vocab_size), embed, lm_head, || {
+                norm(norm_name, h)
+            })?;
         Ok(GemmaModel {
             local: sh.local_config(&config),
             config,
@@ -221,6 +224,11 @@ impl<B: Backend> GemmaModel<B> {
     /// The config as this rank runs it (see [`crate::LlamaModel::local_config`]).
     pub fn local_config(&self) -> &ModelConfig {
         &self.local
+    }
+
+    /// Columns of a logits row (see [`crate::FamilyModel::logits_vocab`]).
+    pub fn logits_vocab(&self) -> usize {
+        self.place.shard.logits_vocab(self.config.vocab_size)
     }
 
     /// The backend the model runs on.
@@ -266,10 +274,10 @@ impl<B: Backend> GemmaModel<B> {
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
         let mut dims = forward_dims(&self.local, batch, kv)?;
-        dims.vocab = self
-            .head
-            .as_ref()
-            .map_or(0, |_| self.place.shard.vocab(c.vocab_size).len());
+        dims.vocab = self.head.as_ref().map_or(0, |_| {
+            let s = &self.place.shard;
+            s.vocab(s.logits_vocab(c.vocab_size)).len()
+        });
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
@@ -317,6 +325,7 @@ impl<B: Backend> GemmaModel<B> {
         }
         let (head, gather) = (self.head.as_ref(), &mut self.gathered);
         let softcap = c.final_logit_softcap;
-        place.finish(b, head, gather, eps, batch, c.vocab_size, softcap)
+        let vocab = place.shard.logits_vocab(c.vocab_size);
+        place.finish(b, head, gather, eps, batch, vocab, softcap)
     }
 }

@@ -425,9 +425,10 @@ impl<B: Backend> LlamaModel<B> {
             freq_factors.as_deref(),
             c.rope_table_dtype,
         );
-        let (embed, head) = stage_ends(b, sh, c.vocab_size, embed, lm_head, || {
-            ld.vector(norm_name, h)
-        })?;
+        let (embed, head) =
+            stage_ends(b, sh, sh.logits_vocab(c.vocab_size), embed, lm_head, || {
+                ld.vector(norm_name, h)
+            })?;
         Ok(LlamaModel {
             local: sh.local_config(&config),
             head,
@@ -449,6 +450,11 @@ impl<B: Backend> LlamaModel<B> {
     /// KV cache holds).
     pub fn local_config(&self) -> &ModelConfig {
         &self.local
+    }
+
+    /// Columns of a logits row (see [`crate::FamilyModel::logits_vocab`]).
+    pub fn logits_vocab(&self) -> usize {
+        self.place.shard.logits_vocab(self.config.vocab_size)
     }
 
     /// The backend the model runs on.
@@ -503,10 +509,10 @@ impl<B: Backend> LlamaModel<B> {
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
         let c = &self.config;
         let mut dims = forward_dims(&self.local, batch, kv)?;
-        dims.vocab = self
-            .head
-            .as_ref()
-            .map_or(0, |_| self.place.shard.vocab(c.vocab_size).len());
+        dims.vocab = self.head.as_ref().map_or(0, |_| {
+            let s = &self.place.shard;
+            s.vocab(s.logits_vocab(c.vocab_size)).len()
+        });
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
@@ -563,7 +569,8 @@ impl<B: Backend> LlamaModel<B> {
             b.add_residual()?;
         }
         let (head, gather) = (self.head.as_ref(), &mut self.gathered);
-        place.finish(b, head, gather, eps, batch, c.vocab_size, None)
+        let vocab = place.shard.logits_vocab(c.vocab_size);
+        place.finish(b, head, gather, eps, batch, vocab, None)
     }
 }
 

@@ -25,6 +25,12 @@ pub struct LoadOptions {
     pub precision: MatmulPrecision,
     /// Element type of the KV cache; `None` picks one (see [`resolve_kv_dtype`]).
     pub kv_cache_dtype: Option<KvDtype>,
+    /// The LM head computes logits for the first this many tokens of the vocabulary only
+    /// (`None`: all). For a draft model of speculative decoding: with a byte-level BPE
+    /// vocabulary, whose ids follow the merge order (frequent pieces first), the first 64k of
+    /// Qwen's 152k tokens hold nearly every token of English and code, and the head's rows are
+    /// a third of a small model's bytes per token. Not for parallel layouts.
+    pub output_vocab: Option<usize>,
 }
 
 /// The KV cache type `auto` stands for. The float setting is the reference path and keeps f32.
@@ -117,6 +123,11 @@ impl Model {
     /// whole config in one process).
     pub fn local_config(&self) -> &ModelConfig {
         on_device!(&self.device, m => m.local_config())
+    }
+
+    /// Columns of a logits row: the vocabulary, or [`LoadOptions::output_vocab`] when smaller.
+    pub fn logits_vocab(&self) -> usize {
+        on_device!(&self.device, m => m.logits_vocab())
     }
 
     /// The model on the CPU, when it runs there.
@@ -288,7 +299,7 @@ pub fn load_model_on_gpu(
         )));
     }
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
-    FamilyModel::load_with(config, &src, CudaBackend::new(gpu))
+    FamilyModel::load_whole(config, &src, CudaBackend::new(gpu), opts.output_vocab)
 }
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
@@ -298,8 +309,11 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
     let pool = compute_pool(path, opts)?;
     let backend = CpuBackend::new(pool, Linear::new(opts.precision));
-    Ok(Model::new(OnDevice::Cpu(FamilyModel::load_with(
-        config, &src, backend,
+    Ok(Model::new(OnDevice::Cpu(FamilyModel::load_whole(
+        config,
+        &src,
+        backend,
+        opts.output_vocab,
     )?)))
 }
 
@@ -314,6 +328,11 @@ pub fn load_model_sharded(
     comms: Comms,
 ) -> Result<Model> {
     layout.check_world_size(comms.world.size())?;
+    if opts.output_vocab.is_some() {
+        return Err(ModelError::Invalid(
+            "a reduced output vocabulary (a draft model's) does not run sharded".into(),
+        ));
+    }
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);

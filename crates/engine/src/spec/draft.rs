@@ -159,7 +159,8 @@ impl DraftModel {
             rounds = 1;
         }
         let bs = sched.config().block_size;
-        let vocab = self.model.config().vocab_size;
+        // A draft may compute logits for the first tokens of the vocabulary only.
+        let vocab = self.model.logits_vocab();
         let mut input: Vec<TokenId> = Vec::with_capacity(2);
         for round in 0..rounds {
             self.batch.clear();

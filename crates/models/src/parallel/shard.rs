@@ -123,6 +123,9 @@ pub struct Shard {
     pub pp_size: usize,
     /// The stage's layers (global indices).
     pub layers: Range<usize>,
+    /// Logits only for the first this many tokens of the vocabulary (a draft model's
+    /// proposals; see [`crate::LoadOptions::output_vocab`]); `None` for all.
+    pub output_vocab: Option<usize>,
 }
 
 /// `[rank * n / parts, (rank + 1) * n / parts)`.
@@ -139,7 +142,14 @@ impl Shard {
             pp_rank: 0,
             pp_size: 1,
             layers: 0..c.num_hidden_layers,
+            output_vocab: None,
         }
+    }
+
+    /// The width of the logits of a vocabulary of `n`: `n`, or the output vocabulary when it
+    /// is smaller.
+    pub fn logits_vocab(&self, n: usize) -> usize {
+        self.output_vocab.map_or(n, |v| v.min(n))
     }
 
     /// World rank `rank`'s shard of `c` under `layout`; an error naming the shape that does
@@ -191,6 +201,7 @@ impl Shard {
             pp_rank,
             pp_size: layout.pipeline_parallel,
             layers: stages[pp_rank].clone(),
+            output_vocab: None,
         })
     }
 

@@ -50,6 +50,7 @@ pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> 
     load_model(
         path,
         &LoadOptions {
+            output_vocab: None,
             num_threads: Some(2),
             precision,
             kv_cache_dtype: kv,
