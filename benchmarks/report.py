@@ -125,7 +125,8 @@ def real_files(d: pathlib.Path) -> None:
     spec_rows = []
     for name, label in REAL:
         off = load(d / f"spec-{name}-off.json")
-        for method, what in [("ngram", "n-gram"), ("draft", "draft: Qwen2.5-Coder-0.5B")]:
+        for method, what in [("ngram", "n-gram"), ("draft", "draft: Qwen2.5-Coder-0.5B"),
+                             ("draft64k", "draft: Qwen2.5-Coder-0.5B, `--speculative-draft-vocab 65536`")]:
             sp = load(d / f"spec-{name}-{method}.json")
             if not (off and sp):
                 continue

@@ -113,12 +113,14 @@ for name in qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m; do
   # greedy, single stream, with and without; the outputs must be the same tokens.
   # On the 1.5B also with the 0.5B as a draft model.
   # (Gemma 3 270M is a base model without a chat template: no chat-prompted speculation.)
-  specs="off ngram"; [ "$name" = qwen2.5-coder-1.5b ] && specs="off ngram draft"
+  specs="off ngram"; [ "$name" = qwen2.5-coder-1.5b ] && specs="off ngram draft draft64k"
   [ "$name" = gemma3-270m ] && specs=""
   for spec in $specs; do
     flags=()
     [ "$spec" = ngram ] && flags=(--speculative-method ngram)
     [ "$spec" = draft ] && flags=(--speculative-model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)")
+    [ "$spec" = draft64k ] && flags=(--speculative-model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)"
+      --speculative-draft-vocab 65536)
     "$ferrum" run --model "$model" --chat --prompt "$(cat benchmarks/prompts/edit-code.txt)" \
       --max-tokens 300 --temperature 0 --threads "$threads" --json "${flags[@]}" \
       > "$out/spec-$name-$spec.json" 2>/dev/null || rm -f "$out/spec-$name-$spec.json"
