@@ -92,7 +92,7 @@ try {
   assert.equal(await page.locator(".msg.user").first().textContent(), prompt);
   console.log("ok - streams the greedy answer the API gives: " + JSON.stringify(shown.slice(0, 60)));
   await page.screenshot({ path: shot });
-  console.log("ok - screenshot in " + shot);
+  console.log("  screenshot in " + shot);
 
   // 3. A long answer is stopped: the request is aborted and its blocks come back.
   await page.fill("#max-tokens", "");
@@ -120,11 +120,28 @@ try {
   assert.equal(await page.locator("#stop").isHidden(), true);
   console.log(`ok - Stop aborts the request and frees its blocks (${g.free}/${g.total} free)`);
 
-  // 4. Reset empties the conversation.
+  // 4. New conversation during an answer: the page empties, and the cut turn is not sent
+  // as context with the next message.
+  await page.fill("#input", "Write another very long story.");
+  await page.press("#input", "Enter");
+  await page.waitForFunction(() => {
+    const m = document.querySelectorAll(".msg.assistant")[2];
+    return m && m.querySelector(".text").textContent.length > 10;
+  }, null, { timeout: 120000 });
   await page.click("#reset");
+  await page.locator("#stop").waitFor({ state: "hidden" });
   assert.equal(await page.locator(".msg").count(), 0);
   assert.equal(await page.locator("#empty").isVisible(), true);
-  console.log("ok - New conversation empties the page");
+  const sent = [];
+  page.on("request", (r) => { if (r.url().endsWith("/v1/chat/completions")) sent.push(JSON.parse(r.postData())); });
+  await page.fill("#max-tokens", "4");
+  await page.fill("#input", "Hi");
+  await page.press("#input", "Enter");
+  await page.locator(".msg.assistant .meta").first().waitFor({ timeout: 120000 });
+  const msgs = sent[0].messages;
+  assert.deepEqual(msgs[msgs.length - 1], { role: "user", content: "Hi" });
+  assert.equal(msgs.filter((m) => m.role !== "system").length, 1, JSON.stringify(msgs));
+  console.log("ok - New conversation empties the page, also during an answer");
   assert.deepEqual(errors, [], "no script errors");
 } catch (e) {
   failed = true;

@@ -61,6 +61,8 @@ async fn responses_whole_and_streamed_agree() {
     assert_eq!(out[0]["type"], "message");
     assert_eq!(out[0]["role"], "assistant");
     assert_eq!(out[0]["content"][0]["type"], "output_text");
+    // The limit cut the answer: its item is incomplete too.
+    assert_eq!(out[0]["status"], "incomplete");
     let text = out[0]["content"][0]["text"].as_str().unwrap().to_string();
 
     let mut streamed = body.clone();
@@ -111,6 +113,7 @@ async fn responses_whole_and_streamed_agree() {
     let last = &ev.last().unwrap().1["response"];
     assert_eq!(last["status"], "incomplete");
     assert_eq!(last["output"][0]["content"][0]["text"], text.as_str());
+    assert_eq!(last["output"][0]["status"], "incomplete");
     assert_eq!(last["usage"]["output_tokens"], 10);
     assert_eq!(last["id"], ev[0].1["response"]["id"]);
 }

@@ -10,6 +10,11 @@
 //! after [`PING_AFTER`] without an event (a long prompt's prefill), so proxies keep the
 //! connection. An engine failure mid-stream is an `error` event. Every error is in Anthropic's
 //! shape ([`AnthropicError`]).
+//!
+//! Usage: `input_tokens` are the prompt tokens not read from the prefix cache and
+//! `cache_read_input_tokens` the rest, as Anthropic counts them. A stream's `message_start`
+//! goes out before the engine has looked the prompt up in the cache, so its `input_tokens` is
+//! the whole prompt; `message_delta` carries the final split (which the SDKs keep).
 
 use crate::chat::{chat_prompt, start_chat};
 use crate::generate::{add_usage, collect, TokenLogprob};

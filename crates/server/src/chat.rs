@@ -171,7 +171,7 @@ pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedC
         Err(e) => return Err(tool_error(s, req.tool_request.as_ref(), e).await),
     };
     let params = req.opts.params.clone();
-    s.check_context(prompt.len(), params.max_tokens, "messages")?;
+    s.check_context(prompt.len(), params.max_tokens, req.prompt_param)?;
     let n = params.n;
     let prompt_tokens = prompt.len();
     let mut request = GenerateRequest::new(prompt, params);

@@ -68,24 +68,43 @@ pub async fn responses(
     };
     let mut object = object;
     let mut items = items;
+    // The last item is `incomplete` when the token limit cut the answer (a cut-off call
+    // must not be run).
+    let last = if is_cut(choice.finish.as_ref()) {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    let num_calls = calls.len();
     if !content.is_empty() || calls.is_empty() {
-        object.output.push(items.message(content, "completed"));
+        let status = if num_calls == 0 { last } else { "completed" };
+        object.output.push(items.message(content, status));
     }
-    for call in calls {
+    for (k, call) in calls.into_iter().enumerate() {
+        let status = if k + 1 == num_calls {
+            last
+        } else {
+            "completed"
+        };
         object
             .output
-            .push(items.call(call.name, call.arguments, "completed"));
+            .push(items.call(call.name, call.arguments, status));
     }
     finish_object(&mut object, choice.finish.as_ref(), &usage);
     Ok(json_response(StatusCode::OK, &object))
 }
 
-/// Sets the final status, incomplete details and usage.
-fn finish_object(object: &mut ResponseObject, finish: Option<&FinishReason>, usage: &Usage) {
-    let cut = matches!(
+/// Whether the token limit (or the context) cut the answer.
+fn is_cut(finish: Option<&FinishReason>) -> bool {
+    matches!(
         finish,
         Some(FinishReason::MaxTokens | FinishReason::MaxModelLen)
-    );
+    )
+}
+
+/// Sets the final status, incomplete details and usage.
+fn finish_object(object: &mut ResponseObject, finish: Option<&FinishReason>, usage: &Usage) {
+    let cut = is_cut(finish);
     object.status = if cut { "incomplete" } else { "completed" };
     object.incomplete_details = cut.then_some(IncompleteDetails {
         reason: "max_output_tokens",
@@ -191,7 +210,9 @@ impl ResponseEvents {
         });
     }
 
-    fn close(&mut self, out: &mut Vec<String>) {
+    /// Ends the open item with `status` (`completed`, or `incomplete` when the answer was
+    /// cut or failed inside it).
+    fn close(&mut self, out: &mut Vec<String>, status: &'static str) {
         let index = self.output_index();
         let item = match self.open.take() {
             None => return,
@@ -210,7 +231,7 @@ impl ResponseEvents {
                     content: vec![OutputText::new(text)],
                     id,
                     role: "assistant",
-                    status: "completed",
+                    status,
                 }
             }
             Some(Open::Call {
@@ -229,7 +250,7 @@ impl ResponseEvents {
                     call_id,
                     id,
                     name,
-                    status: "completed",
+                    status,
                 }
             }
         };
@@ -246,7 +267,7 @@ impl ResponseEvents {
             match ev {
                 ToolEvent::Content(t) => {
                     if !matches!(self.open, Some(Open::Message { .. })) {
-                        self.close(&mut out);
+                        self.close(&mut out, "completed");
                         self.open_message(&mut out);
                     }
                     let index = self.output_index();
@@ -264,7 +285,7 @@ impl ResponseEvents {
                     ));
                 }
                 ToolEvent::CallStart { name, .. } => {
-                    self.close(&mut out);
+                    self.close(&mut out, "completed");
                     let OutputItem::FunctionCall { id, call_id, .. } =
                         self.items.call(name.clone(), String::new(), "in_progress")
                     else {
@@ -325,7 +346,12 @@ impl FrameWriter for ResponseEvents {
     fn finish(&mut self, _choice: usize, text: &str, reason: &FinishReason) -> Vec<String> {
         let events = split_output(self.parser.as_mut(), text, true);
         let mut out = self.apply(events);
-        self.close(&mut out);
+        let status = if is_cut(Some(reason)) {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        self.close(&mut out, status);
         self.finish = Some(reason.clone());
         out
     }
@@ -336,11 +362,16 @@ impl FrameWriter for ResponseEvents {
 
     fn end(&mut self) -> Vec<String> {
         let mut out = Vec::new();
-        self.close(&mut out);
+        let status = if is_cut(self.finish.as_ref()) {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        self.close(&mut out, status);
         if self.object.output.is_empty() {
             // An empty answer is still a message, as the whole response has it.
             self.open_message(&mut out);
-            self.close(&mut out);
+            self.close(&mut out, status);
         }
         let usage = self.usage;
         let finish = self.finish.clone();
@@ -357,7 +388,7 @@ impl FrameWriter for ResponseEvents {
 
     fn error(&mut self, msg: &str) -> Vec<String> {
         let mut out = Vec::new();
-        self.close(&mut out);
+        self.close(&mut out, "incomplete");
         let e = ServerError::Internal(msg.to_string());
         self.object.status = "failed";
         self.object.error = Some(json!({"code": "server_error", "message": e.to_string()}));

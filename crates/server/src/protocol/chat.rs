@@ -154,6 +154,8 @@ pub struct AdmittedChat {
     /// Text the answer continues from, after the rendered conversation (Anthropic's
     /// assistant prefill: a last message from the assistant). `None` on chat completions.
     pub prefill: Option<String>,
+    /// The parameter a prompt longer than the context is blamed on (`messages`, `input`).
+    pub prompt_param: &'static str,
     /// `logprobs: true`: the sampled token's logprob per token, with `top_logprobs` more.
     pub logprobs: bool,
 }
@@ -292,6 +294,7 @@ impl ChatCompletionRequest {
             tool_request,
             add_generation_prompt: c.add_generation_prompt.is_none_or(|Flag(b)| b),
             prefill: None,
+            prompt_param: "messages",
             logprobs,
         })
     }

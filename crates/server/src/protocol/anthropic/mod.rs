@@ -155,10 +155,13 @@ impl MessagesRequest {
                 ),
             ));
         }
-        if tool_request.is_some() && prefill.as_deref().is_some_and(|p| !p.is_empty()) {
+        // A grammar starts at the answer's first token, which follows the prefill: the two
+        // would not make one valid whole.
+        let constrained = tool_request.is_some() || opts.constraint_param.is_some();
+        if constrained && prefill.as_deref().is_some_and(|p| !p.is_empty()) {
             return Err(bad(
                 "messages",
-                "messages: an assistant prefill cannot be combined with tools",
+                "messages: an assistant prefill cannot be combined with tools or output_config.format",
             ));
         }
         let template_tools = tools
@@ -171,6 +174,7 @@ impl MessagesRequest {
             tool_request,
             add_generation_prompt: true,
             prefill: prefill.filter(|p| !p.is_empty()),
+            prompt_param: "messages",
             logprobs: false,
         })
     }

@@ -52,12 +52,13 @@ impl From<&ferrum_engine::Usage> for MessageUsage {
     }
 }
 
-/// `stop_reason` and `stop_sequence` of a finish (`tool_use` when the answer made calls).
+/// `stop_reason` and `stop_sequence` of a finish: `max_tokens` when the limit cut the answer
+/// (a call it cut off must not be run), else `tool_use` when the answer made calls.
 pub fn stop_reason(f: Option<&FinishReason>, has_calls: bool) -> (&'static str, Option<String>) {
     match f {
+        Some(FinishReason::MaxTokens | FinishReason::MaxModelLen) => ("max_tokens", None),
         _ if has_calls => ("tool_use", None),
         Some(FinishReason::StopString(s)) => ("stop_sequence", Some(s.clone())),
-        Some(FinishReason::MaxTokens | FinishReason::MaxModelLen) => ("max_tokens", None),
         _ => ("end_turn", None),
     }
 }

@@ -143,6 +143,27 @@ fn errors_name_the_parameter() {
             r#"{"model":"m","max_tokens":3,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"x"}]}"#,
             "tool_choice",
         ),
+        (
+            r#"{"model":"m","max_tokens":3,"output_config":{"format":{"type":"yaml"}},"messages":[{"role":"user","content":"x"}]}"#,
+            "output_config.format.type",
+        ),
+        (
+            r#"{"model":"m","max_tokens":3,"output_config":{"format":{"type":"json_schema"}},"messages":[{"role":"user","content":"x"}]}"#,
+            "output_config.format.schema",
+        ),
+        (
+            r#"{"model":"m","max_tokens":3,"output_config":{"format":{"type":"json_schema","schema":{}}},"tools":[{"name":"f"}],"messages":[{"role":"user","content":"x"}]}"#,
+            "output_config.format",
+        ),
+        // A prefill and a grammar would not make one valid whole.
+        (
+            r#"{"model":"m","max_tokens":3,"output_config":{"format":{"type":"json_schema","schema":{}}},"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}]}"#,
+            "messages",
+        ),
+        (
+            r#"{"model":"m","max_tokens":3,"tools":[{"name":"f"}],"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"pre"}]}"#,
+            "messages",
+        ),
     ] {
         let e = admit(body).expect_err(body);
         let ae = AnthropicError(e);
@@ -161,5 +182,26 @@ fn errors_name_the_parameter() {
     assert_eq!(
         e.status_and_type(),
         (StatusCode::from_u16(529).unwrap(), "overloaded_error")
+    );
+}
+
+#[test]
+fn a_cut_answer_is_max_tokens_even_with_calls() {
+    use ferrum_types::FinishReason;
+    assert_eq!(
+        stop_reason(Some(&FinishReason::MaxTokens), true),
+        ("max_tokens", None)
+    );
+    assert_eq!(
+        stop_reason(Some(&FinishReason::Eos(2)), true),
+        ("tool_use", None)
+    );
+    assert_eq!(
+        stop_reason(Some(&FinishReason::StopString("x".into())), false),
+        ("stop_sequence", Some("x".into()))
+    );
+    assert_eq!(
+        stop_reason(Some(&FinishReason::ConstraintEnd), false),
+        ("end_turn", None)
     );
 }

@@ -250,6 +250,7 @@ impl ResponsesRequest {
                 tool_request,
                 add_generation_prompt: true,
                 prefill: None,
+                prompt_param: "input",
                 logprobs: false,
             },
             instructions,
