@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::Server;
+use common::{wait_all_free, Server};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An SSE body's `(event, data)` pairs, checking the framing on the way.
 fn events(body: &str) -> Vec<(String, Value)> {
@@ -334,34 +334,7 @@ async fn a_dropped_anthropic_stream_frees_its_blocks() {
         r.chunk().await.unwrap();
     }
     drop(r);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = c
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let get = |name: &str| -> f64 {
-            m.lines()
-                .find(|l| l.starts_with(&format!("{name}{{")))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap()
-        };
-        if get("ferrum_kv_blocks_free") == get("ferrum_kv_blocks_total")
-            && get("ferrum_num_requests_running") == 0.0
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dropped stream kept its blocks"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_all_free(&c, &s, Duration::from_secs(30)).await;
 }
 
 #[tokio::test]

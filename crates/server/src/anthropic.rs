@@ -16,15 +16,15 @@
 //! goes out before the engine has looked the prompt up in the cache, so its `input_tokens` is
 //! the whole prompt; `message_delta` carries the final split (which the SDKs keep).
 
-use crate::chat::{chat_prompt, start_chat};
-use crate::generate::{add_usage, collect, TokenLogprob};
+use crate::chat::{chat_prompt, start_chat, whole_answer, WholeAnswer};
+use crate::generate::{add_usage, TokenLogprob};
 use crate::json::json_response;
 use crate::protocol::anthropic::{
     stop_reason, tool_input, AnthropicError, Block, MessageObject, MessageUsage, MessagesRequest,
 };
 use crate::sse::{event_frame, event_stream, FrameWriter};
 use crate::state::AppState;
-use crate::tools::parser::{parse_whole, split_output};
+use crate::tools::parser::split_output;
 use crate::tools::{ToolCallParser, ToolEvent};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -67,12 +67,12 @@ pub async fn messages(
         };
         return Ok(event_stream(started.merged, 1, writer));
     }
-    let (choices, usage) = collect(started.merged, 1, 1).await?;
-    let choice = choices.into_iter().next().unwrap_or_default();
-    let (text, calls) = match started.tool_format {
-        Some(f) => parse_whole(f, &choice.text),
-        None => (choice.text, Vec::new()),
-    };
+    let WholeAnswer {
+        content: text,
+        calls,
+        finish,
+        usage,
+    } = whole_answer(started).await?;
     let mut content = Vec::new();
     if !text.is_empty() {
         content.push(Block::Text { text });
@@ -85,7 +85,7 @@ pub async fn messages(
             name: call.name,
         });
     }
-    let (reason, sequence) = stop_reason(choice.finish.as_ref(), has_calls);
+    let (reason, sequence) = stop_reason(finish.as_ref(), has_calls);
     let message = MessageObject {
         content,
         id,

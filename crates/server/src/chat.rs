@@ -16,7 +16,7 @@ use crate::protocol::{AdmittedChat, ChatCompletionRequest};
 use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use crate::tools::parser::{parse_whole, split_output};
-use crate::tools::{ToolCallParser, ToolEvent, ToolFormat, ToolRequest};
+use crate::tools::{ParsedCall, ToolCallParser, ToolEvent, ToolFormat, ToolRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -112,6 +112,32 @@ pub struct StartedChat {
     /// Prompt tokens (the rendered conversation).
     pub prompt_tokens: usize,
     pub n: usize,
+}
+
+/// A one-sample answer, whole: its text split into content and tool calls (when the request
+/// has tools), its finish and usage.
+#[derive(Debug)]
+pub struct WholeAnswer {
+    pub content: String,
+    pub calls: Vec<ParsedCall>,
+    pub finish: Option<FinishReason>,
+    pub usage: ferrum_engine::Usage,
+}
+
+/// Reads a started one-sample chat to its end (the Responses and Messages routes).
+pub async fn whole_answer(started: StartedChat) -> Result<WholeAnswer> {
+    let (choices, usage) = collect(started.merged, 1, 1).await?;
+    let choice = choices.into_iter().next().unwrap_or_default();
+    let (content, calls) = match started.tool_format {
+        Some(f) => parse_whole(f, &choice.text),
+        None => (choice.text, Vec::new()),
+    };
+    Ok(WholeAnswer {
+        content,
+        calls,
+        finish: choice.finish,
+        usage,
+    })
 }
 
 /// The prompt of an admitted chat: the conversation through the chat template (and the

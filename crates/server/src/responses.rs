@@ -14,16 +14,16 @@
 //! Invariant: a streamed response's items reassemble to exactly the non-streamed `output`
 //! (both go through the same tool-call parser), and the final event carries the whole object.
 
-use crate::chat::start_chat;
+use crate::chat::{start_chat, whole_answer, WholeAnswer};
 use crate::error::{Result, ServerError};
-use crate::generate::{add_usage, collect, TokenLogprob};
+use crate::generate::{add_usage, TokenLogprob};
 use crate::json::json_response;
 use crate::protocol::responses::{
     IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponsesRequest,
 };
 use crate::sse::{event_frame, event_stream, FrameWriter};
 use crate::state::{unix_now, AppState};
-use crate::tools::parser::{parse_whole, split_output};
+use crate::tools::parser::split_output;
 use crate::tools::{ToolCallParser, ToolEvent};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -60,17 +60,17 @@ pub async fn responses(
         };
         return Ok(event_stream(started.merged, 1, writer));
     }
-    let (choices, usage) = collect(started.merged, 1, 1).await?;
-    let choice = choices.into_iter().next().unwrap_or_default();
-    let (content, calls) = match started.tool_format {
-        Some(f) => parse_whole(f, &choice.text),
-        None => (choice.text, Vec::new()),
-    };
+    let WholeAnswer {
+        content,
+        calls,
+        finish,
+        usage,
+    } = whole_answer(started).await?;
     let mut object = object;
     let mut items = items;
     // The last item is `incomplete` when the token limit cut the answer (a cut-off call
     // must not be run).
-    let last = if is_cut(choice.finish.as_ref()) {
+    let last = if is_cut(finish.as_ref()) {
         "incomplete"
     } else {
         "completed"
@@ -90,7 +90,7 @@ pub async fn responses(
             .output
             .push(items.call(call.name, call.arguments, status));
     }
-    finish_object(&mut object, choice.finish.as_ref(), &usage);
+    finish_object(&mut object, finish.as_ref(), &usage);
     Ok(json_response(StatusCode::OK, &object))
 }
 

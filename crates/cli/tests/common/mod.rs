@@ -112,3 +112,38 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A gauge from `/metrics`.
+pub async fn gauge(c: &reqwest::Client, s: &Server, name: &str) -> f64 {
+    let text = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))
+}
+
+/// Polls until every KV block is free and nothing runs; panics after `timeout`.
+pub async fn wait_all_free(c: &reqwest::Client, s: &Server, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let total = gauge(c, s, "ferrum_kv_blocks_total").await;
+        let free = gauge(c, s, "ferrum_kv_blocks_free").await;
+        let running = gauge(c, s, "ferrum_num_requests_running").await;
+        if free == total && running == 0.0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocks not freed: {free}/{total} free, {running} running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
