@@ -149,6 +149,7 @@ fn rank() {
         precision: MatmulPrecision::Float,
         kv_cache_dtype: None,
         pool: None,
+        output_vocab: None,
     };
     let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded
