@@ -79,6 +79,21 @@ impl ServerError {
         }
     }
 
+    /// A 400 with its message and parameter rewritten by `f` (another API's names for the
+    /// same field); any other error as it is.
+    pub fn rename_bad_request(
+        self,
+        f: impl FnOnce(String, Option<String>) -> (String, Option<String>),
+    ) -> Self {
+        match self {
+            ServerError::BadRequest { msg, param, code } => {
+                let (msg, param) = f(msg, param);
+                ServerError::BadRequest { msg, param, code }
+            }
+            e => e,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ServerError::BadRequest { .. } => StatusCode::BAD_REQUEST,

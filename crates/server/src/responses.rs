@@ -70,11 +70,7 @@ pub async fn responses(
     let mut items = items;
     // The last item is `incomplete` when the token limit cut the answer (a cut-off call
     // must not be run).
-    let last = if is_cut(finish.as_ref()) {
-        "incomplete"
-    } else {
-        "completed"
-    };
+    let last = item_status(finish.as_ref());
     let num_calls = calls.len();
     if !content.is_empty() || calls.is_empty() {
         let status = if num_calls == 0 { last } else { "completed" };
@@ -100,6 +96,15 @@ fn is_cut(finish: Option<&FinishReason>) -> bool {
         finish,
         Some(FinishReason::MaxTokens | FinishReason::MaxModelLen)
     )
+}
+
+/// The status of an answer's last item: `incomplete` when the answer was cut.
+fn item_status(finish: Option<&FinishReason>) -> &'static str {
+    if is_cut(finish) {
+        "incomplete"
+    } else {
+        "completed"
+    }
 }
 
 /// Sets the final status, incomplete details and usage.
@@ -346,11 +351,7 @@ impl FrameWriter for ResponseEvents {
     fn finish(&mut self, _choice: usize, text: &str, reason: &FinishReason) -> Vec<String> {
         let events = split_output(self.parser.as_mut(), text, true);
         let mut out = self.apply(events);
-        let status = if is_cut(Some(reason)) {
-            "incomplete"
-        } else {
-            "completed"
-        };
+        let status = item_status(Some(reason));
         self.close(&mut out, status);
         self.finish = Some(reason.clone());
         out
@@ -362,11 +363,7 @@ impl FrameWriter for ResponseEvents {
 
     fn end(&mut self) -> Vec<String> {
         let mut out = Vec::new();
-        let status = if is_cut(self.finish.as_ref()) {
-            "incomplete"
-        } else {
-            "completed"
-        };
+        let status = item_status(self.finish.as_ref());
         self.close(&mut out, status);
         if self.object.output.is_empty() {
             // An empty answer is still a message, as the whole response has it.

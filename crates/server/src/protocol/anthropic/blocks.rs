@@ -275,28 +275,19 @@ pub(super) fn chat_tool_choice(v: Option<&Value>) -> Result<(Option<Value>, bool
 
 /// A chat-path error with Anthropic's parameter names.
 pub(super) fn rename(e: ServerError) -> ServerError {
-    match e {
-        ServerError::BadRequest { msg, param, code } => {
-            let fix = |s: &str| {
-                let mut s = s.replace(".function.parameters", ".input_schema");
-                s = s.replace(".function.", ".");
-                // tools[3] -> tools.3, as Anthropic writes paths.
-                if let Some(start) = s.find("tools[") {
-                    if let Some(end) = s[start..].find(']') {
-                        let n = s[start + 6..start + end].to_string();
-                        s.replace_range(start..start + end + 1, &format!("tools.{n}"));
-                    }
-                }
-                s
-            };
-            ServerError::BadRequest {
-                msg: fix(&msg),
-                param: param.as_deref().map(fix),
-                code,
+    let fix = |s: &str| {
+        let mut s = s.replace(".function.parameters", ".input_schema");
+        s = s.replace(".function.", ".");
+        // tools[3] -> tools.3, as Anthropic writes paths.
+        if let Some(start) = s.find("tools[") {
+            if let Some(end) = s[start..].find(']') {
+                let n = s[start + 6..start + end].to_string();
+                s.replace_range(start..start + end + 1, &format!("tools.{n}"));
             }
         }
-        e => e,
-    }
+        s
+    };
+    e.rename_bad_request(|msg, param| (fix(&msg), param.as_deref().map(fix)))
 }
 
 /// `output_config.format` as the request's constraint.
@@ -333,13 +324,13 @@ pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Constraint>
     };
     Ok(fields
         .constraint()
-        .map_err(|e| match e {
-            ServerError::BadRequest { msg, code, .. } => ServerError::BadRequest {
-                msg: msg.replace("'json_schema'", "output_config.format.schema"),
-                param: Some(format!("{AT}.schema")),
-                code,
-            },
-            e => e,
+        .map_err(|e| {
+            e.rename_bad_request(|msg, _| {
+                (
+                    msg.replace("'json_schema'", "output_config.format.schema"),
+                    Some(format!("{AT}.schema")),
+                )
+            })
         })?
         .map(|c| Constraint {
             spec: c.spec,
@@ -349,18 +340,12 @@ pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Constraint>
 
 /// `stop` errors name `stop_sequences`.
 pub(super) fn rename_stop(e: ServerError) -> ServerError {
-    match e {
-        ServerError::BadRequest {
-            msg,
-            param: Some(p),
-            code,
-        } if p == "stop" => ServerError::BadRequest {
-            msg: msg
-                .replace("'stop'", "stop_sequences")
+    e.rename_bad_request(|msg, param| match param.as_deref() {
+        Some("stop") => (
+            msg.replace("'stop'", "stop_sequences")
                 .replace("stop strings", "stop sequences"),
-            param: Some("stop_sequences".into()),
-            code,
-        },
-        e => e,
-    }
+            Some("stop_sequences".into()),
+        ),
+        _ => (msg, param),
+    })
 }

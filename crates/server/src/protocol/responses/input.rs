@@ -278,21 +278,13 @@ pub(super) fn chat_tool_choice(v: &Value) -> Result<Value> {
 /// A chat-path error renamed to the Responses API's parameter: `tools[0].function.name` is
 /// `tools[0].name` there, `response_format` is `text.format`.
 pub(super) fn rename(e: ServerError, map: impl Fn(&str) -> String) -> ServerError {
-    match e {
-        ServerError::BadRequest { msg, param, code } => {
-            let new = param.as_deref().map(&map);
-            let msg = match (&param, &new) {
-                (Some(old), Some(new)) => msg.replace(old.as_str(), new),
-                _ => msg,
-            };
-            ServerError::BadRequest {
-                msg,
-                param: new,
-                code,
-            }
+    e.rename_bad_request(|msg, param| match param {
+        Some(old) => {
+            let new = map(&old);
+            (msg.replace(old.as_str(), &new), Some(new))
         }
-        e => e,
-    }
+        None => (msg, None),
+    })
 }
 
 pub(super) fn tool_path(p: &str) -> String {
