@@ -25,6 +25,20 @@ HEAD_BLOCKS = (32, 64, 128, 256)
 DECODE_M = 16
 DECODE_STAGES = {"sm80": 3, "sm90": 4}
 
+# Products of many rows with a half-precision weight (prefill chunks above LARGE_M rows): wide,
+# pipelined tiles (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages per architecture); sm_80's single
+# stage keeps shared memory within the 99 KiB of RTX 30/40 cards (sm_86/89). Measured on an
+# H100 (kernels/NOTES.md): 64 x 128 tiles at 64 to 128 rows gave too few programs (32 for 4096
+# outputs) and ran 2.3x slower than the 32 x 64 tiles, so fewer rows keep those.
+LARGE_M = 512
+LARGE_TILES = (128, 128, 64, 8, {"sm80": 1, "sm90": 3})
+
+# Prefill attention tiles: BLOCK_M query tokens against BLOCK_N keys per step (tensor cores).
+# The key tile narrows as the head widens, so a K and a V tile per stage stay within shared
+# memory; f32 caches (the reference path) take one stage.
+PREFILL_M = 64
+PREFILL_N = {32: 64, 64: 64, 128: 32, 256: 16}
+
 
 def _spec(name, module, function, params, constexprs, num_warps=4, num_stages=None):
     return {
@@ -84,6 +98,12 @@ def all_specs():
             f"gemm_{short}_decode", "gemm", "gemm", params,
             {"HAS_BIAS": 0, "BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
             num_stages=DECODE_STAGES))
+        if short != "f32":
+            bm, bn, bk, warps, stages = LARGE_TILES
+            specs.append(_spec(
+                f"gemm_{short}_large", "gemm", "gemm", params,
+                {"HAS_BIAS": 0, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+                num_warps=warps, num_stages=stages))
     for fmt, name in enumerate(QUANTS):
         params = [("x_ptr", "*fp32"), ("w_ptr", "*u8"), ("y_ptr", "*fp32"), ("m", "i32"),
                   ("n", "i32"), ("k", "i32"), ("row_bytes", "i32"), ("x_stride", "i32"),
@@ -117,4 +137,15 @@ def all_specs():
                  ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
                  ("softcap", "fp32")],
                 {"BLOCK_N": 32, "D_BLOCK": d}))
+            specs.append(_spec(
+                f"prefill_attention_{short}_d{d}", "prefill_attention", "prefill_attention",
+                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                 ("block_tables_ptr", "*u32"), ("tiles_ptr", "*u32"), ("pos_ptr", "*u32"),
+                 ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
+                 ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
+                 ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
+                 ("softcap", "fp32")],
+                {"BLOCK_M": PREFILL_M, "BLOCK_N": PREFILL_N[d], "D_BLOCK": d},
+                num_warps=8 if d == 256 else 4,
+                num_stages={"sm80": 1, "sm90": 1} if short == "f32" else None))
     return specs

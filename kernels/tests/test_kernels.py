@@ -168,10 +168,14 @@ class Kernels(unittest.TestCase):
     def test_gemm(self):
         r = self.r
         for short, ty in FLOATS.items():
-            variants = ((f"gemm_{short}_bias0", 0), (f"gemm_{short}_bias1", 1),
-                        (f"gemm_{short}_decode", 0))
+            variants = [(f"gemm_{short}_bias0", 0), (f"gemm_{short}_bias1", 1),
+                        (f"gemm_{short}_decode", 0)]
+            # The wide tiles of half-precision weights (long prefill chunks).
+            if f"gemm_{short}_large" in SPECS:
+                variants.append((f"gemm_{short}_large", 0))
             for name, has_bias in variants:
-                for m, n, k in ((1, 200, 96), (16, 64, 64), (45, 130, 257), (3, 70, 600)):
+                for m, n, k in ((1, 200, 96), (16, 64, 64), (45, 130, 257), (3, 70, 600),
+                                (130, 140, 70)):
                     c = SPECS[name]["constexprs"]
                     xs = k + 3
                     x, w, b = self.rand(m, xs), self.rand(n, k), self.rand(n)
@@ -275,6 +279,27 @@ class Kernels(unittest.TestCase):
         what = (f"attention {short} d{d_block} hd={hd} group={group} bs={block_size} "
                 f"window={window} softcap={softcap}")
         assert_close(self, what, r.host(out).reshape(t, nh, hd), want, TOL)
+        # The prefill kernel over the same tokens in tiles of at most BLOCK_M tokens of one
+        # sequence (tile_m smaller than the kernel's BLOCK_M exercises partial tiles).
+        name = f"prefill_attention_{short}_d{d_block}"
+        block_m = SPECS[name]["constexprs"]["BLOCK_M"]
+        for tile_m in (block_m, 5):
+            tiles = []
+            for i, (s, p) in enumerate(tokens):
+                if tiles and tokens[tiles[-1][0]][0] == s and tiles[-1][1] < tile_m:
+                    tiles[-1][1] += 1
+                else:
+                    tiles.append([i, 1, offsets[s]])
+            out = self.nan(t, nh * hd)
+            r.launch(name, (len(tiles), nh),
+                     [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                      r.ptr(r.dev(np.array(tiles, np.uint32).ravel(), "u32")),
+                      r.ptr(r.dev(pos, "u32")), r.ptr(out), stride, nh * hd, group, nkv, hd,
+                      block_size, window, scale, softcap])
+            # Half caches: Q and P are rounded to the cache's type for the tensor cores.
+            tol = {"f32": TOL, "f16": 2e-3, "bf16": 1e-2}[short]
+            assert_close(self, f"prefill {what} tiles of {tile_m}",
+                         r.host(out).reshape(t, nh, hd), want, tol)
 
     def test_attention_every_head_block_and_type(self):
         for short in FLOATS:

@@ -6,11 +6,16 @@
 //! medians over `num_iters` iterations after `num_iters_warmup` unmeasured ones. The bytes a
 //! decode token reads (weights as the kernels hold them, once per step for the whole batch,
 //! plus its own K/V at the decode's mean context) turn the decode figure into a read rate.
+//!
+//! With `profile` on a GPU model, one more iteration (not in the medians) times every launch
+//! of its decode steps with device events: the device time per kernel against the steps' wall
+//! time, so the share of a step spent outside kernels (launches, copies, the host) shows.
 
 use crate::median;
 use anyhow::{bail, Context, Result};
 use ferrum_engine::sampler::argmax;
 use ferrum_models::{KvCache, Model};
+use ferrum_runtime::cuda::KernelTime;
 use ferrum_types::{ForwardBatch, TokenId};
 use std::time::Instant;
 
@@ -27,10 +32,29 @@ pub struct LatencyConfig {
     pub batch_size: usize,
     pub num_iters: usize,
     pub num_iters_warmup: usize,
+    /// Time the decode steps' launches on the device in one more iteration (GPU models).
+    pub profile: bool,
+}
+
+/// Where the decode steps' time went, from one profiled iteration.
+#[derive(Debug, Clone)]
+pub struct DecodeProfile {
+    pub steps: usize,
+    /// Wall time of the profiled decode steps (the events add a little host time per launch).
+    pub wall_s: f64,
+    /// Device time per kernel (a replayed graph counts as one `graph replay`), largest first.
+    pub kernels: Vec<KernelTime>,
+}
+
+impl DecodeProfile {
+    /// Device time of all kernels, in seconds.
+    pub fn device_s(&self) -> f64 {
+        self.kernels.iter().map(|k| k.total_ms).sum::<f64>() / 1e3
+    }
 }
 
 /// The medians measured.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LatencyResult {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
@@ -39,6 +63,7 @@ pub struct LatencyResult {
     pub bytes_per_decode_token: f64,
     /// `decode_tok_s * bytes_per_decode_token`, in GB/s.
     pub decode_read_gb_s: f64,
+    pub profile: Option<DecodeProfile>,
 }
 
 /// Measures `model` as the module doc says. Flag names in errors are the command line's.
@@ -62,13 +87,18 @@ pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> 
         .context("allocating the KV cache")?;
     let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
     for i in 0..cfg.num_iters_warmup + cfg.num_iters {
-        let (p, d) = iteration(model, &mut kv, cfg)?;
+        let (p, d) = iteration(model, &mut kv, cfg, false)?.0;
         if i >= cfg.num_iters_warmup {
             prefills.push((cfg.batch_size * cfg.input_len) as f64 / p);
             decodes.push((cfg.batch_size * (cfg.output_len - 1)) as f64 / d);
         }
     }
     let (prefill_tok_s, decode_tok_s) = (median(prefills), median(decodes));
+    let profile = if cfg.profile {
+        iteration(model, &mut kv, cfg, true)?.1
+    } else {
+        None
+    };
     let weight_bytes_per_step = model.weight_bytes_per_token();
     let kv_per_pos = KvCache::bytes_per_block(&c, BLOCK_SIZE) / BLOCK_SIZE;
     let kv_bytes = kv_per_pos as f64 * (cfg.input_len as f64 + cfg.output_len as f64 / 2.0);
@@ -79,11 +109,18 @@ pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> 
         weight_bytes_per_step,
         bytes_per_decode_token,
         decode_read_gb_s: decode_tok_s * bytes_per_decode_token / 1e9,
+        profile,
     })
 }
 
-/// One iteration: (prefill seconds, decode seconds).
-fn iteration(model: &mut Model, kv: &mut KvCache, cfg: &LatencyConfig) -> Result<(f64, f64)> {
+/// One iteration: (prefill seconds, decode seconds), and with `profile` the decode steps'
+/// device times.
+fn iteration(
+    model: &mut Model,
+    kv: &mut KvCache,
+    cfg: &LatencyConfig,
+    profile: bool,
+) -> Result<((f64, f64), Option<DecodeProfile>)> {
     let vocab = model.config().vocab_size;
     let per_seq = (cfg.input_len + cfg.output_len).div_ceil(BLOCK_SIZE);
     let tables: Vec<Vec<u32>> = (0..cfg.batch_size)
@@ -102,6 +139,16 @@ fn iteration(model: &mut Model, kv: &mut KvCache, cfg: &LatencyConfig) -> Result
         next[s] = argmax(model.forward(&b, kv)?);
     }
     let prefill = t.elapsed().as_secs_f64();
+    let gpu = if profile {
+        let gpu = model
+            .gpu()
+            .cloned()
+            .context("--profile-kernels times GPU launches; this model runs on the CPU")?;
+        gpu.lock().set_profiling(true)?;
+        Some(gpu)
+    } else {
+        None
+    };
     let t = Instant::now();
     for step in 0..cfg.output_len.saturating_sub(1) {
         b.clear();
@@ -114,5 +161,19 @@ fn iteration(model: &mut Model, kv: &mut KvCache, cfg: &LatencyConfig) -> Result
             next[s] = argmax(row);
         }
     }
-    Ok((prefill, t.elapsed().as_secs_f64()))
+    let decode = t.elapsed().as_secs_f64();
+    let profile = match gpu {
+        Some(gpu) => {
+            let mut g = gpu.lock();
+            let kernels = g.profile()?;
+            g.set_profiling(false)?;
+            Some(DecodeProfile {
+                steps: cfg.output_len - 1,
+                wall_s: decode,
+                kernels,
+            })
+        }
+        None => None,
+    };
+    Ok(((prefill, decode), profile))
 }

@@ -19,7 +19,7 @@ pub mod throughput;
 
 pub use bandwidth::{bandwidth, BandwidthResult};
 pub use comm::{comm, CommResult};
-pub use latency::{latency, LatencyConfig, LatencyResult};
+pub use latency::{latency, DecodeProfile, LatencyConfig, LatencyResult};
 pub use throughput::{throughput, ThroughputConfig, ThroughputResult};
 
 /// The median of `v` (the upper one of an even count); `v` is not empty.

@@ -101,16 +101,21 @@ pub struct LatencyArgs {
     /// Tokens decoded per sequence.
     #[arg(long, default_value_t = 128)]
     output_len: usize,
-    /// Sequences decoding together.
-    #[arg(long, default_value_t = 1)]
-    batch_size: usize,
+    /// Sequences decoding together; several (comma-separated) are measured in turn on one
+    /// loaded model.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch_size: Vec<usize>,
     /// Measured iterations (the median is reported).
     #[arg(long, default_value_t = 3)]
     num_iters: usize,
     /// Unmeasured iterations first.
     #[arg(long, default_value_t = 1)]
     num_iters_warmup: usize,
-    /// Print one JSON object instead of a table.
+    /// On a GPU: one more iteration times every decode launch with device events, and the
+    /// device time per step (by kernel) is printed beside the step's wall time.
+    #[arg(long)]
+    profile_kernels: bool,
+    /// Print one JSON object per batch size instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -127,45 +132,33 @@ pub fn bench(args: &BenchArgs, launch: &Launch) -> Result<()> {
 }
 
 fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
-    let cfg = LatencyConfig {
+    let cfg = |batch_size| LatencyConfig {
         input_len: args.input_len,
         output_len: args.output_len,
-        batch_size: args.batch_size,
+        batch_size,
         num_iters: args.num_iters,
         num_iters_warmup: args.num_iters_warmup,
+        profile: args.profile_kernels,
     };
-    if cfg.input_len == 0 || cfg.output_len < 2 || cfg.batch_size == 0 || cfg.num_iters == 0 {
+    if args.input_len == 0
+        || args.output_len < 2
+        || args.batch_size.is_empty()
+        || args.batch_size.contains(&0)
+        || args.num_iters == 0
+    {
         // Before loading: the same check the measurement makes, without the wait.
         bail!(
             "--input-len, --batch-size and --num-iters must be at least 1, --output-len at least 2"
         );
     }
     let (mut model, _, load_time) = load_parts(&args.model, launch)?;
-    let r = ferrum_bench::latency(&mut model, &cfg)?;
+    if args.profile_kernels && model.gpu().is_none() {
+        bail!("--profile-kernels times GPU launches; this model runs on the CPU");
+    }
     let kv_cache_dtype = model.config().kv_cache_dtype.name();
     let device = model.device_name();
     let precision = format!("{:?}", args.model.matmul_precision).to_lowercase();
-    if args.json {
-        println!(
-            "{}",
-            json!({
-                "model": args.model.model,
-                "device": device,
-                "input_len": args.input_len,
-                "output_len": args.output_len,
-                "batch_size": args.batch_size,
-                "threads": args.model.threads,
-                "matmul_precision": precision,
-                "kv_cache_dtype": kv_cache_dtype,
-                "load_s": load_time.as_secs_f64(),
-                "prefill_tok_s": r.prefill_tok_s,
-                "decode_tok_s": r.decode_tok_s,
-                "weight_bytes_per_step": r.weight_bytes_per_step,
-                "bytes_per_decode_token": r.bytes_per_decode_token,
-                "decode_read_gb_s": r.decode_read_gb_s,
-            })
-        );
-    } else {
+    if !args.json {
         println!("device: {device}");
         println!(
             "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14} {:>14} {:>14}",
@@ -178,19 +171,103 @@ fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
             "decode tok/s",
             "decode GB/s"
         );
-        println!(
-            "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14.1} {:>14.1} {:>14.2}",
-            precision,
-            kv_cache_dtype,
-            args.input_len,
-            args.output_len,
-            args.batch_size,
-            r.prefill_tok_s,
-            r.decode_tok_s,
-            r.decode_read_gb_s
-        );
+    }
+    for &batch_size in &args.batch_size {
+        let r = ferrum_bench::latency(&mut model, &cfg(batch_size))?;
+        if args.json {
+            println!(
+                "{}",
+                json!({
+                    "model": args.model.model,
+                    "device": device,
+                    "cuda_graph": !args.model.no_cuda_graph,
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "batch_size": batch_size,
+                    "threads": args.model.threads,
+                    "matmul_precision": precision,
+                    "kv_cache_dtype": kv_cache_dtype,
+                    "load_s": load_time.as_secs_f64(),
+                    "prefill_tok_s": r.prefill_tok_s,
+                    "decode_tok_s": r.decode_tok_s,
+                    "weight_bytes_per_step": r.weight_bytes_per_step,
+                    "bytes_per_decode_token": r.bytes_per_decode_token,
+                    "decode_read_gb_s": r.decode_read_gb_s,
+                    "profile": r.profile.as_ref().map(profile_json),
+                })
+            );
+        } else {
+            println!(
+                "{:<10} {:>8} {:>6} {:>6} {:>6} {:>14.1} {:>14.1} {:>14.2}",
+                precision,
+                kv_cache_dtype,
+                args.input_len,
+                args.output_len,
+                batch_size,
+                r.prefill_tok_s,
+                r.decode_tok_s,
+                r.decode_read_gb_s
+            );
+            if let Some(p) = &r.profile {
+                print_profile(p);
+            }
+        }
     }
     Ok(())
+}
+
+/// Kernels listed by name in a profile; the rest are summed.
+const PROFILE_TOP: usize = 12;
+
+fn profile_json(p: &ferrum_bench::DecodeProfile) -> serde_json::Value {
+    let per_step = |ms: f64| ms / p.steps.max(1) as f64;
+    json!({
+        "steps": p.steps,
+        "wall_ms_per_step": per_step(p.wall_s * 1e3),
+        "device_ms_per_step": per_step(p.device_s() * 1e3),
+        "kernels": p.kernels.iter().map(|k| json!({
+            "name": k.name,
+            "grid": k.grid,
+            "launches_per_step": k.launches as f64 / p.steps.max(1) as f64,
+            "ms_per_step": per_step(k.total_ms),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_profile(p: &ferrum_bench::DecodeProfile) {
+    let steps = p.steps.max(1) as f64;
+    let (wall, device) = (p.wall_s * 1e3 / steps, p.device_s() * 1e3 / steps);
+    println!(
+        "  profiled decode step: {wall:.3} ms wall, {device:.3} ms in kernels ({:.1}%), {:.3} ms \
+         outside",
+        100.0 * device / wall.max(1e-9),
+        wall - device
+    );
+    println!(
+        "  {:<34} {:>16} {:>10} {:>12} {:>7}",
+        "kernel", "grid", "launches", "ms/step", "share"
+    );
+    for k in p.kernels.iter().take(PROFILE_TOP) {
+        println!(
+            "  {:<34} {:>16} {:>10.1} {:>12.4} {:>6.1}%",
+            k.name,
+            format!("{}x{}x{}", k.grid[0], k.grid[1], k.grid[2]),
+            k.launches as f64 / steps,
+            k.total_ms / steps,
+            100.0 * k.total_ms / steps / device.max(1e-9)
+        );
+    }
+    let rest: f64 = p.kernels.iter().skip(PROFILE_TOP).map(|k| k.total_ms).sum();
+    if rest > 0.0 {
+        println!(
+            "  {:<34} {:>16} {:>10} {:>12.4} {:>6.1}%",
+            "(others)",
+            "",
+            "",
+            rest / steps,
+            100.0 * rest / steps / device.max(1e-9)
+        );
+    }
 }
 
 fn comm(args: &CommArgs, launch: &Launch) -> Result<()> {

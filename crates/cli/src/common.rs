@@ -9,7 +9,9 @@ use ferrum_engine::{
     EngineConfig, EngineHandle, KvCacheSize, NgramProposer, Proposer, SpeculativeConfig,
 };
 use ferrum_models::parallel::Layout;
-use ferrum_models::{load_model, load_model_on, load_text_assets_with, LoadOptions, Model};
+use ferrum_models::{
+    load_model, load_model_on, load_text_assets_with, CudaGraphs, LoadOptions, Model,
+};
 use ferrum_models::{ModelError, Result as ModelResult};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use ferrum_runtime::cuda::Gpu;
@@ -53,6 +55,11 @@ pub struct ModelArgs {
     /// CUDA backend's kernels in the Triton interpreter on the host: for tests; slow).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceArg,
+    /// On a GPU, launch every decode step's kernels one by one instead of replaying the step
+    /// as a CUDA graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64, 96,
+    /// 128, 160, 192, 224, 256).
+    #[arg(long)]
+    pub no_cuda_graph: bool,
     /// Ranks that split every layer (by attention heads and MLP rows), inside one node. A
     /// parallel run is launched with `mpirun -n T*P` and needs a build with `--features mpi`.
     #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
@@ -70,6 +77,15 @@ pub struct ModelArgs {
     /// Micro-batches a step is split into across the stages (default: one per stage).
     #[arg(long, help_heading = "Parallelism (under mpirun)")]
     pub pipeline_micro_batches: Option<usize>,
+}
+
+/// `--no-cuda-graph` as the loader's option.
+fn cuda_graphs(args: &ModelArgs) -> CudaGraphs {
+    if args.no_cuda_graph {
+        CudaGraphs::Off
+    } else {
+        CudaGraphs::On
+    }
 }
 
 impl ModelArgs {
@@ -275,6 +291,7 @@ pub fn load_parts(
         kv_cache_dtype: args.kv_cache_dtype.fixed(),
         pool: None,
         output_vocab: None,
+        cuda_graphs: cuda_graphs(args),
     };
     let model = if parallel {
         // Any rank but 0 serves rank 0's steps inside and never returns.
@@ -508,6 +525,7 @@ pub fn start_engine(
             precision: model_args.matmul_precision.into(),
             kv_cache_dtype: model_args.kv_cache_dtype.fixed(),
             output_vocab: spec.speculative_draft_vocab,
+            cuda_graphs: cuda_graphs(model_args),
         },
     )
     .with_context(|| format!("loading the draft model {}", path.display()))?;

@@ -17,7 +17,7 @@
 //! stores `1 + w`. The `+1` is folded in at load for HF folders, so the forward runs plain
 //! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
 
-use crate::backend::{Backend, Buf, CpuBackend};
+use crate::backend::{Backend, Buf, CpuBackend, GraphStep};
 use crate::parallel::{LogitsGather, Placement};
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, stage_ends, Loader};
@@ -281,47 +281,52 @@ impl<B: Backend> GemmaModel<B> {
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
-        // X: [t, h], scaled by sqrt(h) as the reference does in f32; or the previous stage's.
-        match &self.embed {
-            Some(table) => b.embed(table, batch, (c.hidden_size as f32).sqrt())?,
-            None => place.recv_residual(b)?,
-        }
-        for (li, layer) in self.layers.iter().enumerate() {
-            let shape = AttentionShape {
-                block_size: kv.block_size(),
-                ..layer.attn
-            };
-            // The previous layer's normed MLP output joins the residual stream here.
-            // Q: [t, nh*hd], K and V: [t, nkv*hd].
-            let qkv = [
-                (&layer.wq, Buf::Q),
-                (&layer.wk, Buf::K),
-                (&layer.wv, Buf::V),
-            ];
-            b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
-            if let Some([nq, nk]) = &layer.qk_norm {
-                b.head_norm(Buf::Q, nq, eps)?;
-                b.head_norm(Buf::K, nk, eps)?;
+        // A decode step may replay its whole forward, embedding to logits, as one graph
+        // captured before (the backend's; never with other ranks to talk to).
+        let whole = place.comms.is_none() && self.head.is_some();
+        if b.graph_step(kv, whole)? != GraphStep::Replay {
+            // X: [t, h], scaled by sqrt(h) as the reference does in f32; or the previous stage's.
+            match &self.embed {
+                Some(table) => b.embed(table, batch, (c.hidden_size as f32).sqrt())?,
+                None => place.recv_residual(b)?,
             }
-            b.rope(layer.rope, Buf::Q)?;
-            b.rope(layer.rope, Buf::K)?;
-            b.write_kv(kv, li, &shape, batch)?;
-            // Attn: [t, nh*hd]
-            b.attend(kv, li, &shape, batch)?;
-            // H: [t, h], normed over the whole row before it joins the stream.
-            b.linear(Buf::Attn, &layer.wo, Buf::H)?;
-            place.all_reduce(b, Buf::H)?;
-            b.head_norm(Buf::H, &layer.post_attn_norm, eps)?;
-            // Gate, Up: [t, inter]
-            let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
-            b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &gate_up)?;
-            // H: [t, h]
-            b.gated_linear(&layer.w_down, c.hidden_act, Buf::H)?;
-            place.all_reduce(b, Buf::H)?;
-            b.head_norm(Buf::H, &layer.post_mlp_norm, eps)?;
-        }
-        if !self.layers.is_empty() {
-            b.add_residual()?;
+            for (li, layer) in self.layers.iter().enumerate() {
+                let shape = AttentionShape {
+                    block_size: kv.block_size(),
+                    ..layer.attn
+                };
+                // The previous layer's normed MLP output joins the residual stream here.
+                // Q: [t, nh*hd], K and V: [t, nkv*hd].
+                let qkv = [
+                    (&layer.wq, Buf::Q),
+                    (&layer.wk, Buf::K),
+                    (&layer.wv, Buf::V),
+                ];
+                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
+                if let Some([nq, nk]) = &layer.qk_norm {
+                    b.head_norm(Buf::Q, nq, eps)?;
+                    b.head_norm(Buf::K, nk, eps)?;
+                }
+                b.rope(layer.rope, Buf::Q)?;
+                b.rope(layer.rope, Buf::K)?;
+                b.write_kv(kv, li, &shape, batch)?;
+                // Attn: [t, nh*hd]
+                b.attend(kv, li, &shape, batch)?;
+                // H: [t, h], normed over the whole row before it joins the stream.
+                b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+                place.all_reduce(b, Buf::H)?;
+                b.head_norm(Buf::H, &layer.post_attn_norm, eps)?;
+                // Gate, Up: [t, inter]
+                let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
+                b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &gate_up)?;
+                // H: [t, h]
+                b.gated_linear(&layer.w_down, c.hidden_act, Buf::H)?;
+                place.all_reduce(b, Buf::H)?;
+                b.head_norm(Buf::H, &layer.post_mlp_norm, eps)?;
+            }
+            if !self.layers.is_empty() {
+                b.add_residual()?;
+            }
         }
         let (head, gather) = (self.head.as_ref(), &mut self.gathered);
         let softcap = c.final_logit_softcap;

@@ -34,7 +34,7 @@ pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
 pub use loader::{
-    load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype,
+    load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype, CudaGraphs,
     LoadOptions, Model,
 };
 pub use registry::{ArchSpec, Family, MoeStyle};

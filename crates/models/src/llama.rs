@@ -13,7 +13,7 @@
 //! untouched). The forward is written once over [`Backend`]: the backend holds the weights in its
 //! own form and runs each fused operation on its device.
 
-use crate::backend::{Backend, Buf, CpuBackend, Expert, MoeWeights};
+use crate::backend::{Backend, Buf, CpuBackend, Expert, GraphStep, MoeWeights};
 use crate::parallel::{LogitsGather, Placement, Shard};
 use crate::registry::MoeStyle;
 use crate::source::{ModelFormat, WeightSource};
@@ -516,57 +516,62 @@ impl<B: Backend> LlamaModel<B> {
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
         b.begin(dims, batch, &self.ropes)?;
-        // X: [t, h], embedded or the previous stage's.
-        match &self.embed {
-            Some(table) => b.embed(table, batch, 1.0)?,
-            None => place.recv_residual(b)?,
-        }
-        for (li, layer) in self.layers.iter().enumerate() {
-            let shape = AttentionShape {
-                block_size: kv.block_size(),
-                ..layer.attn
-            };
-            // The previous layer's MLP output joins the residual stream here, fused with the
-            // norm and the products' input preparation. Q: [t, nh*hd], K and V: [t, nkv*hd].
-            let qkv = [
-                (&layer.wq, Buf::Q),
-                (&layer.wk, Buf::K),
-                (&layer.wv, Buf::V),
-            ];
-            b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
-            if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                b.add_bias(Buf::Q, bq)?;
-                b.add_bias(Buf::K, bk)?;
-                b.add_bias(Buf::V, bv)?;
+        // A decode step may replay its whole forward, embedding to logits, as one graph
+        // captured before (the backend's; never with other ranks to talk to).
+        let whole = place.comms.is_none() && self.head.is_some();
+        if b.graph_step(kv, whole)? != GraphStep::Replay {
+            // X: [t, h], embedded or the previous stage's.
+            match &self.embed {
+                Some(table) => b.embed(table, batch, 1.0)?,
+                None => place.recv_residual(b)?,
             }
-            if let Some([nq, nk]) = &layer.qk_norm {
-                b.head_norm(Buf::Q, nq, eps)?;
-                b.head_norm(Buf::K, nk, eps)?;
-            }
-            b.rope(0, Buf::Q)?;
-            b.rope(0, Buf::K)?;
-            b.write_kv(kv, li, &shape, batch)?;
-            // Attn: [t, nh*hd]
-            b.attend(kv, li, &shape, batch)?;
-            // H: [t, h] (this rank's heads' share, summed over the group)
-            b.linear(Buf::Attn, &layer.wo, Buf::H)?;
-            place.all_reduce(b, Buf::H)?;
-            match &layer.mlp {
-                Mlp::Dense { gate, up, down } => {
-                    // Gate, Up: [t, inter]
-                    let gate_up = [(gate, Buf::Gate), (up, Buf::Up)];
-                    b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
-                    // H: [t, h]
-                    b.gated_linear(down, c.hidden_act, Buf::H)?;
+            for (li, layer) in self.layers.iter().enumerate() {
+                let shape = AttentionShape {
+                    block_size: kv.block_size(),
+                    ..layer.attn
+                };
+                // The previous layer's MLP output joins the residual stream here, fused with the
+                // norm and the products' input preparation. Q: [t, nh*hd], K and V: [t, nkv*hd].
+                let qkv = [
+                    (&layer.wq, Buf::Q),
+                    (&layer.wk, Buf::K),
+                    (&layer.wv, Buf::V),
+                ];
+                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
+                if let Some([bq, bk, bv]) = &layer.qkv_bias {
+                    b.add_bias(Buf::Q, bq)?;
+                    b.add_bias(Buf::K, bk)?;
+                    b.add_bias(Buf::V, bv)?;
                 }
-                // H: [t, h], each token's routed experts (grouped by expert).
-                Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, c.hidden_act)?,
+                if let Some([nq, nk]) = &layer.qk_norm {
+                    b.head_norm(Buf::Q, nq, eps)?;
+                    b.head_norm(Buf::K, nk, eps)?;
+                }
+                b.rope(0, Buf::Q)?;
+                b.rope(0, Buf::K)?;
+                b.write_kv(kv, li, &shape, batch)?;
+                // Attn: [t, nh*hd]
+                b.attend(kv, li, &shape, batch)?;
+                // H: [t, h] (this rank's heads' share, summed over the group)
+                b.linear(Buf::Attn, &layer.wo, Buf::H)?;
+                place.all_reduce(b, Buf::H)?;
+                match &layer.mlp {
+                    Mlp::Dense { gate, up, down } => {
+                        // Gate, Up: [t, inter]
+                        let gate_up = [(gate, Buf::Gate), (up, Buf::Up)];
+                        b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
+                        // H: [t, h]
+                        b.gated_linear(down, c.hidden_act, Buf::H)?;
+                    }
+                    // H: [t, h], each token's routed experts (grouped by expert).
+                    Mlp::Moe(m) => b.moe(&layer.mlp_norm, eps, m, c.hidden_act)?,
+                }
+                place.all_reduce(b, Buf::H)?;
             }
-            place.all_reduce(b, Buf::H)?;
-        }
-        // The last layer's MLP output (the others' joined at the next layer's norm).
-        if !self.layers.is_empty() {
-            b.add_residual()?;
+            // The last layer's MLP output (the others' joined at the next layer's norm).
+            if !self.layers.is_empty() {
+                b.add_residual()?;
+            }
         }
         let (head, gather) = (self.head.as_ref(), &mut self.gathered);
         let vocab = place.shard.logits_vocab(c.vocab_size);

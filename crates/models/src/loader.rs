@@ -31,6 +31,20 @@ pub struct LoadOptions {
     /// Qwen's 152k tokens hold nearly every token of English and code, and the head's rows are
     /// a third of a small model's bytes per token. Not for parallel layouts.
     pub output_vocab: Option<usize>,
+    /// Whether a GPU model replays decode steps as CUDA graphs (see [`CudaGraphs`]).
+    pub cuda_graphs: CudaGraphs,
+}
+
+/// Decode steps on a GPU as CUDA graphs, or as plain launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaGraphs {
+    /// A decode batch (one token per sequence) is padded to the next bucket size
+    /// ([`crate::backend::GRAPH_BUCKETS`]) and its whole forward replayed as one captured
+    /// graph; other batches launch plainly.
+    #[default]
+    On,
+    /// Every step launches its kernels one by one (`--no-cuda-graph`).
+    Off,
 }
 
 /// The KV cache type `auto` stands for. The float setting is the reference path and keeps f32.
@@ -154,6 +168,14 @@ impl Model {
         match &self.device {
             OnDevice::Cpu(_) => "cpu".to_string(),
             OnDevice::Gpu(m) => m.backend().gpu().lock().describe(),
+        }
+    }
+
+    /// The GPU (or interpreted device) the model runs on; `None` on the CPU.
+    pub fn gpu(&self) -> Option<&SharedGpu> {
+        match &self.device {
+            OnDevice::Cpu(_) => None,
+            OnDevice::Gpu(m) => Some(m.backend().gpu()),
         }
     }
 
@@ -299,7 +321,12 @@ pub fn load_model_on_gpu(
         )));
     }
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
-    FamilyModel::load_whole(config, &src, CudaBackend::new(gpu), opts.output_vocab)
+    FamilyModel::load_whole(
+        config,
+        &src,
+        CudaBackend::new(gpu, opts.cuda_graphs),
+        opts.output_vocab,
+    )
 }
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
@@ -365,7 +392,7 @@ pub fn load_model_sharded(
                 Device::Cuda(n) => Gpu::cuda(n)?,
                 _ => Gpu::interpreted(&InterpreterConfig::from_env())?,
             };
-            let backend = CudaBackend::new(SharedGpu::new(gpu));
+            let backend = CudaBackend::new(SharedGpu::new(gpu), opts.cuda_graphs);
             OnDevice::Gpu(FamilyModel::load_placed(config, &src, backend, place)?)
         }
     };

@@ -17,7 +17,9 @@ mod common;
 
 use common::*;
 use ferrum_models::backend::CudaBackend;
-use ferrum_models::{load_model_on_gpu, FamilyModel, ForwardBatch, KvCache, LoadOptions};
+use ferrum_models::{
+    load_model_on_gpu, CudaGraphs, FamilyModel, ForwardBatch, KvCache, LoadOptions,
+};
 use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
 use std::path::Path;
 
@@ -204,6 +206,81 @@ fn tiny_gemma2_softcapping() {
 #[test]
 fn tiny_phi3_partial_longrope() {
     fixture("tiny-phi3", 1e-4);
+}
+
+/// Decode steps replayed from CUDA graphs (captured per padded batch size) give the logits of
+/// plain launches: three sequences (a bucket of 4, one padding token), then two (a bucket of
+/// 2), on one KV cache per model, the plain model's greedy tokens fed to both. The first step
+/// of a bucket runs plainly, the second captures, the rest replay.
+#[test]
+fn decode_graphs_match_plain_launches() {
+    let dir = fixtures().join("tiny-llama");
+    for gpu in devices() {
+        let dev = gpu.lock().describe();
+        let load = |graphs| {
+            let opts = LoadOptions {
+                cuda_graphs: graphs,
+                ..LoadOptions::default()
+            };
+            load_model_on_gpu(&dir, &opts, gpu.clone()).unwrap()
+        };
+        let (mut graphed, mut plain) = (load(CudaGraphs::On), load(CudaGraphs::Off));
+        let vocab = plain.config().vocab_size;
+        let bs = 16;
+        let prompts: [&[u32]; 3] = [&[1, 5, 9, 200], &[7; 19], &[3, 300, 40, 5, 6, 77, 8]];
+        let per_seq = 3;
+        let mut kv_g = gpu_cache(&graphed, 3 * per_seq * bs, bs);
+        let mut kv_p = gpu_cache(&plain, 3 * per_seq * bs, bs);
+        let tables: Vec<Vec<u32>> = (0..3u32)
+            .map(|s| {
+                (s * per_seq as u32..(s + 1) * per_seq as u32)
+                    .rev()
+                    .collect()
+            })
+            .collect();
+        let mut b = ForwardBatch::new();
+        let mut next = Vec::new();
+        for (p, table) in prompts.iter().zip(&tables) {
+            b.clear();
+            b.push_seq(p, 0, table, bs, 1).unwrap();
+            let g = graphed.forward(&b, &mut kv_g).unwrap().to_vec();
+            let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
+            assert_eq!(g, want, "{dev}: prefill");
+            next.push(argmax(&want));
+        }
+        let mut done: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+        for (live, steps) in [(3usize, 5usize), (2, 4)] {
+            for step in 0..steps {
+                b.clear();
+                for s in 0..live {
+                    b.push_seq(&[next[s]], done[s], &tables[s], bs, 1).unwrap();
+                }
+                let got = graphed.forward(&b, &mut kv_g).unwrap().to_vec();
+                let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
+                assert_eq!(got.len(), live * vocab);
+                let (err, scale) = max_err(&got, &want);
+                assert!(
+                    err <= 1e-6 * scale,
+                    "{dev}: {live} sequences, step {step}: graph logits differ by {err}"
+                );
+                for s in 0..live {
+                    let row = &want[s * vocab..(s + 1) * vocab];
+                    assert_eq!(argmax(&got[s * vocab..(s + 1) * vocab]), argmax(row));
+                    next[s] = argmax(row);
+                    done[s] += 1;
+                }
+            }
+        }
+        let (replays, captures) = graphed.backend().graph_counts();
+        eprintln!("{dev}: {replays} decode steps replayed from {captures} graphs");
+        assert_eq!(captures, 2, "{dev}: one graph per bucket (4 and 2)");
+        assert_eq!(
+            replays,
+            (5 - 2) + (4 - 2),
+            "{dev}: every step after each bucket's second"
+        );
+        assert_eq!(plain.backend().graph_counts(), (0, 0));
+    }
 }
 
 /// Mixture-of-experts models do not run on the CUDA backend yet: refused at load, before

@@ -150,6 +150,7 @@ fn rank() {
         kv_cache_dtype: None,
         pool: None,
         output_vocab: None,
+        cuda_graphs: Default::default(),
     };
     let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded

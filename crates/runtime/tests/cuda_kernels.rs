@@ -426,12 +426,17 @@ fn gemm_of_every_float_type_with_and_without_bias() {
         let w = rng.vec(n * k);
         let bias = rng.vec(n);
         for ty in Float::ALL {
-            for (has_bias, decode) in [(false, false), (true, false), (false, true)] {
-                let name = if decode {
-                    format!("gemm_{}_decode", ty.short())
-                } else {
-                    format!("gemm_{}_bias{}", ty.short(), has_bias as u8)
-                };
+            let mut variants = vec![
+                (false, format!("gemm_{}_bias0", ty.short())),
+                (true, format!("gemm_{}_bias1", ty.short())),
+                (false, format!("gemm_{}_decode", ty.short())),
+            ];
+            // The wide tiles of half-precision weights (long prefill chunks).
+            let large = format!("gemm_{}_large", ty.short());
+            if gpu.spec(&large).is_some() {
+                variants.push((false, large));
+            }
+            for (has_bias, name) in variants {
                 let dx = gpu.upload_f32(&x).unwrap();
                 let dw = upload_as(&mut gpu, ty, &w);
                 let db = gpu.upload_f32(&bias).unwrap();

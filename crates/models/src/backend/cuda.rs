@@ -11,18 +11,41 @@
 //!
 //! Buffer contents between operations follow [`super::Backend`]'s contract; a launch that
 //! fails is an error naming the kernel, and nothing is read back from a failed step.
+//!
+//! CUDA graphs ([`CudaGraphs::On`]): a decode batch (one token per sequence, one logits row
+//! each) of `n` tokens is padded to the next of [`GRAPH_BUCKETS`] by repeating its last token
+//! (same id, position, slot and block table: the padding writes the same K/V bytes into the
+//! same slot and its rows are never read back). The first step of a bucket runs plainly,
+//! sizing every buffer; the second captures the whole forward, embedding to logits, into a
+//! graph; later ones upload their indices into the same buffer and replay it. A graph holds
+//! addresses, so the graphs are dropped whenever a buffer, the rope tables or the scratch area
+//! moves, and keyed by the KV cache they write.
+
+use std::collections::{HashMap, HashSet};
 
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, KvDtype, Rope};
-use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, KernelArg, SharedGpu};
+use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, GraphId, KernelArg, SharedGpu};
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
 
-use super::{Backend, Buf, Dims, MoeWeights};
-use crate::{KvCache, ModelConfig, ModelError, Result};
+use super::{Backend, Buf, Dims, GraphStep, MoeWeights};
+use crate::{CudaGraphs, KvCache, ModelConfig, ModelError, Result};
+
+/// Decode batch sizes that get a graph each: a batch of `n` sequences pads to the first bucket
+/// of at least `n`; larger batches launch plainly.
+pub const GRAPH_BUCKETS: [usize; 15] =
+    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
 
 /// Products with at most this many activation rows take the decode specializations
 /// (`DECODE_M` in `kernels/specs.py`).
 const DECODE_M: usize = 16;
+
+/// Products of a half-precision weight with more rows than this take the `_large` tiles
+/// (`LARGE_M` in `kernels/specs.py`); from [`DECODE_M`] up, the 32 x 64 tiles.
+const LARGE_M: usize = 512;
+
+/// Query tokens per tile of the prefill attention kernel (`PREFILL_M` in `kernels/specs.py`).
+const PREFILL_M: usize = 64;
 
 /// Head sizes the attention and KV kernels are compiled for (`kernels/specs.py`).
 const HEAD_BLOCKS: [usize; 4] = [32, 64, 128, 256];
@@ -96,15 +119,48 @@ impl Grown {
     }
 }
 
-/// Where one batch's indices sit in the index buffer (element offsets of u32).
+/// Where one batch's indices sit in the index buffer (element offsets of u32). The
+/// per-token sections come first and the block tables (whose length varies step to step) last,
+/// so a padded decode batch's sections sit at the same offsets every step.
 #[derive(Debug, Default, Clone, Copy)]
 struct Indices {
     ids: usize,
     positions: usize,
     slots: usize,
-    block_tables: usize,
     bt_start: usize,
     rows: usize,
+    block_tables: usize,
+    /// The prefill attention's tiles `(first token, count, block-table start)`, three u32
+    /// each, and how many: present when a sequence has more than one query token.
+    tiles: Option<(usize, usize)>,
+}
+
+/// What a graph was captured for: the padded batch size, each rope's frequency set (LongRoPE's
+/// long or short), and the KV cache it reads and writes (every layer's addresses: a cache
+/// freed and another allocated in its place must not match unless every layer does).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GraphKey {
+    tokens: usize,
+    long: Vec<bool>,
+    kv: Vec<DevicePtr>,
+}
+
+/// The decode graphs of one backend.
+#[derive(Debug, Default)]
+struct Graphs {
+    mode: CudaGraphs,
+    captured: HashMap<GraphKey, GraphId>,
+    /// Keys whose first step ran plainly (the capture comes on the second).
+    seen: HashSet<GraphKey>,
+    /// Every address the graphs hold besides weights and KV; a change drops them all.
+    addresses: Vec<DevicePtr>,
+    /// This step's padded size, when it is a decode batch that pads to a bucket.
+    bucket: Option<usize>,
+    /// This step's graph: being captured, or replayed.
+    step: Option<(GraphKey, GraphStep)>,
+    /// Steps replayed and graphs captured, for tests and the benchmark.
+    replays: u64,
+    captures: u64,
 }
 
 /// The Triton kernels on one GPU.
@@ -133,6 +189,9 @@ pub struct CudaBackend {
     /// Per rope: the batch's tokens in runs `(first, count, long)` of one frequency set
     /// (LongRoPE picks per token; one run otherwise).
     rope_runs: Vec<Vec<(usize, usize, bool)>>,
+    /// Logits rows computed on the device: the batch's, or a padded bucket's.
+    device_rows: usize,
+    graphs: Graphs,
 }
 
 /// One rope's frequencies on the device.
@@ -180,8 +239,8 @@ fn cdiv(a: usize, b: i64) -> u32 {
 }
 
 impl CudaBackend {
-    /// A backend launching on `gpu`.
-    pub fn new(gpu: SharedGpu) -> CudaBackend {
+    /// A backend launching on `gpu`, with decode graphs when `graphs` says so.
+    pub fn new(gpu: SharedGpu, graphs: CudaGraphs) -> CudaBackend {
         CudaBackend {
             gpu,
             dims: Dims::default(),
@@ -199,7 +258,85 @@ impl CudaBackend {
             num_logits: 0,
             inv_freq: Vec::new(),
             rope_runs: Vec::new(),
+            device_rows: 0,
+            graphs: Graphs {
+                mode: graphs,
+                ..Graphs::default()
+            },
         }
+    }
+
+    /// Decode steps replayed from a graph, and graphs captured, so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        (self.graphs.replays, self.graphs.captures)
+    }
+
+    /// Every address a captured graph holds besides the weights and the KV cache.
+    fn graph_addresses(&self) -> Vec<DevicePtr> {
+        let grown = self
+            .bufs
+            .iter()
+            .chain([&self.normed, &self.rows, &self.logits, &self.indices])
+            .map(|g| g.buf.as_ref().map_or(DevicePtr::NULL, DeviceBuffer::ptr));
+        let ropes = self.inv_freq.iter().flat_map(|u| {
+            [
+                u.short.0.ptr(),
+                u.long.as_ref().map_or(DevicePtr::NULL, |l| l.0.ptr()),
+            ]
+        });
+        let scratch = self.gpu.lock().scratch_ptr();
+        grown.chain(ropes).chain([scratch]).collect()
+    }
+
+    /// Drops every captured graph.
+    fn drop_graphs(&mut self) -> Result<()> {
+        let mut gpu = self.gpu.lock();
+        for (_, g) in self.graphs.captured.drain() {
+            gpu.drop_graph(g)?;
+        }
+        self.graphs.seen.clear();
+        Ok(())
+    }
+
+    /// The padded size of `batch` when it is a decode batch that fits a bucket.
+    fn bucket(&self, batch: &ForwardBatch) -> Option<usize> {
+        let t = batch.num_tokens();
+        let decode = t > 0
+            && batch.seqs.len() == t
+            && batch.seqs.iter().all(|s| s.query_len == 1)
+            && batch.logits_indices.len() == t
+            && batch
+                .logits_indices
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| r as usize == i);
+        if self.graphs.mode == CudaGraphs::Off || !decode {
+            return None;
+        }
+        GRAPH_BUCKETS.iter().copied().find(|&b| b >= t)
+    }
+
+    /// The logits of the first `n` rows of the rows index: gather, norm, head product.
+    fn device_logits(&self, norm: &GpuVector, eps: f32, head: &GpuWeight, n: usize) -> Result<()> {
+        let h = self.dims.hidden;
+        let r = self.rows.ptr()?;
+        let grid = [
+            n as u32,
+            cdiv(h, self.block("gather_rows_f32", "BLOCK")?),
+            1,
+        ];
+        let args = [
+            p(self.buf(Buf::X)?),
+            p(self.index(self.at.rows)?),
+            p(r),
+            i32_arg(h, "hidden size")?,
+            i32_arg(h, "row stride")?,
+            i32_arg(h, "row stride")?,
+            KernelArg::F32(1.0),
+        ];
+        self.launch("gather_rows_f32", grid, &args)?;
+        self.rms_norm(r, None, r, norm, n, 1, h, eps)?;
+        self.gemm(r, head, self.logits.ptr()?, n)
     }
 
     /// The device.
@@ -249,13 +386,14 @@ impl CudaBackend {
         );
         // Decode-shaped products (few rows) take the narrow, deep tiles made for reading the
         // weights at bandwidth with one activation row (kernels/specs.py).
+        // Long prefill chunks of a half-precision weight take wide, pipelined tiles.
         let decode = if m <= DECODE_M { "_decode" } else { "" };
         let (name, args) = match form(w.dtype)? {
             Form::Float(f) => (
-                if decode.is_empty() {
-                    format!("gemm_{f}_bias0")
-                } else {
-                    format!("gemm_{f}_decode")
+                match (m, f) {
+                    (m, _) if m <= DECODE_M => format!("gemm_{f}_decode"),
+                    (m, "f16" | "bf16") if m > LARGE_M => format!("gemm_{f}_large"),
+                    _ => format!("gemm_{f}_bias0"),
                 },
                 vec![
                     p(x),
@@ -382,10 +520,23 @@ impl Backend for CudaBackend {
     }
 
     fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()> {
+        // A capture left open by a failed step is abandoned; its graph never existed.
+        if matches!(self.graphs.step.take(), Some((_, GraphStep::Capture))) {
+            self.gpu.lock().abort_capture();
+        }
         self.dims = dims;
-        let t = batch.num_tokens();
+        let real = batch.num_tokens();
+        self.graphs.bucket = self.bucket(batch);
+        // Padded decode batches repeat their last token.
+        let t = self.graphs.bucket.unwrap_or(real);
+        let pad = t - real;
         self.tokens = t;
         self.num_logits = batch.logits_indices.len();
+        self.device_rows = if self.graphs.bucket.is_some() {
+            t
+        } else {
+            self.num_logits
+        };
         for b in [
             Buf::X,
             Buf::H,
@@ -401,32 +552,60 @@ impl Backend for CudaBackend {
         }
         self.normed.ensure(&self.gpu, 4 * t * dims.hidden)?;
         self.rows
-            .ensure(&self.gpu, 4 * self.num_logits * dims.hidden)?;
+            .ensure(&self.gpu, 4 * self.device_rows * dims.hidden)?;
         self.logits
-            .ensure(&self.gpu, 4 * self.num_logits * dims.vocab)?;
-        // Indices: ids, positions, slots, block tables, block-table start per token, rows.
-        fn put(h: &mut Vec<u32>, xs: &[u32]) -> usize {
+            .ensure(&self.gpu, 4 * self.device_rows * dims.vocab)?;
+        // Indices: ids, positions, slots, block-table start per token, rows, block tables.
+        fn put(h: &mut Vec<u32>, xs: &[u32], pad: usize) -> usize {
+            let at = h.len();
             h.extend_from_slice(xs);
-            h.len() - xs.len()
+            if let Some(&last) = xs.last() {
+                h.extend(std::iter::repeat_n(last, pad));
+            }
+            at
         }
         let h = &mut self.host_indices;
         h.clear();
-        let ids = put(h, &batch.token_ids);
-        let positions = put(h, &batch.positions);
-        let slots = put(h, &batch.slot_mapping);
-        let block_tables = put(h, &batch.block_tables);
+        let ids = put(h, &batch.token_ids, pad);
+        let positions = put(h, &batch.positions, pad);
+        let slots = put(h, &batch.slot_mapping, pad);
         let bt_start = h.len();
         for s in &batch.seqs {
             h.extend(std::iter::repeat_n(s.block_table_start as u32, s.query_len));
         }
-        let rows = put(h, &batch.logits_indices);
+        if let Some(&last) = h.last() {
+            h.extend(std::iter::repeat_n(last, pad));
+        }
+        let rows = h.len();
+        h.extend_from_slice(&batch.logits_indices);
+        // A padded bucket computes a row per token; the padding's are never read.
+        h.extend((self.num_logits..self.device_rows).map(|i| i as u32));
+        let block_tables = put(h, &batch.block_tables, 0);
+        // Chunks of query tokens attend in tiles on the tensor cores; decode-only batches
+        // take the per-token kernel.
+        let tiles = if batch.seqs.iter().any(|s| s.query_len > 1) {
+            let at = h.len();
+            for s in &batch.seqs {
+                for first in (0..s.query_len).step_by(PREFILL_M) {
+                    h.extend([
+                        (s.query_start + first) as u32,
+                        (s.query_len - first).min(PREFILL_M) as u32,
+                        s.block_table_start as u32,
+                    ]);
+                }
+            }
+            Some((at, (h.len() - at) / 3))
+        } else {
+            None
+        };
         self.at = Indices {
             ids,
             positions,
             slots,
-            block_tables,
             bt_start,
             rows,
+            block_tables,
+            tiles,
         };
         let bytes = &mut self.host_bytes;
         bytes.clear();
@@ -460,7 +639,7 @@ impl Backend for CudaBackend {
                 self.inv_freq.push(uploaded);
             }
         }
-        // Runs of tokens taking one frequency set, per rope.
+        // Runs of tokens taking one frequency set, per rope (the padding continues the last).
         self.rope_runs.resize_with(ropes.len(), Vec::new);
         for (rope, runs) in ropes.iter().zip(&mut self.rope_runs) {
             runs.clear();
@@ -475,8 +654,52 @@ impl Backend for CudaBackend {
                     }
                 }
             }
+            if let Some((_, n, _)) = runs.last_mut() {
+                *n += pad;
+            }
         }
         Ok(())
+    }
+
+    fn graph_step(&mut self, kv: &KvCache, allowed: bool) -> Result<GraphStep> {
+        let Some(tokens) = self.graphs.bucket.filter(|_| allowed) else {
+            return Ok(GraphStep::Plain);
+        };
+        // Each rope must take one frequency set for the whole batch (LongRoPE can split one).
+        let mut long = Vec::with_capacity(self.rope_runs.len());
+        for runs in &self.rope_runs {
+            match runs.as_slice() {
+                [(_, _, l)] => long.push(*l),
+                _ => return Ok(GraphStep::Plain),
+            }
+        }
+        let mut layers = Vec::with_capacity(2 * kv.num_layers());
+        for l in 0..kv.num_layers() {
+            let (k, v) = kv.device_layer(l)?;
+            layers.extend([k, v]);
+        }
+        let key = GraphKey {
+            tokens,
+            long,
+            kv: layers,
+        };
+        let addresses = self.graph_addresses();
+        if addresses != self.graphs.addresses {
+            self.drop_graphs()?;
+            self.graphs.addresses = addresses;
+        }
+        if self.graphs.captured.contains_key(&key) {
+            self.graphs.step = Some((key, GraphStep::Replay));
+            return Ok(GraphStep::Replay);
+        }
+        // The first step of a shape runs plainly: it sizes every buffer and scratch area the
+        // capture will hold.
+        if self.graphs.seen.insert(key.clone()) {
+            return Ok(GraphStep::Plain);
+        }
+        self.gpu.lock().begin_capture()?;
+        self.graphs.step = Some((key, GraphStep::Capture));
+        Ok(GraphStep::Capture)
     }
 
     fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch, scale: f32) -> Result<()> {
@@ -615,14 +838,31 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
         let d = Self::head_block(shape.head_dim)?;
-        let name = format!("paged_attention_{}_d{d}", kv_name(kv.dtype()));
         let group = shape.num_heads / shape.num_kv_heads.max(1);
+        let kind = kv_name(kv.dtype());
+        // Prefill: tiles of query tokens; decode: one program per token and head.
+        let (name, index, grid0) = match self.at.tiles {
+            Some((at, n)) => {
+                let name = format!("prefill_attention_{kind}_d{d}");
+                if self.block(&name, "BLOCK_M")? != PREFILL_M as i64 {
+                    return Err(ModelError::Invalid(format!(
+                        "kernel {name} was built for another tile height than {PREFILL_M}"
+                    )));
+                }
+                (name, self.index(at)?, n)
+            }
+            None => (
+                format!("paged_attention_{kind}_d{d}"),
+                self.index(self.at.bt_start)?,
+                self.tokens,
+            ),
+        };
         let args = [
             p(self.buf(Buf::Q)?),
             p(kc),
             p(vc),
             p(self.index(self.at.block_tables)?),
-            p(self.index(self.at.bt_start)?),
+            p(index),
             p(self.index(self.at.positions)?),
             p(self.buf(Buf::Attn)?),
             i32_arg(self.dims.q, "row stride")?,
@@ -635,7 +875,7 @@ impl Backend for CudaBackend {
             KernelArg::F32(shape.scale),
             KernelArg::F32(shape.softcap.unwrap_or(0.0)),
         ];
-        let grid = [self.tokens as u32, shape.num_heads as u32, 1];
+        let grid = [grid0 as u32, shape.num_heads as u32, 1];
         self.launch(&name, grid, &args)
     }
 
@@ -726,36 +966,42 @@ impl Backend for CudaBackend {
         rows: &[u32],
         softcap: Option<f32>,
     ) -> Result<&[f32]> {
-        let (n, h) = (rows.len(), self.dims.hidden);
+        let n = rows.len();
+        match self.graphs.step.take() {
+            Some((key, GraphStep::Capture)) => {
+                let captured = self.device_logits(norm, eps, head, self.device_rows);
+                let graph = match captured {
+                    Ok(()) => self.gpu.lock().end_capture()?,
+                    Err(e) => {
+                        self.gpu.lock().abort_capture();
+                        return Err(e);
+                    }
+                };
+                self.graphs.captured.insert(key, graph);
+                self.graphs.captures += 1;
+                self.gpu.lock().replay(graph)?;
+            }
+            Some((key, GraphStep::Replay)) => {
+                let graph = self.graphs.captured.get(&key).copied().ok_or_else(|| {
+                    ModelError::Invalid("the step's graph was dropped before its replay".into())
+                })?;
+                self.gpu.lock().replay(graph)?;
+                self.graphs.replays += 1;
+            }
+            _ if n == 0 => {}
+            _ => self.device_logits(norm, eps, head, n)?,
+        }
         if n == 0 {
             self.host_logits.clear();
             return Ok(&self.host_logits);
         }
-        let r = self.rows.ptr()?;
-        let grid = [
-            n as u32,
-            cdiv(h, self.block("gather_rows_f32", "BLOCK")?),
-            1,
-        ];
-        let args = [
-            p(self.buf(Buf::X)?),
-            p(self.index(self.at.rows)?),
-            p(r),
-            i32_arg(h, "hidden size")?,
-            i32_arg(h, "row stride")?,
-            i32_arg(h, "row stride")?,
-            KernelArg::F32(1.0),
-        ];
-        self.launch("gather_rows_f32", grid, &args)?;
-        self.rms_norm(r, None, r, norm, n, 1, h, eps)?;
-        let logits = self.logits.ptr()?;
-        self.gemm(r, head, logits, n)?;
+        // [n, vocab]: the first n rows (a padded bucket's others are the padding's).
         let vocab = head.rows;
         let bytes = &mut self.host_bytes;
         bytes.resize(4 * n * vocab, 0);
         self.gpu
             .lock()
-            .read(logits, bytes)
+            .read(self.logits.ptr()?, bytes)
             .map_err(|e| ModelError::Invalid(format!("reading the logits back: {e}")))?;
         self.host_logits.clear();
         self.host_logits.extend(

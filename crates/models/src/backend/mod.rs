@@ -8,6 +8,10 @@
 //! touches device memory itself. The KV cache is the backend's too; the scheduler's block
 //! tables and slot mappings mean the same on every device.
 //!
+//! A backend may replay a decode step's whole forward as one captured graph
+//! ([`Backend::graph_step`]): the forward asks once per step, after [`Backend::begin`], and on
+//! [`GraphStep::Replay`] skips every operation up to [`Backend::logits`].
+//!
 //! Invariants every implementation keeps:
 //! - after [`Backend::begin`], every [`Buf`] holds `rows x width` f32 values (row-major) for
 //!   the batch's tokens, with the widths of [`Dims`];
@@ -19,7 +23,7 @@ mod cpu;
 mod cuda;
 
 pub use cpu::{CpuBackend, MoeStats};
-pub use cuda::{CudaBackend, GpuVector, GpuWeight};
+pub use cuda::{CudaBackend, GpuVector, GpuWeight, GRAPH_BUCKETS};
 
 use crate::{KvCache, Result};
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
@@ -67,6 +71,18 @@ impl Dims {
             Buf::Gate | Buf::Up => self.intermediate,
         }
     }
+}
+
+/// How this step's operations reach the device ([`Backend::graph_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphStep {
+    /// The operations run as they are called.
+    Plain,
+    /// The operations are recorded into a graph, which [`Backend::logits`] ends and replays.
+    Capture,
+    /// A graph captured earlier for this shape replays at [`Backend::logits`]: the forward
+    /// skips every operation before it.
+    Replay,
 }
 
 /// One expert (or a shared expert): `down(act(gate x) * up x)`, weights `[i, h]`, `[i, h]`,
@@ -119,6 +135,13 @@ pub trait Backend: std::fmt::Debug + Sized {
     /// `ropes` (a family with local and global layers has two; [`Backend::rope`] names one by
     /// its index here).
     fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()>;
+    /// Whether this step (sized by [`Backend::begin`], writing into `kv`) runs its operations
+    /// plainly, captures them, or replays a graph captured before; `allowed` is false where the
+    /// forward does more than device operations (a parallel run's communication). Backends
+    /// without graphs run plainly.
+    fn graph_step(&mut self, _kv: &KvCache, _allowed: bool) -> Result<GraphStep> {
+        Ok(GraphStep::Plain)
+    }
     /// `X = table[batch.token_ids] * scale` (Gemma scales by `sqrt(hidden)`; others by 1).
     fn embed(&mut self, table: &Self::Table, batch: &ForwardBatch, scale: f32) -> Result<()>;
     /// `X += H` when `add` (the previous sublayer's output joins the residual stream), then
@@ -176,7 +199,8 @@ pub trait Backend: std::fmt::Debug + Sized {
     /// The CPU's buffers are host memory already; a GPU copies them out and back (an NCCL
     /// communicator would work on the device buffer instead).
     fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()>;
-    /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]`; with
+    /// `rms_norm(X[rows]) * norm @ head^T` on the host: `[rows.len(), vocab]` (ending and
+    /// replaying the step's graph first, when [`Backend::graph_step`] said so); with
     /// `softcap`, each logit `l` becomes `cap * tanh(l / cap)` (Gemma's final soft-capping).
     fn logits(
         &mut self,

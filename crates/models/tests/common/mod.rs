@@ -55,6 +55,7 @@ pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> 
             precision,
             kv_cache_dtype: kv,
             pool: None,
+            cuda_graphs: Default::default(),
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -3,14 +3,19 @@
 //!
 //! cudarc panics when a symbol or the library is missing, so [`CudaDriver::new`] first checks
 //! that `libcuda` can be opened, then initializes the driver and checks the device before any
-//! other call. All work goes to the primary context's default stream, in issue order; copies
-//! to the host are synchronous.
+//! other call. All work (launches, copies, graph replays) goes to one stream of the primary
+//! context, in issue order: a stream of its own, because the legacy default stream cannot be
+//! captured into a graph. Copies to the host wait for that stream; a free waits for it too, so
+//! no launch still in flight reads freed memory.
+//!
+//! Profiling brackets each launch (and each graph replay) with two events on the stream; their
+//! elapsed times are summed per kernel when the stream is next waited for.
 
 use std::ffi::{c_void, CString};
 
 use cudarc::driver::{result, sys};
 
-use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims};
+use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally, GRAPH_HANDLE};
 use super::manifest::KernelSpec;
 use crate::{Result, RuntimeError};
 
@@ -40,6 +45,19 @@ pub(crate) struct CudaDriver {
     shared_optin: i32,
     modules: Vec<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
+    stream: sys::CUstream,
+    /// Instantiated graphs by id; `None` once freed.
+    graphs: Vec<Option<sys::CUgraphExec>>,
+    capturing: bool,
+    profiler: Option<Profiler>,
+}
+
+/// Per-launch timing: event pairs in flight, and the totals of those already read.
+#[derive(Debug, Default)]
+struct Profiler {
+    pending: Vec<(KernelHandle, [u32; 3], sys::CUevent, sys::CUevent)>,
+    spare: Vec<sys::CUevent>,
+    totals: std::collections::HashMap<(usize, [u32; 3]), (u64, f64)>,
 }
 
 // SAFETY: the driver API's handles may be used from any thread once the context is made
@@ -102,7 +120,7 @@ impl CudaDriver {
         // SAFETY: `device` is valid; the context is released in Drop.
         let ctx = unsafe { result::primary_ctx::retain(device) }
             .map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
-        let driver = CudaDriver {
+        let mut driver = CudaDriver {
             device,
             ctx,
             name,
@@ -111,9 +129,84 @@ impl CudaDriver {
             shared_optin,
             modules: Vec::new(),
             functions: Vec::new(),
+            stream: std::ptr::null_mut(),
+            graphs: Vec::new(),
+            capturing: false,
+            profiler: None,
         };
         driver.bind()?;
+        driver.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| cuda_err("cuStreamCreate", e))?;
         Ok(driver)
+    }
+
+    fn sync_stream(&self) -> Result<()> {
+        // SAFETY: the stream was created in `new` and lives until Drop.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| cuda_err("cuStreamSynchronize (a kernel failed)", e))
+    }
+
+    /// An event for the profiler, reused when one is spare.
+    fn event(&mut self) -> Result<sys::CUevent> {
+        if let Some(e) = self.profiler.as_mut().and_then(|p| p.spare.pop()) {
+            return Ok(e);
+        }
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| cuda_err("cuEventCreate", e))
+    }
+
+    /// Runs `issue` (one launch or replay) between two recorded events when profiling and not
+    /// capturing.
+    fn timed(
+        &mut self,
+        what: KernelHandle,
+        grid: [u32; 3],
+        issue: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<()> {
+        if self.profiler.is_none() || self.capturing {
+            return issue(self);
+        }
+        let (start, end) = (self.event()?, self.event()?);
+        // SAFETY: both events and the stream are live.
+        unsafe { result::event::record(start, self.stream) }
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
+        issue(self)?;
+        // SAFETY: as above.
+        unsafe { result::event::record(end, self.stream) }
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
+        if let Some(p) = self.profiler.as_mut() {
+            p.pending.push((what, grid, start, end));
+        }
+        Ok(())
+    }
+
+    /// Adds the pending event pairs' times to the totals (the stream has been waited for).
+    fn harvest(&mut self) -> Result<()> {
+        let Some(p) = self.profiler.as_mut() else {
+            return Ok(());
+        };
+        for (h, grid, start, end) in p.pending.drain(..) {
+            // SAFETY: both events were recorded on the stream, which has finished.
+            let ms = unsafe { result::event::elapsed(start, end) }
+                .map_err(|e| cuda_err("cuEventElapsedTime", e))?;
+            let t = p.totals.entry((h.0, grid)).or_default();
+            t.0 += 1;
+            t.1 += f64::from(ms);
+            p.spare.push(start);
+            p.spare.push(end);
+        }
+        Ok(())
+    }
+
+    fn drop_profiler(&mut self) {
+        if let Some(p) = self.profiler.take() {
+            let _ = self.sync_stream();
+            let events = p.pending.iter().flat_map(|&(_, _, a, b)| [a, b]);
+            for e in events.chain(p.spare.iter().copied()) {
+                // SAFETY: each event was created once and is destroyed once.
+                let _ = unsafe { result::event::destroy(e) };
+            }
+        }
     }
 
     fn bind(&self) -> Result<()> {
@@ -141,20 +234,28 @@ impl Driver for CudaDriver {
 
     fn free(&mut self, ptr: DevicePtr) -> Result<()> {
         self.bind()?;
+        self.sync_stream()?;
         // SAFETY: the caller frees only what alloc returned, once.
         unsafe { result::free_sync(ptr.0) }.map_err(|e| cuda_err("cuMemFree", e))
     }
 
     fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD).
-        unsafe { result::memcpy_htod_sync(dst.0, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+        // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD). From
+        // pageable memory the copy is staged before the call returns, so `src` may change
+        // afterwards; it lands in stream order.
+        unsafe { result::memcpy_htod_async(dst.0, src, self.stream) }
+            .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))
     }
 
     fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: `src` holds at least `dst.len()` bytes.
-        unsafe { result::memcpy_dtoh_sync(dst, src.0) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+        // SAFETY: `src` holds at least `dst.len()` bytes; the stream is waited for before
+        // `dst` is used.
+        unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream) }
+            .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+        self.sync_stream()?;
+        self.harvest()
     }
 
     fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle> {
@@ -217,24 +318,119 @@ impl Driver for CudaDriver {
             .map(|c| c as *mut u64 as *mut c_void)
             .collect();
         let [gx, gy, gz] = dims.grid;
-        // SAFETY: `function` is loaded; `params` points at one live cell per parameter in the
-        // compiled order (checked against the manifest by the caller).
-        unsafe {
-            result::launch_kernel(
-                function,
-                (gx, gy, gz),
-                (dims.block, 1, 1),
-                dims.shared,
-                std::ptr::null_mut(),
-                &mut params,
-            )
-        }
-        .map_err(|e| cuda_err("cuLaunchKernel", e))
+        self.timed(kernel, dims.grid, |d| {
+            // SAFETY: `function` is loaded; `params` points at one live cell per parameter in
+            // the compiled order (checked against the manifest by the caller). A capture
+            // copies the parameters into the graph's node.
+            unsafe {
+                result::launch_kernel(
+                    function,
+                    (gx, gy, gz),
+                    (dims.block, 1, 1),
+                    dims.shared,
+                    d.stream,
+                    &mut params,
+                )
+            }
+            .map_err(|e| cuda_err("cuLaunchKernel", e))
+        })
     }
 
     fn synchronize(&mut self) -> Result<()> {
         self.bind()?;
-        result::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize (a kernel failed)", e))
+        self.sync_stream()?;
+        self.harvest()
+    }
+
+    fn capture_begin(&mut self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream is live and not capturing. Thread-local mode: this thread's
+        // unsafe calls (an allocation, a synchronous copy) fail the capture instead of
+        // slipping outside it.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| cuda_err("cuStreamBeginCapture", e))?;
+        self.capturing = true;
+        Ok(())
+    }
+
+    fn capture_end(&mut self) -> Result<usize> {
+        self.bind()?;
+        self.capturing = false;
+        // SAFETY: the stream is capturing (capture_begin).
+        let graph = unsafe { result::stream::end_capture(self.stream) }
+            .map_err(|e| cuda_err("cuStreamEndCapture", e))?;
+        // SAFETY: `graph` was just captured; the executable graph does not need it after.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: `graph` is destroyed once, after instantiation copied it.
+        let _ = unsafe { result::graph::destroy(graph) };
+        let exec = exec.map_err(|e| cuda_err("cuGraphInstantiate", e))?;
+        self.graphs.push(Some(exec));
+        Ok(self.graphs.len() - 1)
+    }
+
+    fn capture_abort(&mut self) {
+        if self.bind().is_ok() && self.capturing {
+            self.capturing = false;
+            // SAFETY: ends the open capture; an invalidated one returns an error and no graph.
+            if let Ok(graph) = unsafe { result::stream::end_capture(self.stream) } {
+                // SAFETY: the graph was never instantiated.
+                let _ = unsafe { result::graph::destroy(graph) };
+            }
+        }
+    }
+
+    fn graph_launch(&mut self, id: usize) -> Result<()> {
+        self.bind()?;
+        let exec = self
+            .graphs
+            .get(id)
+            .copied()
+            .flatten()
+            .ok_or_else(|| RuntimeError::Kernels(format!("no graph {id}")))?;
+        self.timed(GRAPH_HANDLE, [1, 1, 1], |d| {
+            // SAFETY: `exec` is a live instantiated graph; the stream is live.
+            unsafe { result::graph::launch(exec, d.stream) }
+                .map_err(|e| cuda_err("cuGraphLaunch", e))
+        })
+    }
+
+    fn graph_drop(&mut self, id: usize) -> Result<()> {
+        self.bind()?;
+        if let Some(exec) = self.graphs.get_mut(id).and_then(Option::take) {
+            self.sync_stream()?;
+            // SAFETY: `exec` is live and no longer in use (the stream finished).
+            unsafe { result::graph::exec_destroy(exec) }
+                .map_err(|e| cuda_err("cuGraphExecDestroy", e))?;
+        }
+        Ok(())
+    }
+
+    fn set_profiling(&mut self, on: bool) -> Result<()> {
+        self.bind()?;
+        self.drop_profiler();
+        if on {
+            self.profiler = Some(Profiler::default());
+        }
+        Ok(())
+    }
+
+    fn profile(&mut self) -> Result<Vec<Tally>> {
+        self.bind()?;
+        self.sync_stream()?;
+        self.harvest()?;
+        let p = self
+            .profiler
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Kernels("profiling is off (Gpu::set_profiling)".into()))?;
+        Ok(p.totals
+            .iter()
+            .map(|(&(h, grid), &(n, ms))| (KernelHandle(h), grid, n, ms))
+            .collect())
     }
 
     fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
@@ -248,7 +444,15 @@ impl Driver for CudaDriver {
 impl Drop for CudaDriver {
     fn drop(&mut self) {
         if self.bind().is_ok() {
-            let _ = result::ctx::synchronize();
+            self.capture_abort();
+            let _ = self.sync_stream();
+            self.drop_profiler();
+            for exec in self.graphs.drain(..).flatten() {
+                // SAFETY: each graph is destroyed once, after the stream finished.
+                let _ = unsafe { result::graph::exec_destroy(exec) };
+            }
+            // SAFETY: the stream is idle and destroyed once.
+            let _ = unsafe { result::stream::destroy(self.stream) };
             for &m in &self.modules {
                 // SAFETY: each module was loaded once and is unloaded once.
                 let _ = unsafe { result::module::unload(m) };

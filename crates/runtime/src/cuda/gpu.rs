@@ -88,7 +88,29 @@ pub(crate) trait Driver: fmt::Debug + Send {
     fn synchronize(&mut self) -> Result<()>;
     /// Free and total device memory in bytes; `None` where the device's memory is the host's.
     fn memory_info(&mut self) -> Result<Option<(usize, usize)>>;
+    /// Starts capturing: launches until [`Driver::capture_end`] are recorded, not run.
+    fn capture_begin(&mut self) -> Result<()>;
+    /// Ends a capture: the recorded launches become graph `id`, replayed by
+    /// [`Driver::graph_launch`].
+    fn capture_end(&mut self) -> Result<usize>;
+    /// Abandons a capture (after a failed launch inside it); nothing is kept.
+    fn capture_abort(&mut self);
+    /// Issues every launch of graph `id`, in capture order.
+    fn graph_launch(&mut self, id: usize) -> Result<()>;
+    /// Frees graph `id`.
+    fn graph_drop(&mut self, id: usize) -> Result<()>;
+    /// Turns per-launch timing on or off ([`Gpu::set_profiling`]).
+    fn set_profiling(&mut self, on: bool) -> Result<()>;
+    /// Launches and device time per kernel handle and grid since profiling began; graph
+    /// replays under [`GRAPH_HANDLE`].
+    fn profile(&mut self) -> Result<Vec<Tally>>;
 }
+
+/// One kernel's (handle, grid) profile entry: launches and device time in milliseconds.
+pub(crate) type Tally = (KernelHandle, [u32; 3], u64, f64);
+
+/// The handle under which [`Driver::profile`] reports graph replays.
+pub(crate) const GRAPH_HANDLE: KernelHandle = KernelHandle(usize::MAX);
 
 struct Loaded {
     spec: KernelSpec,
@@ -99,6 +121,23 @@ struct Loaded {
     global_scratch: u64,
 }
 
+/// A captured sequence of launches on one [`Gpu`] ([`Gpu::begin_capture`]): a CUDA graph on a
+/// GPU, the recorded launch list on the interpreted device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(usize);
+
+/// Device time of one kernel at one grid over a profiled stretch ([`Gpu::profile`]): the grid
+/// tells a product's shapes apart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's name; `graph replay` for whole replayed graphs.
+    pub name: String,
+    pub grid: [u32; 3],
+    pub launches: u64,
+    /// Device time summed over the launches, in milliseconds.
+    pub total_ms: f64,
+}
+
 /// A device with every embedded kernel loaded.
 pub struct Gpu {
     driver: Box<dyn Driver>,
@@ -107,6 +146,9 @@ pub struct Gpu {
     by_name: HashMap<String, usize>,
     load_time: Duration,
     scratch: Option<(DevicePtr, usize)>,
+    /// Whether a capture is open: launches are recorded, and nothing may allocate, free, copy
+    /// or wait until it ends.
+    capturing: bool,
 }
 
 impl fmt::Debug for Gpu {
@@ -176,6 +218,7 @@ impl Gpu {
             by_name,
             load_time: start.elapsed(),
             scratch: None,
+            capturing: false,
         })
     }
 
@@ -207,21 +250,25 @@ impl Gpu {
 
     /// Allocates `bytes` of device memory.
     pub fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
+        self.not_capturing("allocating")?;
         self.driver.alloc(bytes.max(1))
     }
 
     /// Frees memory from [`Gpu::alloc`].
     pub fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+        self.not_capturing("freeing")?;
         self.driver.free(ptr)
     }
 
     /// Copies `src` to `dst`.
     pub fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.not_capturing("a copy to the device")?;
         self.driver.write(dst, src)
     }
 
     /// Copies device bytes into `dst` once all earlier work has finished.
     pub fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.not_capturing("a copy to the host")?;
         self.driver.read(src, dst)
     }
 
@@ -253,11 +300,13 @@ impl Gpu {
 
     /// Free and total device memory in bytes; `None` for the interpreted device (host memory).
     pub fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
+        self.not_capturing("a memory query")?;
         self.driver.memory_info()
     }
 
     /// Waits for all issued work; a failed launch surfaces here at the latest.
     pub fn synchronize(&mut self) -> Result<()> {
+        self.not_capturing("waiting for the device")?;
         self.driver.synchronize()
     }
 
@@ -300,7 +349,14 @@ impl Gpu {
         self.driver.launch(handle, dims, args)
     }
 
-    /// A global scratch area of at least `bytes` (null when none is needed), grown on demand.
+    /// The kernels' global scratch area's address (null before any kernel needed one): a
+    /// captured graph holds it.
+    pub fn scratch_ptr(&self) -> DevicePtr {
+        self.scratch.map_or(DevicePtr::NULL, |(p, _)| p)
+    }
+
+    /// A global scratch area of at least `bytes` (null when none is needed), grown on demand
+    /// (never inside a capture: the graph would keep the old address).
     fn scratch(&mut self, bytes: usize) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
@@ -309,12 +365,100 @@ impl Gpu {
             if len >= bytes {
                 return Ok(ptr);
             }
+            self.not_capturing("growing the kernels' scratch area")?;
             self.driver.synchronize()?;
             self.driver.free(ptr)?;
             self.scratch = None;
         }
+        self.not_capturing("allocating the kernels' scratch area")?;
         let ptr = self.driver.alloc(bytes)?;
         self.scratch = Some((ptr, bytes));
         Ok(ptr)
+    }
+
+    fn not_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing {
+            return Err(RuntimeError::Kernels(format!(
+                "{what} while a graph is being captured (a capture holds launches only)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts capturing: the launches until [`Gpu::end_capture`] are recorded into a graph
+    /// instead of running. Between the two, allocating, freeing, copying and waiting are
+    /// errors; the graph keeps every address and argument as launched, so what it reads and
+    /// writes must stay where it is for as long as the graph is replayed.
+    pub fn begin_capture(&mut self) -> Result<()> {
+        self.not_capturing("starting a capture")?;
+        self.driver.capture_begin()?;
+        self.capturing = true;
+        Ok(())
+    }
+
+    /// Ends the capture: the recorded launches, as one graph.
+    pub fn end_capture(&mut self) -> Result<GraphId> {
+        if !self.capturing {
+            return Err(RuntimeError::Kernels("no capture to end".into()));
+        }
+        self.capturing = false;
+        self.driver.capture_end().map(GraphId)
+    }
+
+    /// Abandons an open capture, if any (a launch inside it failed); no graph is kept.
+    pub fn abort_capture(&mut self) {
+        if self.capturing {
+            self.capturing = false;
+            self.driver.capture_abort();
+        }
+    }
+
+    /// Whether a capture is open.
+    pub fn is_capturing(&self) -> bool {
+        self.capturing
+    }
+
+    /// Issues every launch of `graph`, in capture order, after all earlier work.
+    pub fn replay(&mut self, graph: GraphId) -> Result<()> {
+        self.not_capturing("replaying a graph")?;
+        self.driver.graph_launch(graph.0)
+    }
+
+    /// Frees `graph`.
+    pub fn drop_graph(&mut self, graph: GraphId) -> Result<()> {
+        self.not_capturing("freeing a graph")?;
+        self.driver.graph_drop(graph.0)
+    }
+
+    /// Times every launch (and graph replay) on the device from now on, or stops; each call
+    /// starts a new tally. Only a CUDA device can time its launches.
+    pub fn set_profiling(&mut self, on: bool) -> Result<()> {
+        self.driver.set_profiling(on)
+    }
+
+    /// The device time per kernel and grid since [`Gpu::set_profiling`], largest first (waits
+    /// for the device).
+    pub fn profile(&mut self) -> Result<Vec<KernelTime>> {
+        self.not_capturing("reading the profile")?;
+        let mut out: Vec<KernelTime> = self
+            .driver
+            .profile()?
+            .into_iter()
+            .map(|(h, grid, launches, total_ms)| KernelTime {
+                name: if h == GRAPH_HANDLE {
+                    "graph replay".to_string()
+                } else {
+                    self.kernels
+                        .iter()
+                        .find(|k| k.handle == h)
+                        .map_or_else(|| format!("kernel #{}", h.0), |k| k.spec.name.clone())
+                },
+                grid,
+                launches,
+                total_ms,
+            })
+            .collect();
+        out.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+        Ok(out)
     }
 }

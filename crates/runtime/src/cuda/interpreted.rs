@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::{json, Value};
 
-use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims};
+use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally};
 use super::manifest::KernelSpec;
 use crate::{Result, RuntimeError};
 
@@ -55,6 +55,18 @@ pub(crate) struct InterpretedDriver {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The launches of the open capture, recorded instead of run.
+    recording: Option<Vec<Recorded>>,
+    /// Captured graphs by id: their launch lists, replayed in order; `None` once freed.
+    graphs: Vec<Option<Vec<Recorded>>>,
+}
+
+/// One recorded launch: what [`Driver::launch`] was given.
+#[derive(Debug, Clone)]
+struct Recorded {
+    kernel: KernelHandle,
+    dims: LaunchDims,
+    args: Vec<KernelArg>,
 }
 
 fn worker_err(step: &str, detail: impl std::fmt::Display) -> RuntimeError {
@@ -96,6 +108,8 @@ impl InterpretedDriver {
             child,
             stdin,
             stdout: BufReader::new(stdout),
+            recording: None,
+            graphs: Vec::new(),
         };
         driver.call("hello", &json!({"op": "hello"}), None)?;
         Ok(driver)
@@ -179,6 +193,14 @@ impl Driver for InterpretedDriver {
     }
 
     fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()> {
+        if let Some(r) = self.recording.as_mut() {
+            r.push(Recorded {
+                kernel,
+                dims,
+                args: args.to_vec(),
+            });
+            return Ok(());
+        }
         let args: Vec<Value> = args
             .iter()
             .map(|a| match *a {
@@ -198,6 +220,55 @@ impl Driver for InterpretedDriver {
 
     fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
         Ok(None)
+    }
+
+    fn capture_begin(&mut self) -> Result<()> {
+        self.recording = Some(Vec::new());
+        Ok(())
+    }
+
+    fn capture_end(&mut self) -> Result<usize> {
+        let launches = self
+            .recording
+            .take()
+            .ok_or_else(|| worker_err("ending a capture", "no capture is open"))?;
+        self.graphs.push(Some(launches));
+        Ok(self.graphs.len() - 1)
+    }
+
+    fn capture_abort(&mut self) {
+        self.recording = None;
+    }
+
+    fn graph_launch(&mut self, id: usize) -> Result<()> {
+        let launches = self
+            .graphs
+            .get_mut(id)
+            .and_then(Option::take)
+            .ok_or_else(|| worker_err("replaying a graph", format!("no graph {id}")))?;
+        let result = launches
+            .iter()
+            .try_for_each(|l| self.launch(l.kernel, l.dims, &l.args));
+        self.graphs[id] = Some(launches);
+        result
+    }
+
+    fn graph_drop(&mut self, id: usize) -> Result<()> {
+        if let Some(g) = self.graphs.get_mut(id) {
+            *g = None;
+        }
+        Ok(())
+    }
+
+    fn set_profiling(&mut self, _on: bool) -> Result<()> {
+        Err(worker_err(
+            "profiling",
+            "the interpreted device has no timers; profile on a CUDA device",
+        ))
+    }
+
+    fn profile(&mut self) -> Result<Vec<Tally>> {
+        self.set_profiling(true).map(|_| Vec::new())
     }
 }
 

@@ -17,9 +17,16 @@
 //! `num_warps x 32` threads; the kernel's shared memory as dynamic shared memory, opted in above
 //! 48 KiB.
 //!
+//! A sequence of launches can be captured once ([`Gpu::begin_capture`]) and replayed as one
+//! graph ([`Gpu::replay`]): a CUDA graph on a GPU (one submission for hundreds of launches),
+//! the recorded launch list on the interpreted device, so the capture logic above the driver is
+//! tested in CI. [`Gpu::set_profiling`] times each launch with device events.
+//!
 //! Invariants: a [`DevicePtr`] is only meaningful on the [`Gpu`] that allocated it; operations
 //! on one [`Gpu`] run in issue order (one stream), and [`Gpu::read`] returns after everything
-//! issued before it has finished.
+//! issued before it has finished; while a capture is open only launches are allowed (no
+//! allocation, free, copy or wait), and a graph replays the addresses and arguments it was
+//! captured with.
 
 mod buffer;
 mod driver;
@@ -28,6 +35,6 @@ mod interpreted;
 pub mod manifest;
 
 pub use buffer::{DeviceBuffer, SharedGpu};
-pub use gpu::{DevicePtr, Gpu, KernelArg};
+pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime};
 pub use interpreted::InterpreterConfig;
 pub use manifest::{KernelBinary, KernelSpec, Manifest};
