@@ -120,6 +120,10 @@ def all_specs():
             [("table_ptr", "*u8"), ("ids_ptr", "*u32"), ("out_ptr", "*fp32"),
              ("n_cols", "i32"), ("row_bytes", "i32"), ("out_stride", "i32"), ("scale", "fp32")],
             {"FORMAT": fmt, "BLOCK": 256}))
+    specs.append(_spec(
+        "argmax_rows", "sampling", "argmax_rows",
+        [("logits_ptr", "*fp32"), ("out_ptr", "*u32"), ("n_cols", "i32"), ("row_stride", "i32")],
+        {"BLOCK": 2048}, num_warps=8))
     for short, ty in FLOATS.items():
         for d in HEAD_BLOCKS:
             specs.append(_spec(

@@ -64,6 +64,27 @@ class Kernels(unittest.TestCase):
     def nan(self, *shape):
         return self.r.dev(np.full(shape, np.nan, np.float32))
 
+    def test_argmax_rows(self):
+        """First index of the maximum, NaN never winning, 0 for a row of minus infinity; ties
+        within and across chunks; a row shorter than one chunk and one of several."""
+        r = self.r
+        block = SPECS["argmax_rows"]["constexprs"]["BLOCK"]
+        for n in (7, block + 3, 3 * block):
+            rows = self.rand(6, n + 5)
+            rows[1, n // 2] = rows[1, n - 1] = 1e9          # a tie: the first wins
+            rows[2, :] = -np.inf                            # nothing beats -inf: 0
+            rows[3, 0] = np.nan
+            rows[3, n - 1] = 50.0                           # NaN never wins
+            rows[4, :] = 3.0                                # all equal: 0
+            rows[5, n:] = 1e9                               # past n_cols: never read
+            out = r.dev(np.full(6, 0xFFFFFFFF, np.uint32), "u32")
+            r.launch("argmax_rows", (6,), [r.ptr(r.dev(rows)), r.ptr(out), n, n + 5])
+            got = r.host(out)
+            for i in range(6):
+                v = np.where(np.isnan(rows[i, :n]), -np.inf, rows[i, :n])
+                want = 0 if v.max() == -np.inf else int(np.argmax(v))
+                self.assertEqual(int(got[i]), want, f"argmax_rows n={n} row {i}")
+
     def test_rms_norm(self):
         r = self.r
         for has_res in (0, 1):

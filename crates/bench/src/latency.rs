@@ -2,8 +2,10 @@
 //!
 //! Each iteration prefills `batch_size` prompts of `input_len` tokens (one forward pass per
 //! prompt, as a single long request runs), then decodes `output_len - 1` steps in which all the
-//! sequences advance together in one batch (greedy argmax). Prefill and decode tok/s are the
-//! medians over `num_iters` iterations after `num_iters_warmup` unmeasured ones. The bytes a
+//! sequences advance together in one batch (greedy, each row's argmax taken where the logits
+//! are: on a GPU only the token ids come back, as the engine does for greedy requests).
+//! Prefill and decode tok/s are the medians over `num_iters` iterations after
+//! `num_iters_warmup` unmeasured ones. The bytes a
 //! decode token reads (weights as the kernels hold them, once per step for the whole batch,
 //! plus its own K/V at the decode's mean context) turn the decode figure into a read rate.
 //!
@@ -13,7 +15,6 @@
 
 use crate::median;
 use anyhow::{bail, Context, Result};
-use ferrum_engine::sampler::argmax;
 use ferrum_models::{KvCache, Model};
 use ferrum_runtime::cuda::KernelTime;
 use ferrum_types::{ForwardBatch, TokenId};
@@ -113,6 +114,13 @@ pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> 
     })
 }
 
+/// The one token of a single sequence's step.
+fn first(ids: &[TokenId]) -> Result<TokenId> {
+    ids.first()
+        .copied()
+        .context("the model returned no token for the prompt")
+}
+
 /// One iteration: (prefill seconds, decode seconds), and with `profile` the decode steps'
 /// device times.
 fn iteration(
@@ -136,7 +144,7 @@ fn iteration(
     for (s, table) in tables.iter().enumerate() {
         b.clear();
         b.push_seq(&prompt, 0, table, BLOCK_SIZE, 1)?;
-        next[s] = argmax(model.forward(&b, kv)?);
+        next[s] = first(model.forward_argmax(&b, kv)?)?;
     }
     let prefill = t.elapsed().as_secs_f64();
     let gpu = if profile {
@@ -155,11 +163,16 @@ fn iteration(
         for (s, table) in tables.iter().enumerate() {
             b.push_seq(&[next[s]], cfg.input_len + step, table, BLOCK_SIZE, 1)?;
         }
-        let logits = model.forward(&b, kv)?;
-        // [batch_size, vocab]
-        for (s, row) in logits.chunks_exact(vocab).enumerate() {
-            next[s] = argmax(row);
+        // [batch_size]: each sequence's greedy token, decided where the logits are.
+        let ids = model.forward_argmax(&b, kv)?;
+        if ids.len() != next.len() {
+            bail!(
+                "the model returned {} tokens for {} sequences",
+                ids.len(),
+                next.len()
+            );
         }
+        next.copy_from_slice(ids);
     }
     let decode = t.elapsed().as_secs_f64();
     let profile = match gpu {

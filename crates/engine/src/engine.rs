@@ -140,6 +140,14 @@ fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), 
 
 /// Computes the mask of every guide that lacks one (on the mask thread, during the forward
 /// pass). Returns the requests whose constraint failed, with the reason.
+/// What a step's forward returned: every sampled row's logits (`[rows, vocab]`), or, when all
+/// of them were plain greedy choices, each row's token decided by the model.
+#[derive(Debug, Clone, Copy)]
+enum Rows<'a> {
+    Logits(&'a [f32]),
+    Tokens(&'a [u32]),
+}
+
 fn compute_masks(
     seqs: &mut HashMap<RequestId, SeqState>,
 ) -> (Vec<(RequestId, String)>, MaskCounters) {
@@ -551,7 +559,21 @@ impl EngineCore {
             .seqs
             .values()
             .any(|q| q.guide.as_ref().is_some_and(Guide::needs_mask));
-        let logits = if needs_masks {
+        // When every row this step samples is a plain greedy choice (no proposals, guides,
+        // penalties, bias or logprobs), the model decides them where the logits are: on a
+        // GPU only the token ids come back.
+        let greedy = !needs_masks
+            && out.seqs.iter().all(|s| {
+                s.num_logits() == 0
+                    || (s.num_proposed == 0
+                        && self
+                            .seqs
+                            .get(&s.id)
+                            .is_some_and(|q| q.guide.is_none() && q.sampler.is_plain_greedy()))
+            });
+        let rows_out = if greedy {
+            Rows::Tokens(self.model.forward_argmax(&self.batch, &mut self.kv)?)
+        } else if needs_masks {
             // The guides' masks on a helper thread while the forward pass runs.
             let (seqs, failed) = (&mut self.seqs, &mut self.failed);
             let (model, kv, batch) = (&mut self.model, &mut self.kv, &self.batch);
@@ -574,9 +596,9 @@ impl EngineCore {
             let (f, c) = masks.map_err(EngineError::Invalid)?;
             failed.extend(f);
             self.mask_step = c;
-            logits?
+            Rows::Logits(logits?)
         } else {
-            self.model.forward(&self.batch, &mut self.kv)?
+            Rows::Logits(self.model.forward(&self.batch, &mut self.kv)?)
         };
         if let Some(d) = self.draft.as_mut() {
             // Before any rollback frees a block the batch wrote.
@@ -626,7 +648,10 @@ impl EngineCore {
             let (mut verified, mut accepted) = (0, 0);
             for i in 0..num_rows {
                 let row = first_row + i;
-                let l = &logits[row * vocab..(row + 1) * vocab];
+                let l = match rows_out {
+                    Rows::Logits(logits) => &logits[row * vocab..(row + 1) * vocab],
+                    Rows::Tokens(_) => &[],
+                };
                 let counters = &mut self.mask_step;
                 if let Some(Err(e)) = seq.guide.as_mut().map(|g| compute_mask(g, counters)) {
                     self.failed
@@ -634,12 +659,13 @@ impl EngineCore {
                     break;
                 }
                 let guide = seq.guide.as_ref().filter(|g| g.is_active());
-                let (sample, is_proposal) = match proposals.get(i) {
-                    Some(&p) => {
+                let (sample, is_proposal) = match (rows_out, proposals.get(i)) {
+                    (Rows::Tokens(ids), _) => (seq.sampler.take(ids[row]), false),
+                    (Rows::Logits(_), Some(&p)) => {
                         verified += 1;
                         seq.sampler.verify(l, p, guide)
                     }
-                    None => (seq.sampler.sample(l, guide), false),
+                    (Rows::Logits(_), None) => (seq.sampler.sample(l, guide), false),
                 };
                 if let Some(Err(e)) = seq.guide.as_mut().map(|g| g.consume(sample.token)) {
                     self.failed

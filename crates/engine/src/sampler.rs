@@ -102,6 +102,27 @@ impl Sampler {
             || self.frequency_penalty != 0.0
     }
 
+    /// Whether this request's choice is the argmax of the raw logits and nothing more is asked
+    /// of the row: greedy, no penalties, no logit bias, no logprobs. Such a row can be decided
+    /// where the logits are ([`Sampler::take`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature == 0.0
+            && !self.has_penalties()
+            && self.logit_bias.is_empty()
+            && self.logprobs.is_none()
+    }
+
+    /// Takes a token decided elsewhere for a [`Sampler::is_plain_greedy`] request (the argmax
+    /// of its row, made on the model's device): what [`Sampler::sample`] would have returned.
+    pub fn take(&mut self, token: TokenId) -> SampleOutput {
+        self.record(token);
+        SampleOutput {
+            token,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        }
+    }
+
     /// Picks the next token from one row of logits and records it for the penalties. With a
     /// guide (a constrained request), only tokens its mask allows can be picked; the guide's
     /// mask must be computed.
@@ -308,31 +329,9 @@ fn apply_logit_bias(logits: &mut [f32], bias: &[(TokenId, f32)]) {
     }
 }
 
-/// Index of the largest value (the first among equals); NaN never wins; 0 when nothing beats
-/// minus infinity.
-///
-/// Two passes that the compiler vectorizes: the maximum (eight running maxima, NaN ignored),
-/// then the first index holding it. That is the one-at-a-time scan's answer (the first value
-/// greater than all before it), and several times faster: greedy decoding runs this over the
-/// whole vocabulary for every sequence of every step, on the engine thread.
-pub fn argmax(row: &[f32]) -> TokenId {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v);
-        }
-    }
-    let max = lanes
-        .iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    if max == f32::NEG_INFINITY {
-        return 0;
-    }
-    row.iter().position(|&v| v == max).unwrap_or(0) as TokenId
-}
+/// The greedy choice over one row of logits; the CUDA backend's `argmax_rows` kernel keeps the
+/// same rules, so a greedy request gets the same token whether the host or the device decides.
+pub use ferrum_models::argmax;
 
 /// Raw logprob of `token` and the top `n` (token, logprob) pairs, most likely first.
 fn raw_logprobs(

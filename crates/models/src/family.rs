@@ -104,4 +104,12 @@ impl<B: Backend> FamilyModel<B> {
             FamilyModel::Gemma(m) => m.forward(batch, kv),
         }
     }
+
+    /// See [`LlamaModel::forward_argmax`].
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
+        match self {
+            FamilyModel::Llama(m) => m.forward_argmax(batch, kv),
+            FamilyModel::Gemma(m) => m.forward_argmax(batch, kv),
+        }
+    }
 }

@@ -61,6 +61,8 @@ pub struct GemmaModel<B: Backend = CpuBackend> {
     head: Option<(B::Vector, B::Weight)>,
     /// The logits gathered from the stage's ranks.
     gathered: LogitsGather,
+    /// Each row's argmax ([`Self::forward_argmax`]).
+    argmax: Vec<u32>,
     /// The global layers' rope, then (Gemma 3) the local layers'.
     ropes: Vec<Rope>,
 }
@@ -213,6 +215,7 @@ impl<B: Backend> GemmaModel<B> {
             layers,
             head,
             gathered: LogitsGather::default(),
+            argmax: Vec::new(),
             ropes,
         })
     }
@@ -272,6 +275,46 @@ impl<B: Backend> GemmaModel<B> {
     /// Runs every token of `batch`, writing their K/V into `kv`, and returns the logits of the
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        self.run(batch, kv)?;
+        let c = &self.config;
+        let (b, place) = (&mut self.backend, &self.place);
+        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
+        let vocab = place.shard.logits_vocab(c.vocab_size);
+        place.finish(
+            b,
+            head,
+            gather,
+            c.rms_norm_eps,
+            batch,
+            vocab,
+            c.final_logit_softcap,
+        )
+    }
+
+    /// [`Self::forward`] with each logits row's argmax instead of the row: `[rows]` token ids,
+    /// decided where the logits are (on a GPU, only the ids come back). A whole model in one
+    /// process only.
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
+        if self.place.comms.is_some() {
+            return Err(ModelError::Invalid(
+                "forward_argmax runs a whole model in one process".into(),
+            ));
+        }
+        self.run(batch, kv)?;
+        let c = &self.config;
+        let Some((norm, w)) = self.head.as_ref() else {
+            return Err(ModelError::Invalid("this model has no LM head".into()));
+        };
+        let rows = &batch.logits_indices;
+        let softcap = c.final_logit_softcap;
+        self.backend
+            .argmax_rows(norm, c.rms_norm_eps, w, rows, softcap, &mut self.argmax)?;
+        Ok(&self.argmax)
+    }
+
+    /// Everything up to the logits: the batch's tokens through every layer (or, on a
+    /// replayed step, nothing: the backend's graph holds it).
+    fn run(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<()> {
         let c = &self.config;
         let mut dims = forward_dims(&self.local, batch, kv)?;
         dims.vocab = self.head.as_ref().map_or(0, |_| {
@@ -328,9 +371,6 @@ impl<B: Backend> GemmaModel<B> {
                 b.add_residual()?;
             }
         }
-        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
-        let softcap = c.final_logit_softcap;
-        let vocab = place.shard.logits_vocab(c.vocab_size);
-        place.finish(b, head, gather, eps, batch, vocab, softcap)
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@
 //! runs one [`ForwardBatch`] over a [`KvCache`]; [`inspect`] describes a model without building
 //! it.
 
+mod argmax;
 pub mod backend;
 mod config;
 mod error;
@@ -24,6 +25,7 @@ mod source;
 mod text;
 mod weights;
 
+pub use argmax::argmax;
 pub use config::{ModelConfig, MoeConfig};
 pub use error::{ModelError, Result};
 pub use family::FamilyModel;

@@ -66,6 +66,8 @@ pub struct LlamaModel<B: Backend = CpuBackend> {
     head: Option<(B::Vector, B::Weight)>,
     /// The logits gathered from the stage's ranks.
     gathered: LogitsGather,
+    /// Each row's argmax ([`Self::forward_argmax`]).
+    argmax: Vec<u32>,
     /// One rope for every layer (index 0 of the backend's).
     ropes: [Rope; 1],
 }
@@ -439,6 +441,7 @@ impl<B: Backend> LlamaModel<B> {
             config,
             place,
             gathered: LogitsGather::default(),
+            argmax: Vec::new(),
         })
     }
 
@@ -507,6 +510,38 @@ impl<B: Backend> LlamaModel<B> {
     /// rows in `batch.logits_indices`: `[logits_indices.len(), vocab_size]`. In a parallel
     /// run, this rank's part: the rank that computes no logits returns none.
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[f32]> {
+        self.run(batch, kv)?;
+        let c = &self.config;
+        let (b, place) = (&mut self.backend, &self.place);
+        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
+        let vocab = place.shard.logits_vocab(c.vocab_size);
+        place.finish(b, head, gather, c.rms_norm_eps, batch, vocab, None)
+    }
+
+    /// [`Self::forward`] with each logits row's argmax instead of the row: `[rows]` token ids,
+    /// decided where the logits are (on a GPU, only the ids come back). A whole model in one
+    /// process only.
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
+        if self.place.comms.is_some() {
+            return Err(ModelError::Invalid(
+                "forward_argmax runs a whole model in one process".into(),
+            ));
+        }
+        self.run(batch, kv)?;
+        let c = &self.config;
+        let Some((norm, w)) = self.head.as_ref() else {
+            return Err(ModelError::Invalid("this model has no LM head".into()));
+        };
+        let rows = &batch.logits_indices;
+        let softcap = None;
+        self.backend
+            .argmax_rows(norm, c.rms_norm_eps, w, rows, softcap, &mut self.argmax)?;
+        Ok(&self.argmax)
+    }
+
+    /// Everything up to the logits: the batch's tokens through every layer (or, on a
+    /// replayed step, nothing: the backend's graph holds it).
+    fn run(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<()> {
         let c = &self.config;
         let mut dims = forward_dims(&self.local, batch, kv)?;
         dims.vocab = self.head.as_ref().map_or(0, |_| {
@@ -573,9 +608,7 @@ impl<B: Backend> LlamaModel<B> {
                 b.add_residual()?;
             }
         }
-        let (head, gather) = (self.head.as_ref(), &mut self.gathered);
-        let vocab = place.shard.logits_vocab(c.vocab_size);
-        place.finish(b, head, gather, eps, batch, vocab, None)
+        Ok(())
     }
 }
 

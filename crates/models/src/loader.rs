@@ -110,6 +110,8 @@ pub struct Model {
     device: OnDevice,
     /// The step protocol, in a parallel run.
     run: Option<Driver>,
+    /// Each row's argmax, in a parallel run ([`Model::forward_argmax`]).
+    argmax: Vec<u32>,
 }
 
 impl From<FamilyModel<CpuBackend>> for Model {
@@ -126,7 +128,11 @@ impl From<FamilyModel<CudaBackend>> for Model {
 
 impl Model {
     fn new(device: OnDevice) -> Model {
-        Model { device, run: None }
+        Model {
+            device,
+            run: None,
+            argmax: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -233,6 +239,21 @@ impl Model {
             }
             None => on_device!(&mut self.device, m => m.forward(batch, kv)),
         }
+    }
+
+    /// The argmax of each row [`Model::forward`] would return (`[rows]` token ids: greedy
+    /// decisions). On a GPU they are made there and only the ids come back; in a parallel
+    /// run, over the gathered logits on rank 0.
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
+        if self.run.is_none() {
+            return on_device!(&mut self.device, m => m.forward_argmax(batch, kv));
+        }
+        let rows = batch.logits_indices.len();
+        let mut ids = std::mem::take(&mut self.argmax);
+        let logits = self.forward(batch, kv)?;
+        crate::backend::host_argmax(logits, rows, &mut ids);
+        self.argmax = ids;
+        Ok(&self.argmax)
     }
 
     /// Rank 0 of a parallel run whose other ranks never started their loops (a load failed
@@ -398,6 +419,7 @@ pub fn load_model_sharded(
     };
     Ok(Model {
         device,
+        argmax: Vec::new(),
         run: Some(Driver::new(
             comms,
             shard,

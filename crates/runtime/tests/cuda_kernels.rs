@@ -378,6 +378,75 @@ fn add_rows_and_bias() {
     }
 }
 
+/// A captured graph holds launches, not results: nothing runs until it is replayed, each replay
+/// runs every launch again with the addresses it was captured with (so new contents written
+/// there before a replay are what it reads), and only launches are allowed inside a capture.
+#[test]
+fn graphs_replay_their_launches_and_refuse_other_work_inside_a_capture() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let mut rng = Rng::new(11);
+        let n = 300usize;
+        let (x, y) = (rng.vec(n), rng.vec(n));
+        let (dx, dy) = (gpu.upload_f32(&x).unwrap(), gpu.upload_f32(&y).unwrap());
+        let grid = [1, cdiv(n, gpu.constexpr("add_rows", "BLOCK").unwrap()), 1];
+        let args = [p(dx), p(dy), i(n), i(n), i(n)];
+        gpu.begin_capture().unwrap();
+        assert!(gpu.is_capturing());
+        gpu.launch("add_rows", grid, &args).unwrap();
+        for (what, refused) in [
+            ("alloc", gpu.alloc(64).is_err()),
+            ("write", gpu.write(dx, &[0; 4]).is_err()),
+            ("read", gpu.read(dx, &mut [0; 4]).is_err()),
+            ("synchronize", gpu.synchronize().is_err()),
+            ("nested capture", gpu.begin_capture().is_err()),
+        ] {
+            assert!(refused, "{dev}: {what} inside a capture must be refused");
+        }
+        let graph = gpu.end_capture().unwrap();
+        let untouched = gpu.download_f32(dx, n).unwrap();
+        assert_eq!(untouched, x, "{dev}: a capture ran its launches");
+        gpu.replay(graph).unwrap();
+        gpu.replay(graph).unwrap();
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| a as f64 + 2.0 * b as f64)
+            .collect();
+        assert_close(
+            &format!("{dev} two replays"),
+            &gpu.download_f32(dx, n).unwrap(),
+            &want,
+        );
+        // New contents at the captured address are what the next replay reads.
+        let y2 = rng.vec(n);
+        let bytes: Vec<u8> = y2.iter().flat_map(|v| v.to_le_bytes()).collect();
+        gpu.write(dy, &bytes).unwrap();
+        gpu.replay(graph).unwrap();
+        let want: Vec<f64> = want.iter().zip(&y2).map(|(&a, &b)| a + b as f64).collect();
+        assert_close(
+            &format!("{dev} replay after an update"),
+            &gpu.download_f32(dx, n).unwrap(),
+            &want,
+        );
+        gpu.drop_graph(graph).unwrap();
+        assert!(
+            gpu.replay(graph).is_err(),
+            "{dev}: a dropped graph replayed"
+        );
+        // An abandoned capture keeps nothing and leaves the device usable.
+        gpu.begin_capture().unwrap();
+        gpu.launch("add_rows", grid, &args).unwrap();
+        gpu.abort_capture();
+        assert!(!gpu.is_capturing());
+        assert_close(
+            &format!("{dev} after an abort"),
+            &gpu.download_f32(dx, n).unwrap(),
+            &want,
+        );
+    }
+}
+
 #[test]
 fn gather_rows_of_every_float_type() {
     for mut gpu in devices() {

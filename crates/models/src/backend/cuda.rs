@@ -133,6 +133,8 @@ struct Indices {
     /// The prefill attention's tiles `(first token, count, block-table start)`, three u32
     /// each, and how many: present when a sequence has more than one query token.
     tiles: Option<(usize, usize)>,
+    /// Room for each logits row's argmax ([`Backend::argmax_rows`]), written on the device.
+    argmax: usize,
 }
 
 /// What a graph was captured for: the padded batch size, each rope's frequency set (LongRoPE's
@@ -314,6 +316,43 @@ impl CudaBackend {
             return None;
         }
         GRAPH_BUCKETS.iter().copied().find(|&b| b >= t)
+    }
+
+    /// The step's logits on the device, `[device_rows, vocab]` (the first `n` rows the
+    /// batch's): the captured graph ended and replayed, the graph replayed, or the head's
+    /// launches issued.
+    fn step_logits(
+        &mut self,
+        norm: &GpuVector,
+        eps: f32,
+        head: &GpuWeight,
+        n: usize,
+    ) -> Result<()> {
+        match self.graphs.step.take() {
+            Some((key, GraphStep::Capture)) => {
+                let captured = self.device_logits(norm, eps, head, self.device_rows);
+                let graph = match captured {
+                    Ok(()) => self.gpu.lock().end_capture()?,
+                    Err(e) => {
+                        self.gpu.lock().abort_capture();
+                        return Err(e);
+                    }
+                };
+                self.graphs.captured.insert(key, graph);
+                self.graphs.captures += 1;
+                self.gpu.lock().replay(graph)?;
+            }
+            Some((key, GraphStep::Replay)) => {
+                let graph = self.graphs.captured.get(&key).copied().ok_or_else(|| {
+                    ModelError::Invalid("the step's graph was dropped before its replay".into())
+                })?;
+                self.gpu.lock().replay(graph)?;
+                self.graphs.replays += 1;
+            }
+            _ if n == 0 => {}
+            _ => self.device_logits(norm, eps, head, n)?,
+        }
+        Ok(())
     }
 
     /// The logits of the first `n` rows of the rows index: gather, norm, head product.
@@ -598,6 +637,8 @@ impl Backend for CudaBackend {
         } else {
             None
         };
+        let argmax = h.len();
+        h.extend(std::iter::repeat_n(0, self.num_logits));
         self.at = Indices {
             ids,
             positions,
@@ -606,6 +647,7 @@ impl Backend for CudaBackend {
             rows,
             block_tables,
             tiles,
+            argmax,
         };
         let bytes = &mut self.host_bytes;
         bytes.clear();
@@ -967,30 +1009,7 @@ impl Backend for CudaBackend {
         softcap: Option<f32>,
     ) -> Result<&[f32]> {
         let n = rows.len();
-        match self.graphs.step.take() {
-            Some((key, GraphStep::Capture)) => {
-                let captured = self.device_logits(norm, eps, head, self.device_rows);
-                let graph = match captured {
-                    Ok(()) => self.gpu.lock().end_capture()?,
-                    Err(e) => {
-                        self.gpu.lock().abort_capture();
-                        return Err(e);
-                    }
-                };
-                self.graphs.captured.insert(key, graph);
-                self.graphs.captures += 1;
-                self.gpu.lock().replay(graph)?;
-            }
-            Some((key, GraphStep::Replay)) => {
-                let graph = self.graphs.captured.get(&key).copied().ok_or_else(|| {
-                    ModelError::Invalid("the step's graph was dropped before its replay".into())
-                })?;
-                self.gpu.lock().replay(graph)?;
-                self.graphs.replays += 1;
-            }
-            _ if n == 0 => {}
-            _ => self.device_logits(norm, eps, head, n)?,
-        }
+        self.step_logits(norm, eps, head, n)?;
         if n == 0 {
             self.host_logits.clear();
             return Ok(&self.host_logits);
@@ -1013,5 +1032,43 @@ impl Backend for CudaBackend {
             super::softcap_logits(&mut self.host_logits, cap);
         }
         Ok(&self.host_logits)
+    }
+
+    fn argmax_rows(
+        &mut self,
+        norm: &GpuVector,
+        eps: f32,
+        head: &GpuWeight,
+        rows: &[u32],
+        _softcap: Option<f32>,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        let n = rows.len();
+        self.step_logits(norm, eps, head, n)?;
+        out.clear();
+        if n == 0 {
+            return Ok(());
+        }
+        // [n]: each row's argmax, decided on the device; 4 bytes a row come back.
+        let ids = self.indices.ptr()?.offset(4 * self.at.argmax);
+        let args = [
+            p(self.logits.ptr()?),
+            p(ids),
+            i32_arg(head.rows, "vocabulary")?,
+            i32_arg(head.rows, "row stride")?,
+        ];
+        self.launch("argmax_rows", [n as u32, 1, 1], &args)?;
+        let bytes = &mut self.host_bytes;
+        bytes.resize(4 * n, 0);
+        self.gpu
+            .lock()
+            .read(ids, bytes)
+            .map_err(|e| ModelError::Invalid(format!("reading the greedy tokens back: {e}")))?;
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        Ok(())
     }
 }

@@ -210,6 +210,30 @@ pub trait Backend: std::fmt::Debug + Sized {
         rows: &[u32],
         softcap: Option<f32>,
     ) -> Result<&[f32]>;
+    /// The argmax of each row [`Backend::logits`] would return, into `out` (`rows.len()` token
+    /// ids): the greedy choice without handing the logits over. Soft-capping keeps the order,
+    /// so it changes no choice. By default the host decides over [`Backend::logits`]'s rows.
+    fn argmax_rows(
+        &mut self,
+        norm: &Self::Vector,
+        eps: f32,
+        head: &Self::Weight,
+        rows: &[u32],
+        softcap: Option<f32>,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        let logits = self.logits(norm, eps, head, rows, softcap)?;
+        host_argmax(logits, rows.len(), out);
+        Ok(())
+    }
+}
+
+/// Each row's argmax ([`crate::argmax`]) of `rows.len()` rows of `vocab` logits, into `out`.
+pub(crate) fn host_argmax(logits: &[f32], rows: usize, out: &mut Vec<u32>) {
+    out.clear();
+    if let Some(vocab) = logits.len().checked_div(rows).filter(|&v| v > 0) {
+        out.extend(logits.chunks_exact(vocab).map(crate::argmax));
+    }
 }
 
 /// `cap * tanh(l / cap)` of every logit (final logit soft-capping), on the host.
