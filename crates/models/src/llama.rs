@@ -522,20 +522,12 @@ impl<B: Backend> LlamaModel<B> {
     /// decided where the logits are (on a GPU, only the ids come back). A whole model in one
     /// process only.
     pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
-        if self.place.comms.is_some() {
-            return Err(ModelError::Invalid(
-                "forward_argmax runs a whole model in one process".into(),
-            ));
-        }
+        self.place.check_whole("forward_argmax")?;
         self.run(batch, kv)?;
-        let c = &self.config;
-        let Some((norm, w)) = self.head.as_ref() else {
-            return Err(ModelError::Invalid("this model has no LM head".into()));
-        };
-        let rows = &batch.logits_indices;
-        let softcap = None;
-        self.backend
-            .argmax_rows(norm, c.rms_norm_eps, w, rows, softcap, &mut self.argmax)?;
+        let (b, head, softcap) = (&mut self.backend, self.head.as_ref(), None);
+        let eps = self.config.rms_norm_eps;
+        self.place
+            .finish_argmax(b, head, eps, batch, softcap, &mut self.argmax)?;
         Ok(&self.argmax)
     }
 

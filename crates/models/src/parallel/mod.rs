@@ -86,6 +86,33 @@ impl Placement {
         gather.gather(self, local, rows.len(), vocab)
     }
 
+    /// An error naming `what` unless this is the whole model in one process.
+    pub(crate) fn check_whole(&self, what: &str) -> Result<()> {
+        match self.comms {
+            None => Ok(()),
+            Some(_) => Err(crate::ModelError::Invalid(format!(
+                "{what} runs a whole model in one process"
+            ))),
+        }
+    }
+
+    /// The end of a whole model's forward as greedy choices: each row of
+    /// `batch.logits_indices`' argmax into `out`, decided by the backend ([`Backend::argmax_rows`]).
+    pub(crate) fn finish_argmax<B: Backend>(
+        &self,
+        b: &mut B,
+        head: Option<&(B::Vector, B::Weight)>,
+        eps: f32,
+        batch: &ferrum_types::ForwardBatch,
+        softcap: Option<f32>,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        self.check_whole("an argmax of the logits")?;
+        let (norm, w) =
+            head.ok_or_else(|| crate::ModelError::Invalid("this model has no LM head".into()))?;
+        b.argmax_rows(norm, eps, w, &batch.logits_indices, softcap, out)
+    }
+
     /// `X` from the previous stage (the same tensor-parallel rank there).
     pub(crate) fn recv_residual<B: Backend>(&self, b: &mut B) -> Result<()> {
         let s = &self.shard;
