@@ -136,7 +136,7 @@ def all_specs():
                 f"paged_attention_{short}_d{d}", "attention", "paged_attention",
                 [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
                  ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
-                 ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
+                 ("tok_ptr", "*u32"), ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
                  ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
                  ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
                  ("softcap", "fp32")],

@@ -1,7 +1,8 @@
 """Paged attention over block tables, for any mix of prefill chunks and decodes.
 
-Grid ``(num_tokens, num_heads)``: program ``(t, h)`` computes the attention output of query
-token ``t``, head ``h``. The token sits at position ``positions[t]`` of its sequence, whose
+Grid ``(n, num_heads)``: program ``(i, h)`` computes the attention output of query token
+``t = tokens[i]``, head ``h`` (the batch's decode tokens when prompt chunks in the same batch
+take ``prefill_attention``; every token otherwise). The token sits at position ``positions[t]`` of its sequence, whose
 block table starts at ``block_tables[bt_start[t]]``; it attends to the keys at positions
 ``lo ..= positions[t]`` of the same sequence (causal), with ``lo = positions[t] - window + 1``
 under a sliding window (``window > 0``) and 0 otherwise. Keys of position ``p`` live in slot
@@ -20,9 +21,10 @@ import triton.language as tl
 
 @triton.jit
 def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
-                    out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim, block_size,
-                    window, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+                    tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
+                    block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
+                    D_BLOCK: tl.constexpr):
+    t = tl.load(tok_ptr + tl.program_id(0)).to(tl.int64)
     h = tl.program_id(1)
     kvh = (h // group).to(tl.int64)
     d = tl.arange(0, D_BLOCK)

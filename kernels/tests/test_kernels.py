@@ -281,10 +281,13 @@ class Kernels(unittest.TestCase):
         assert_close(self, "kv_write v", r.host(dv), vr, TOL)
         out = self.nan(t, nh * hd)
         scale = 1 / math.sqrt(hd)
+        # Every token, listed in reverse: the program's token comes from the list.
+        toks = np.arange(t - 1, -1, -1, dtype=np.uint32)
         r.launch(f"paged_attention_{short}_d{d_block}", (t, nh),
                  [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
-                  r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")), r.ptr(out), stride,
-                  nh * hd, group, nkv, hd, block_size, window, scale, softcap])
+                  r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
+                  r.ptr(r.dev(toks, "u32")), r.ptr(out), stride, nh * hd, group, nkv, hd,
+                  block_size, window, scale, softcap])
         want = np.zeros((t, nh, hd))
         for i, (s, p) in enumerate(tokens):
             lo = max(0, p - window + 1) if window > 0 else 0

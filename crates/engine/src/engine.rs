@@ -138,8 +138,6 @@ fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), 
     r
 }
 
-/// Computes the mask of every guide that lacks one (on the mask thread, during the forward
-/// pass). Returns the requests whose constraint failed, with the reason.
 /// What a step's forward returned: every sampled row's logits (`[rows, vocab]`), or, when all
 /// of them were plain greedy choices, each row's token decided by the model.
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +146,8 @@ enum Rows<'a> {
     Tokens(&'a [u32]),
 }
 
+/// Computes the mask of every guide that lacks one (on the mask thread, during the forward
+/// pass). Returns the requests whose constraint failed, with the reason.
 fn compute_masks(
     seqs: &mut HashMap<RequestId, SeqState>,
 ) -> (Vec<(RequestId, String)>, MaskCounters) {

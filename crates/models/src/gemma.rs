@@ -319,11 +319,11 @@ impl<B: Backend> GemmaModel<B> {
         });
         let eps = c.rms_norm_eps;
         let (b, place) = (&mut self.backend, &self.place);
-        b.begin(dims, batch, &self.ropes)?;
         // A decode step may replay its whole forward, embedding to logits, as one graph
         // captured before (the backend's; never with other ranks to talk to).
         let whole = place.comms.is_none() && self.head.is_some();
-        if b.graph_step(kv, whole)? != GraphStep::Replay {
+        b.begin(dims, batch, &self.ropes, whole)?;
+        if b.graph_step(kv)? != GraphStep::Replay {
             // X: [t, h], scaled by sqrt(h) as the reference does in f32; or the previous stage's.
             match &self.embed {
                 Some(table) => b.embed(table, batch, (c.hidden_size as f32).sqrt())?,

@@ -403,7 +403,7 @@ fn graphs_replay_their_launches_and_refuse_other_work_inside_a_capture() {
         ] {
             assert!(refused, "{dev}: {what} inside a capture must be refused");
         }
-        let graph = gpu.end_capture().unwrap();
+        let graph = gpu.end_capture().unwrap().expect("the driver made a graph");
         let untouched = gpu.download_f32(dx, n).unwrap();
         assert_eq!(untouched, x, "{dev}: a capture ran its launches");
         gpu.replay(graph).unwrap();
@@ -654,6 +654,9 @@ fn kv_write_then_paged_attention_over_scattered_blocks() {
 
                     let out = poisoned(&mut gpu, t * nh * hd);
                     let scale = 1.0 / (hd as f32).sqrt();
+                    // Every token, listed in reverse: a program's token comes from the list.
+                    let toks: Vec<u32> = (0..t as u32).rev().collect();
+                    let dtoks = gpu.upload_u32(&toks).unwrap();
                     let args = [
                         p(dqkv),
                         p(dk),
@@ -661,6 +664,7 @@ fn kv_write_then_paged_attention_over_scattered_blocks() {
                         p(dbt),
                         p(dbts),
                         p(dpos),
+                        p(dtoks),
                         p(out),
                         i(q_stride),
                         i(nh * hd),

@@ -211,7 +211,13 @@ impl Backend for CpuBackend {
         t.num_bytes() / t.rows().max(1)
     }
 
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()> {
+    fn begin(
+        &mut self,
+        dims: Dims,
+        batch: &ForwardBatch,
+        ropes: &[Rope],
+        _graphs: bool,
+    ) -> Result<()> {
         self.dims = dims;
         let t = batch.num_tokens();
         let num_logits = batch.logits_indices.len();

@@ -133,18 +133,24 @@ struct Indices {
     /// The prefill attention's tiles `(first token, count, block-table start)`, three u32
     /// each, and how many: present when a sequence has more than one query token.
     tiles: Option<(usize, usize)>,
+    /// The tokens that attend one at a time, and how many (see [`Backend::begin`]).
+    toks: (usize, usize),
     /// Room for each logits row's argmax ([`Backend::argmax_rows`]), written on the device.
     argmax: usize,
 }
 
 /// What a graph was captured for: the padded batch size, each rope's frequency set (LongRoPE's
-/// long or short), and the KV cache it reads and writes (every layer's addresses: a cache
-/// freed and another allocated in its place must not match unless every layer does).
+/// long or short), and the KV cache it reads and writes (every layer's addresses, its block
+/// size and type: a cache freed and another allocated in its place must not match unless all
+/// of them do).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GraphKey {
     tokens: usize,
     long: Vec<bool>,
     kv: Vec<DevicePtr>,
+    /// The cache's block size and element type (launch arguments and kernel choice).
+    block_size: usize,
+    kv_dtype: &'static str,
 }
 
 /// The decode graphs of one backend.
@@ -154,6 +160,8 @@ struct Graphs {
     captured: HashMap<GraphKey, GraphId>,
     /// Keys whose first step ran plainly (the capture comes on the second).
     seen: HashSet<GraphKey>,
+    /// Keys the driver could not make a graph of: they run plainly.
+    refused: HashSet<GraphKey>,
     /// Every address the graphs hold besides weights and KV; a change drops them all.
     addresses: Vec<DevicePtr>,
     /// This step's padded size, when it is a decode batch that pads to a bucket.
@@ -290,14 +298,19 @@ impl CudaBackend {
         grown.chain(ropes).chain([scratch]).collect()
     }
 
-    /// Drops every captured graph.
+    /// Drops every captured graph (each one, even after a failure; the first error is
+    /// returned) and forgets which keys were seen or refused.
     fn drop_graphs(&mut self) -> Result<()> {
         let mut gpu = self.gpu.lock();
+        let mut first = Ok(());
         for (_, g) in self.graphs.captured.drain() {
-            gpu.drop_graph(g)?;
+            if let (Err(e), Ok(())) = (gpu.drop_graph(g), &first) {
+                first = Err(e.into());
+            }
         }
         self.graphs.seen.clear();
-        Ok(())
+        self.graphs.refused.clear();
+        first
     }
 
     /// The padded size of `batch` when it is a decode batch that fits a bucket.
@@ -338,9 +351,17 @@ impl CudaBackend {
                         return Err(e);
                     }
                 };
-                self.graphs.captured.insert(key, graph);
-                self.graphs.captures += 1;
-                self.gpu.lock().replay(graph)?;
+                match graph {
+                    Some(graph) => {
+                        self.graphs.captured.insert(key, graph);
+                        self.graphs.captures += 1;
+                        self.gpu.lock().replay(graph)?;
+                    }
+                    // No graph could be made: the launches ran plainly; so will this key's.
+                    None => {
+                        self.graphs.refused.insert(key);
+                    }
+                }
             }
             Some((key, GraphStep::Replay)) => {
                 let graph = self.graphs.captured.get(&key).copied().ok_or_else(|| {
@@ -350,7 +371,9 @@ impl CudaBackend {
                 self.graphs.replays += 1;
             }
             _ if n == 0 => {}
-            _ => self.device_logits(norm, eps, head, n)?,
+            // A padded bucket's first step computes every row its capture will, so the
+            // capture finds every buffer and scratch area sized.
+            _ => self.device_logits(norm, eps, head, self.device_rows.max(n))?,
         }
         Ok(())
     }
@@ -558,14 +581,20 @@ impl Backend for CudaBackend {
         t.buf.len() / t.rows.max(1)
     }
 
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()> {
+    fn begin(
+        &mut self,
+        dims: Dims,
+        batch: &ForwardBatch,
+        ropes: &[Rope],
+        graphs: bool,
+    ) -> Result<()> {
         // A capture left open by a failed step is abandoned; its graph never existed.
         if matches!(self.graphs.step.take(), Some((_, GraphStep::Capture))) {
             self.gpu.lock().abort_capture();
         }
         self.dims = dims;
         let real = batch.num_tokens();
-        self.graphs.bucket = self.bucket(batch);
+        self.graphs.bucket = self.bucket(batch).filter(|_| graphs);
         // Padded decode batches repeat their last token.
         let t = self.graphs.bucket.unwrap_or(real);
         let pad = t - real;
@@ -615,16 +644,28 @@ impl Backend for CudaBackend {
         if let Some(&last) = h.last() {
             h.extend(std::iter::repeat_n(last, pad));
         }
+        // The tokens that attend one at a time (`paged_attention`): every token of a batch
+        // of decodes (padding included), else the one-token sequences beside prompt chunks,
+        // which take the tiles (so a decode's arithmetic never depends on its batch mates).
+        let prefill = batch.seqs.iter().any(|s| s.query_len > 1);
+        let toks = h.len();
+        if prefill {
+            for s in batch.seqs.iter().filter(|s| s.query_len == 1) {
+                h.push(s.query_start as u32);
+            }
+        } else {
+            h.extend(0..t as u32);
+        }
+        let singles = h.len() - toks;
         let rows = h.len();
         h.extend_from_slice(&batch.logits_indices);
         // A padded bucket computes a row per token; the padding's are never read.
         h.extend((self.num_logits..self.device_rows).map(|i| i as u32));
         let block_tables = put(h, &batch.block_tables, 0);
-        // Chunks of query tokens attend in tiles on the tensor cores; decode-only batches
-        // take the per-token kernel.
-        let tiles = if batch.seqs.iter().any(|s| s.query_len > 1) {
+        // Chunks of query tokens attend in tiles on the tensor cores.
+        let tiles = if prefill {
             let at = h.len();
-            for s in &batch.seqs {
+            for s in batch.seqs.iter().filter(|s| s.query_len > 1) {
                 for first in (0..s.query_len).step_by(PREFILL_M) {
                     h.extend([
                         (s.query_start + first) as u32,
@@ -647,6 +688,7 @@ impl Backend for CudaBackend {
             rows,
             block_tables,
             tiles,
+            toks: (toks, singles),
             argmax,
         };
         let bytes = &mut self.host_bytes;
@@ -703,8 +745,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn graph_step(&mut self, kv: &KvCache, allowed: bool) -> Result<GraphStep> {
-        let Some(tokens) = self.graphs.bucket.filter(|_| allowed) else {
+    fn graph_step(&mut self, kv: &KvCache) -> Result<GraphStep> {
+        let Some(tokens) = self.graphs.bucket else {
             return Ok(GraphStep::Plain);
         };
         // Each rope must take one frequency set for the whole batch (LongRoPE can split one).
@@ -724,7 +766,12 @@ impl Backend for CudaBackend {
             tokens,
             long,
             kv: layers,
+            block_size: kv.block_size(),
+            kv_dtype: kv_name(kv.dtype()),
         };
+        if self.graphs.refused.contains(&key) {
+            return Ok(GraphStep::Plain);
+        }
         let addresses = self.graph_addresses();
         if addresses != self.graphs.addresses {
             self.drop_graphs()?;
@@ -882,43 +929,54 @@ impl Backend for CudaBackend {
         let d = Self::head_block(shape.head_dim)?;
         let group = shape.num_heads / shape.num_kv_heads.max(1);
         let kind = kv_name(kv.dtype());
-        // Prefill: tiles of query tokens; decode: one program per token and head.
-        let (name, index, grid0) = match self.at.tiles {
-            Some((at, n)) => {
-                let name = format!("prefill_attention_{kind}_d{d}");
-                if self.block(&name, "BLOCK_M")? != PREFILL_M as i64 {
-                    return Err(ModelError::Invalid(format!(
-                        "kernel {name} was built for another tile height than {PREFILL_M}"
-                    )));
-                }
-                (name, self.index(at)?, n)
+        // Prompt chunks: tiles of query tokens (prefill_attention); the tokens that attend
+        // alone: one program per token and head (paged_attention, through the token list).
+        let (toks, singles) = self.at.toks;
+        let mut launches = Vec::with_capacity(2);
+        if let Some((at, n)) = self.at.tiles {
+            let name = format!("prefill_attention_{kind}_d{d}");
+            if self.block(&name, "BLOCK_M")? != PREFILL_M as i64 {
+                return Err(ModelError::Invalid(format!(
+                    "kernel {name} was built for another tile height than {PREFILL_M}"
+                )));
             }
-            None => (
-                format!("paged_attention_{kind}_d{d}"),
-                self.index(self.at.bt_start)?,
-                self.tokens,
-            ),
-        };
-        let args = [
-            p(self.buf(Buf::Q)?),
-            p(kc),
-            p(vc),
-            p(self.index(self.at.block_tables)?),
-            p(index),
-            p(self.index(self.at.positions)?),
-            p(self.buf(Buf::Attn)?),
-            i32_arg(self.dims.q, "row stride")?,
-            i32_arg(self.dims.q, "row stride")?,
-            i32_arg(group, "GQA group")?,
-            i32_arg(shape.num_kv_heads, "kv heads")?,
-            i32_arg(shape.head_dim, "head_dim")?,
-            i32_arg(shape.block_size, "block size")?,
-            i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
-            KernelArg::F32(shape.scale),
-            KernelArg::F32(shape.softcap.unwrap_or(0.0)),
-        ];
-        let grid = [grid0 as u32, shape.num_heads as u32, 1];
-        self.launch(&name, grid, &args)
+            // tiles, positions
+            let indices = vec![p(self.index(at)?), p(self.index(self.at.positions)?)];
+            launches.push((name, indices, n));
+        }
+        if singles > 0 {
+            let name = format!("paged_attention_{kind}_d{d}");
+            // block-table starts, positions, the token list
+            let indices = vec![
+                p(self.index(self.at.bt_start)?),
+                p(self.index(self.at.positions)?),
+                p(self.index(toks)?),
+            ];
+            launches.push((name, indices, singles));
+        }
+        for (name, indices, programs) in launches {
+            let mut args = vec![
+                p(self.buf(Buf::Q)?),
+                p(kc),
+                p(vc),
+                p(self.index(self.at.block_tables)?),
+            ];
+            args.extend(indices);
+            args.extend([
+                p(self.buf(Buf::Attn)?),
+                i32_arg(self.dims.q, "row stride")?,
+                i32_arg(self.dims.q, "row stride")?,
+                i32_arg(group, "GQA group")?,
+                i32_arg(shape.num_kv_heads, "kv heads")?,
+                i32_arg(shape.head_dim, "head_dim")?,
+                i32_arg(shape.block_size, "block size")?,
+                i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
+                KernelArg::F32(shape.scale),
+                KernelArg::F32(shape.softcap.unwrap_or(0.0)),
+            ]);
+            self.launch(&name, [programs as u32, shape.num_heads as u32, 1], &args)?;
+        }
+        Ok(())
     }
 
     fn linear(&mut self, input: Buf, w: &GpuWeight, out: Buf) -> Result<()> {
@@ -1040,10 +1098,17 @@ impl Backend for CudaBackend {
         eps: f32,
         head: &GpuWeight,
         rows: &[u32],
-        _softcap: Option<f32>,
+        softcap: Option<f32>,
         out: &mut Vec<u32>,
     ) -> Result<()> {
         let n = rows.len();
+        if softcap.is_some() {
+            // Soft-capping keeps the order but can round distinct logits to equal ones; the
+            // host decides over the capped rows, as the sampler would.
+            let logits = self.logits(norm, eps, head, rows, softcap)?;
+            super::host_argmax(logits, n, out);
+            return Ok(());
+        }
         self.step_logits(norm, eps, head, n)?;
         out.clear();
         if n == 0 {
@@ -1070,5 +1135,16 @@ impl Backend for CudaBackend {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
         Ok(())
+    }
+}
+
+impl Drop for CudaBackend {
+    /// Abandons a capture a failed step left open and frees the graphs (the device may be
+    /// shared and outlive this backend).
+    fn drop(&mut self) {
+        if matches!(self.graphs.step.take(), Some((_, GraphStep::Capture))) {
+            self.gpu.lock().abort_capture();
+        }
+        let _ = self.drop_graphs();
     }
 }

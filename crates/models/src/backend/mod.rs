@@ -133,13 +133,19 @@ pub trait Backend: std::fmt::Debug + Sized {
 
     /// Sizes every buffer for `batch` and takes its positions' rotary angles under each of
     /// `ropes` (a family with local and global layers has two; [`Backend::rope`] names one by
-    /// its index here).
-    fn begin(&mut self, dims: Dims, batch: &ForwardBatch, ropes: &[Rope]) -> Result<()>;
+    /// its index here). `graphs`: whether this step may run as a graph, false where the
+    /// forward does more than device operations (a parallel run's communication).
+    fn begin(
+        &mut self,
+        dims: Dims,
+        batch: &ForwardBatch,
+        ropes: &[Rope],
+        graphs: bool,
+    ) -> Result<()>;
     /// Whether this step (sized by [`Backend::begin`], writing into `kv`) runs its operations
-    /// plainly, captures them, or replays a graph captured before; `allowed` is false where the
-    /// forward does more than device operations (a parallel run's communication). Backends
-    /// without graphs run plainly.
-    fn graph_step(&mut self, _kv: &KvCache, _allowed: bool) -> Result<GraphStep> {
+    /// plainly, captures them, or replays a graph captured before. Backends without graphs run
+    /// plainly.
+    fn graph_step(&mut self, _kv: &KvCache) -> Result<GraphStep> {
         Ok(GraphStep::Plain)
     }
     /// `X = table[batch.token_ids] * scale` (Gemma scales by `sqrt(hidden)`; others by 1).

@@ -167,17 +167,23 @@ impl CudaDriver {
             return issue(self);
         }
         let (start, end) = (self.event()?, self.event()?);
-        // SAFETY: both events and the stream are live.
-        unsafe { result::event::record(start, self.stream) }
-            .map_err(|e| cuda_err("cuEventRecord", e))?;
-        issue(self)?;
-        // SAFETY: as above.
-        unsafe { result::event::record(end, self.stream) }
-            .map_err(|e| cuda_err("cuEventRecord", e))?;
+        let issued = (|| {
+            // SAFETY: both events and the stream are live.
+            unsafe { result::event::record(start, self.stream) }
+                .map_err(|e| cuda_err("cuEventRecord", e))?;
+            issue(self)?;
+            // SAFETY: as above.
+            unsafe { result::event::record(end, self.stream) }
+                .map_err(|e| cuda_err("cuEventRecord", e))
+        })();
         if let Some(p) = self.profiler.as_mut() {
-            p.pending.push((what, grid, start, end));
+            match issued {
+                Ok(()) => p.pending.push((what, grid, start, end)),
+                // The events go back to the spares, not into the tally.
+                Err(_) => p.spare.extend([start, end]),
+            }
         }
-        Ok(())
+        issued
     }
 
     /// Adds the pending event pairs' times to the totals (the stream has been waited for).

@@ -146,9 +146,12 @@ pub struct Gpu {
     by_name: HashMap<String, usize>,
     load_time: Duration,
     scratch: Option<(DevicePtr, usize)>,
-    /// Whether a capture is open: launches are recorded, and nothing may allocate, free, copy
-    /// or wait until it ends.
-    capturing: bool,
+    /// The thread whose capture is open: its launches are recorded, and nothing may allocate,
+    /// free, copy or wait until it ends; other threads may not launch.
+    capturing: Option<std::thread::ThreadId>,
+    /// The open capture's launches, kept so that they can be issued plainly when the driver
+    /// cannot make a graph of them.
+    shadow: Vec<(KernelHandle, LaunchDims, Vec<KernelArg>)>,
 }
 
 impl fmt::Debug for Gpu {
@@ -218,7 +221,8 @@ impl Gpu {
             by_name,
             load_time: start.elapsed(),
             scratch: None,
-            capturing: false,
+            capturing: None,
+            shadow: Vec::new(),
         })
     }
 
@@ -340,12 +344,23 @@ impl Gpu {
         let (handle, block, shared) = (k.handle, k.block, k.shared);
         let programs = grid.iter().map(|&g| g as usize).product::<usize>();
         let scratch = k.global_scratch as usize * programs;
+        if self
+            .capturing
+            .is_some_and(|t| t != std::thread::current().id())
+        {
+            return Err(RuntimeError::Kernels(format!(
+                "kernel {name}: another thread is capturing a graph on this device"
+            )));
+        }
         let dims = LaunchDims {
             grid,
             block,
             shared,
             scratch: self.scratch(scratch)?,
         };
+        if self.capturing.is_some() {
+            self.shadow.push((handle, dims, args.to_vec()));
+        }
         self.driver.launch(handle, dims, args)
     }
 
@@ -377,7 +392,7 @@ impl Gpu {
     }
 
     fn not_capturing(&self, what: &str) -> Result<()> {
-        if self.capturing {
+        if self.capturing.is_some() {
             return Err(RuntimeError::Kernels(format!(
                 "{what} while a graph is being captured (a capture holds launches only)"
             )));
@@ -385,37 +400,49 @@ impl Gpu {
         Ok(())
     }
 
-    /// Starts capturing: the launches until [`Gpu::end_capture`] are recorded into a graph
-    /// instead of running. Between the two, allocating, freeing, copying and waiting are
-    /// errors; the graph keeps every address and argument as launched, so what it reads and
-    /// writes must stay where it is for as long as the graph is replayed.
+    /// Starts capturing on the calling thread: the launches until [`Gpu::end_capture`] are
+    /// recorded into a graph instead of running. Between the two, allocating, freeing,
+    /// copying and waiting are errors, and so are other threads' launches; the graph keeps
+    /// every address and argument as launched, so what it reads and writes must stay where it
+    /// is for as long as the graph is replayed. A capture ends on the thread that began it.
     pub fn begin_capture(&mut self) -> Result<()> {
         self.not_capturing("starting a capture")?;
         self.driver.capture_begin()?;
-        self.capturing = true;
+        self.capturing = Some(std::thread::current().id());
+        self.shadow.clear();
         Ok(())
     }
 
-    /// Ends the capture: the recorded launches, as one graph.
-    pub fn end_capture(&mut self) -> Result<GraphId> {
-        if !self.capturing {
+    /// Ends the capture: the recorded launches as one graph, or `None` when the driver could
+    /// not make one (instantiation out of memory, say), in which case the launches have been
+    /// issued plainly instead, so their results come all the same.
+    pub fn end_capture(&mut self) -> Result<Option<GraphId>> {
+        if self.capturing.take().is_none() {
             return Err(RuntimeError::Kernels("no capture to end".into()));
         }
-        self.capturing = false;
-        self.driver.capture_end().map(GraphId)
+        let shadow = std::mem::take(&mut self.shadow);
+        match self.driver.capture_end() {
+            Ok(id) => Ok(Some(GraphId(id))),
+            Err(_) => {
+                for (handle, dims, args) in &shadow {
+                    self.driver.launch(*handle, *dims, args)?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Abandons an open capture, if any (a launch inside it failed); no graph is kept.
     pub fn abort_capture(&mut self) {
-        if self.capturing {
-            self.capturing = false;
+        if self.capturing.take().is_some() {
+            self.shadow.clear();
             self.driver.capture_abort();
         }
     }
 
     /// Whether a capture is open.
     pub fn is_capturing(&self) -> bool {
-        self.capturing
+        self.capturing.is_some()
     }
 
     /// Issues every launch of `graph`, in capture order, after all earlier work.
@@ -433,6 +460,7 @@ impl Gpu {
     /// Times every launch (and graph replay) on the device from now on, or stops; each call
     /// starts a new tally. Only a CUDA device can time its launches.
     pub fn set_profiling(&mut self, on: bool) -> Result<()> {
+        self.not_capturing("turning profiling on or off")?;
         self.driver.set_profiling(on)
     }
 
