@@ -248,6 +248,30 @@ fn cdiv(a: usize, b: i64) -> u32 {
     a.div_ceil(b.max(1) as usize) as u32
 }
 
+/// Copies `n` 4-byte little-endian words at `ptr` to the host through `bytes` and puts them,
+/// each decoded by `word`, into `out` (cleared first); `what` names the copy in an error.
+fn read_words<T>(
+    gpu: &SharedGpu,
+    ptr: DevicePtr,
+    n: usize,
+    bytes: &mut Vec<u8>,
+    out: &mut Vec<T>,
+    word: fn([u8; 4]) -> T,
+    what: &str,
+) -> Result<()> {
+    bytes.resize(4 * n, 0);
+    gpu.lock()
+        .read(ptr, bytes)
+        .map_err(|e| ModelError::Invalid(format!("{what}: {e}")))?;
+    out.clear();
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|c| word([c[0], c[1], c[2], c[3]])),
+    );
+    Ok(())
+}
+
 impl CudaBackend {
     /// A backend launching on `gpu`, with decode graphs when `graphs` says so.
     pub fn new(gpu: SharedGpu, graphs: CudaGraphs) -> CudaBackend {
@@ -1039,17 +1063,9 @@ impl Backend for CudaBackend {
     fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
         let n = self.tokens * self.width(buf);
         let ptr = self.buf(buf)?;
-        let bytes = &mut self.host_bytes;
-        bytes.resize(4 * n, 0);
-        let read = |e| ModelError::Invalid(format!("copying {buf:?} to the host: {e}"));
-        self.gpu.lock().read(ptr, bytes).map_err(read)?;
-        let rows = &mut self.host_act;
-        rows.clear();
-        rows.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        let (bytes, rows) = (&mut self.host_bytes, &mut self.host_act);
+        let what = format!("copying {buf:?} to the host");
+        read_words(&self.gpu, ptr, n, bytes, rows, f32::from_le_bytes, &what)?;
         f(rows)?;
         for (c, v) in bytes.chunks_exact_mut(4).zip(rows.iter()) {
             c.copy_from_slice(&v.to_le_bytes());
@@ -1073,19 +1089,18 @@ impl Backend for CudaBackend {
             return Ok(&self.host_logits);
         }
         // [n, vocab]: the first n rows (a padded bucket's others are the padding's).
-        let vocab = head.rows;
-        let bytes = &mut self.host_bytes;
-        bytes.resize(4 * n * vocab, 0);
-        self.gpu
-            .lock()
-            .read(self.logits.ptr()?, bytes)
-            .map_err(|e| ModelError::Invalid(format!("reading the logits back: {e}")))?;
-        self.host_logits.clear();
-        self.host_logits.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        let (ptr, words) = (self.logits.ptr()?, n * head.rows);
+        let (bytes, logits) = (&mut self.host_bytes, &mut self.host_logits);
+        let what = "reading the logits back";
+        read_words(
+            &self.gpu,
+            ptr,
+            words,
+            bytes,
+            logits,
+            f32::from_le_bytes,
+            what,
+        )?;
         if let Some(cap) = softcap {
             super::softcap_logits(&mut self.host_logits, cap);
         }
@@ -1123,18 +1138,16 @@ impl Backend for CudaBackend {
             i32_arg(head.rows, "row stride")?,
         ];
         self.launch("argmax_rows", [n as u32, 1, 1], &args)?;
-        let bytes = &mut self.host_bytes;
-        bytes.resize(4 * n, 0);
-        self.gpu
-            .lock()
-            .read(ids, bytes)
-            .map_err(|e| ModelError::Invalid(format!("reading the greedy tokens back: {e}")))?;
-        out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
-        Ok(())
+        let what = "reading the greedy tokens back";
+        read_words(
+            &self.gpu,
+            ids,
+            n,
+            &mut self.host_bytes,
+            out,
+            u32::from_le_bytes,
+            what,
+        )
     }
 }
 
