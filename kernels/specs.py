@@ -124,6 +124,29 @@ def all_specs():
         "argmax_rows", "sampling", "argmax_rows",
         [("logits_ptr", "*fp32"), ("out_ptr", "*u32"), ("n_cols", "i32"), ("row_stride", "i32")],
         {"BLOCK": 2048}, num_warps=8))
+    specs.append(_spec(
+        "sample_prepare", "sampling", "sample_prepare",
+        [("logits_ptr", "*fp32"), ("work_ptr", "*fp32"), ("mask_ptr", "*u32"),
+         ("mask_off_ptr", "*i32"), ("n_cols", "i32"), ("row_stride", "i32")],
+        {"BLOCK": 1024}))
+    specs.append(_spec(
+        "logit_edits", "sampling", "logit_edits",
+        [("work_ptr", "*fp32"), ("edit_off_ptr", "*i32"), ("tok_ptr", "*u32"),
+         ("rep_ptr", "*fp32"), ("sub_ptr", "*fp32"), ("bias_ptr", "*fp32"), ("n_cols", "i32"),
+         ("row_stride", "i32")],
+        {"BLOCK": 256}))
+    specs.append(_spec(
+        "sample_rows", "sampling", "sample_rows",
+        [("src_ptr", "*fp32"), ("inv_t_ptr", "*fp32"), ("ln_min_p_ptr", "*fp32"),
+         ("top_k_ptr", "*i32"), ("top_p_ptr", "*fp32"), ("u_ptr", "*fp64"), ("out_ptr", "*u32"),
+         ("n_cols", "i32"), ("row_stride", "i32")],
+        {"BLOCK": 2048}, num_warps=8))
+    specs.append(_spec(
+        "row_logprobs", "sampling", "row_logprobs",
+        [("logits_ptr", "*fp32"), ("tok_ptr", "*u32"), ("n_ptr", "*i32"), ("lp_ptr", "*fp32"),
+         ("top_id_ptr", "*u32"), ("top_val_ptr", "*fp32"), ("n_cols", "i32"),
+         ("row_stride", "i32"), ("max_n", "i32")],
+        {"BLOCK": 2048}, num_warps=8))
     for short, ty in FLOATS.items():
         for d in HEAD_BLOCKS:
             specs.append(_spec(

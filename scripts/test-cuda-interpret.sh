@@ -19,6 +19,6 @@ fi
 echo "== embedded kernels against their sources (kernels/build.py --check)"
 TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
 echo "== kernels in the Triton interpreter (kernels/tests)"
-(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels)
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_sampling)
 echo "== the device layer on the interpreted device (cuda_kernels)"
 cargo test -p ferrum-runtime --test cuda_kernels "$@"

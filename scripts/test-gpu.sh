@@ -59,7 +59,7 @@ FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 
     --skip llama31_8b || status=1
 
 echo "== kernel sources through Triton's JIT on the GPU (kernels/tests)"
-(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels) || status=1
+(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels test_sampling) || status=1
 
 echo "== OpenAI client tests against ferrum serve --device cuda (tests/openai)"
 if python3 -c 'import openai' 2>/dev/null; then

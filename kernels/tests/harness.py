@@ -60,7 +60,7 @@ class InterpRunner:
         else:
             store = np.ascontiguousarray(
                 a, dtype={"fp32": np.float32, "fp16": np.float16, "u32": np.uint32,
-                          "u8": np.uint8}[ty])
+                          "u8": np.uint8, "i32": np.int32, "fp64": np.float64}[ty])
         h = Handle(np.ascontiguousarray(store).copy(), ty, a.shape)
         self.keep.append(h)
         return h
@@ -68,7 +68,7 @@ class InterpRunner:
     def host(self, h):
         if h.ty == "bf16":
             return (h.store.astype(np.uint32) << 16).view(np.float32).reshape(h.shape)
-        if h.ty in ("u32", "u8"):
+        if h.ty in ("u32", "u8", "i32", "fp64"):
             return h.store.copy().reshape(h.shape)
         return h.store.astype(np.float32).reshape(h.shape)
 
@@ -92,7 +92,8 @@ class CudaRunner:
         import torch
         self.torch = torch
         self.types = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-                      "u32": torch.int32, "u8": torch.uint8}
+                      "u32": torch.int32, "u8": torch.uint8, "i32": torch.int32,
+                      "fp64": torch.float64}
 
     def dev(self, array, ty="fp32"):
         t = self.torch
@@ -101,12 +102,18 @@ class CudaRunner:
             x = t.from_numpy(a.astype(np.int32)).cuda()
         elif ty == "u8":
             x = t.from_numpy(np.ascontiguousarray(a, dtype=np.uint8)).cuda()
+        elif ty == "i32":
+            x = t.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).cuda()
+        elif ty == "fp64":
+            x = t.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).cuda()
         else:
             x = t.from_numpy(a.astype(np.float32)).cuda().to(self.types[ty])
         return Handle(x.contiguous(), ty, a.shape)
 
     def host(self, h):
-        if h.ty in ("u32", "u8"):
+        if h.ty == "u32":
+            return h.store.cpu().numpy().view(np.uint32).reshape(h.shape)
+        if h.ty in ("u8", "i32", "fp64"):
             return h.store.cpu().numpy().reshape(h.shape)
         return h.store.float().cpu().numpy().reshape(h.shape)
 

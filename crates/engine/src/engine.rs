@@ -19,6 +19,7 @@ use crate::request::{Event, GenerateRequest, Usage};
 use crate::sampler::Sampler;
 use crate::spec::{DraftModel, Proposer, SpeculativeConfig};
 use crate::{EngineError, Result};
+use ferrum_models::sampling::{RowSampling, SampledRow};
 use ferrum_models::{ForwardBatch, KvCache, Model};
 use ferrum_scheduler::Scheduler;
 use ferrum_tokenizer::Tokenizer;
@@ -138,12 +139,14 @@ fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), 
     r
 }
 
-/// What a step's forward returned: every sampled row's logits (`[rows, vocab]`), or, when all
-/// of them were plain greedy choices, each row's token decided by the model.
+/// What a step's forward returned: every sampled row's logits (`[rows, vocab]`); when all
+/// of them were plain greedy choices, each row's token decided by the model; or each row
+/// sampled by the model's device under its request's spec.
 #[derive(Debug, Clone, Copy)]
 enum Rows<'a> {
     Logits(&'a [f32]),
     Tokens(&'a [u32]),
+    Sampled(&'a [SampledRow]),
 }
 
 /// Computes the mask of every guide that lacks one (on the mask thread, during the forward
@@ -571,8 +574,60 @@ impl EngineCore {
                             .get(&s.id)
                             .is_some_and(|q| q.guide.is_none() && q.sampler.is_plain_greedy()))
             });
+        // On a GPU, rows are sampled there (only tokens and requested logprobs come back),
+        // unless a row after a proposal depends on the proposal's fate: a constrained
+        // request's (its mask follows its tokens) or a penalized one's.
+        let on_device = !greedy
+            && self.model.samples_on_device()
+            && out.seqs.iter().all(|s| {
+                s.num_logits() == 0
+                    || s.num_proposed == 0
+                    || self
+                        .seqs
+                        .get(&s.id)
+                        .is_some_and(|q| q.guide.is_none() && !q.sampler.edits_follow_output())
+            });
         let rows_out = if greedy {
             Rows::Tokens(self.model.forward_argmax(&self.batch, &mut self.kv)?)
+        } else if on_device {
+            // The masks are inputs of the device's sampling: computed first.
+            if needs_masks {
+                let (f, c) = compute_masks(&mut self.seqs);
+                self.failed.extend(f);
+                self.mask_step = c;
+            }
+            for s in &out.seqs {
+                if let Some(q) = self.seqs.get_mut(&s.id).filter(|_| s.num_logits() > 0) {
+                    q.sampler.prepare();
+                }
+            }
+            let mut specs = Vec::with_capacity(self.batch.logits_indices.len());
+            for s in &out.seqs {
+                let q = self.seqs.get(&s.id);
+                for i in 0..s.num_logits() {
+                    specs.push(match q {
+                        Some(q) => {
+                            let guide = q.guide.as_ref().filter(|g| g.is_active());
+                            q.sampler.row_spec(i, guide.map(Guide::mask_words))
+                        }
+                        // A row nobody reads (its sequence is gone): greedy.
+                        None => RowSampling {
+                            temperature: 0.0,
+                            top_k: 0,
+                            top_p: 1.0,
+                            min_p: 0.0,
+                            uniform: 0.0,
+                            edits: &[],
+                            mask: None,
+                            logprobs: None,
+                        },
+                    });
+                }
+            }
+            Rows::Sampled(
+                self.model
+                    .forward_sample(&self.batch, &mut self.kv, &specs)?,
+            )
         } else if needs_masks {
             // The guides' masks on a helper thread while the forward pass runs.
             let (seqs, failed) = (&mut self.seqs, &mut self.failed);
@@ -650,7 +705,7 @@ impl EngineCore {
                 let row = first_row + i;
                 let l = match rows_out {
                     Rows::Logits(logits) => &logits[row * vocab..(row + 1) * vocab],
-                    Rows::Tokens(_) => &[],
+                    Rows::Tokens(_) | Rows::Sampled(_) => &[],
                 };
                 let counters = &mut self.mask_step;
                 if let Some(Err(e)) = seq.guide.as_mut().map(|g| compute_mask(g, counters)) {
@@ -661,6 +716,12 @@ impl EngineCore {
                 let guide = seq.guide.as_ref().filter(|g| g.is_active());
                 let (sample, is_proposal) = match (rows_out, proposals.get(i)) {
                     (Rows::Tokens(ids), _) => (seq.sampler.take(ids[row]), false),
+                    (Rows::Sampled(sampled), p) => {
+                        let out = seq.sampler.accept(&sampled[row]);
+                        verified += usize::from(p.is_some());
+                        let accepted = p.is_some_and(|&p| p == out.token);
+                        (out, accepted)
+                    }
                     (Rows::Logits(_), Some(&p)) => {
                         verified += 1;
                         seq.sampler.verify(l, p, guide)

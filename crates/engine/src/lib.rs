@@ -26,7 +26,7 @@ pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, SpecCounters};
 pub use output::{OutputProcessor, TokenOutput};
 pub use request::{Event, GenerateRequest, Usage};
-pub use rng::Rng;
+pub use rng::{Draws, Rng};
 pub use sampler::{SampleOutput, Sampler};
 pub use single::{Generation, TokenEvent};
 pub use spec::{NgramProposer, Proposer, SpeculativeConfig};

@@ -9,7 +9,15 @@
 //! 4. temperature;
 //! 5. min-p (drop tokens below `min_p` times the top probability);
 //! 6. top-k, then top-p over the renormalized survivors;
-//! 7. a draw from the request's own generator.
+//! 7. a draw: the request's uniform for this output position.
+//!
+//! Steps 1 and 2 are this request's sparse edits ([`LogitEdit`]: one per penalized or biased
+//! token) and its mask; the rest, and the precise rules, are [`ferrum_models::sampling`]'s,
+//! which the GPU's sampling kernels follow too ([`Sampler::row_spec`] hands a row over).
+//!
+//! The uniform of the draw for output token `i` is a function of the request's seed and `i`
+//! alone ([`Draws`]), so a seeded request gives the same tokens alone or in any batch, with or
+//! without speculation, and whether its rows are sampled on the host or on a GPU.
 //!
 //! Logprobs are those of the raw model distribution (vLLM's default `raw_logprobs`): the
 //! sampled token's and the top-N alternatives'.
@@ -20,7 +28,8 @@
 //! once warm, except the returned top-logprob list.
 
 use crate::guide::Guide;
-use crate::rng::Rng;
+use crate::rng::Draws;
+use ferrum_models::sampling::{raw_logprobs, LogitEdit, RowSampler, RowSampling, SampledRow};
 use ferrum_types::{SamplingParams, TokenId};
 use std::collections::HashMap;
 
@@ -34,7 +43,17 @@ pub struct SampleOutput {
     pub top_logprobs: Vec<(TokenId, f32)>,
 }
 
-/// Per-request sampling state: parameters, generator, penalty counts and scratch buffers.
+impl From<SampledRow> for SampleOutput {
+    fn from(r: SampledRow) -> SampleOutput {
+        SampleOutput {
+            token: r.token,
+            logprob: r.logprob,
+            top_logprobs: r.top_logprobs,
+        }
+    }
+}
+
+/// Per-request sampling state: parameters, draws, penalty counts and scratch buffers.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     temperature: f32,
@@ -44,15 +63,21 @@ pub struct Sampler {
     repetition_penalty: f32,
     presence_penalty: f32,
     frequency_penalty: f32,
+    /// One entry per token (a request naming a token twice gets the sum).
     logit_bias: Vec<(TokenId, f32)>,
     logprobs: Option<usize>,
-    rng: Rng,
+    draws: Draws,
+    /// Output tokens recorded so far: the index of the next draw.
+    position: u64,
     /// Tokens of the prompt (repetition penalty), as a bitset.
     prompt_seen: Vec<u64>,
     /// Occurrences of each token in the output (all penalties); a token taken back leaves.
     counts: HashMap<TokenId, u32>,
-    work: Vec<f32>,
-    cand: Vec<(f32, TokenId)>,
+    /// Steps 1 and 2 as edits ([`Sampler::prepare`]), and where each token's sits.
+    edits: Vec<LogitEdit>,
+    edit_at: HashMap<TokenId, usize>,
+    host: RowSampler,
+    scratch: Vec<(f32, TokenId)>,
 }
 
 impl Sampler {
@@ -63,6 +88,13 @@ impl Sampler {
         vocab_size: usize,
         seed: u64,
     ) -> Sampler {
+        let mut logit_bias: Vec<(TokenId, f32)> = Vec::new();
+        for &(t, b) in &params.logit_bias {
+            match logit_bias.iter_mut().find(|e| e.0 == t) {
+                Some(e) => e.1 += b,
+                None => logit_bias.push((t, b)),
+            }
+        }
         let mut s = Sampler {
             temperature: params.temperature,
             top_p: params.top_p,
@@ -71,13 +103,16 @@ impl Sampler {
             repetition_penalty: params.repetition_penalty,
             presence_penalty: params.presence_penalty,
             frequency_penalty: params.frequency_penalty,
-            logit_bias: params.logit_bias.clone(),
+            logit_bias,
             logprobs: params.logprobs,
-            rng: Rng::new(params.seed.unwrap_or(seed)),
+            draws: Draws::new(params.seed.unwrap_or(seed)),
+            position: 0,
             prompt_seen: Vec::new(),
             counts: HashMap::new(),
-            work: Vec::new(),
-            cand: Vec::new(),
+            edits: Vec::new(),
+            edit_at: HashMap::new(),
+            host: RowSampler::default(),
+            scratch: Vec::new(),
         };
         if s.repetition_penalty != 1.0 {
             s.prompt_seen = vec![0; vocab_size.div_ceil(64)];
@@ -88,12 +123,6 @@ impl Sampler {
             }
         }
         s
-    }
-
-    fn in_prompt(&self, t: TokenId) -> bool {
-        self.prompt_seen
-            .get(t as usize / 64)
-            .is_some_and(|w| w & (1 << (t % 64)) != 0)
     }
 
     fn has_penalties(&self) -> bool {
@@ -112,6 +141,13 @@ impl Sampler {
             && self.logprobs.is_none()
     }
 
+    /// Whether this request's edits change with its output (penalties): then a row after a
+    /// proposal depends on whether the proposal is accepted, and only the host, row by row,
+    /// can sample it ([`Sampler::verify`]).
+    pub fn edits_follow_output(&self) -> bool {
+        self.has_penalties()
+    }
+
     /// Takes a token decided elsewhere for a [`Sampler::is_plain_greedy`] request (the argmax
     /// of its row, made on the model's device): what [`Sampler::sample`] would have returned.
     pub fn take(&mut self, token: TokenId) -> SampleOutput {
@@ -123,56 +159,103 @@ impl Sampler {
         }
     }
 
+    /// Takes a row sampled elsewhere under [`Sampler::row_spec`] (on the model's device) and
+    /// records its token: what [`Sampler::sample`] would have returned.
+    pub fn accept(&mut self, row: &SampledRow) -> SampleOutput {
+        self.record(row.token);
+        SampleOutput::from(row.clone())
+    }
+
+    /// Builds this request's edits (steps 1 and 2 but the mask) from its penalties, its output
+    /// so far and its logit bias; [`Sampler::row_spec`] hands them over.
+    pub fn prepare(&mut self) {
+        self.edits.clear();
+        self.edit_at.clear();
+        if !self.has_penalties() && self.logit_bias.is_empty() {
+            return;
+        }
+        let (edits, at) = (&mut self.edits, &mut self.edit_at);
+        let rp = self.repetition_penalty;
+        if rp != 1.0 {
+            for (w, &bits) in self.prompt_seen.iter().enumerate() {
+                let mut b = bits;
+                while b != 0 {
+                    edit_of(edits, at, (w * 64) as TokenId + b.trailing_zeros()).repetition = rp;
+                    b &= b - 1;
+                }
+            }
+            for &t in self.counts.keys() {
+                edit_of(edits, at, t).repetition = rp;
+            }
+        }
+        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
+            for (&t, &c) in &self.counts {
+                edit_of(edits, at, t).subtract =
+                    self.frequency_penalty * c as f32 + self.presence_penalty;
+            }
+        }
+        for &(t, b) in &self.logit_bias {
+            edit_of(edits, at, t).bias = b;
+        }
+    }
+
+    /// What sampling the row `offset` rows after this request's next one needs (the next
+    /// row is 0; later ones are proposals' rows), with the allowed-token mask of a
+    /// constrained request; the edits are those of the last [`Sampler::prepare`].
+    pub fn row_spec<'a>(&'a self, offset: usize, mask: Option<&'a [u32]>) -> RowSampling<'a> {
+        RowSampling {
+            temperature: self.temperature,
+            top_k: self.top_k.unwrap_or(0),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            uniform: self.draws.uniform(self.position + offset as u64),
+            edits: &self.edits,
+            mask,
+            logprobs: self.logprobs,
+        }
+    }
+
     /// Picks the next token from one row of logits and records it for the penalties. With a
     /// guide (a constrained request), only tokens its mask allows can be picked; the guide's
     /// mask must be computed.
     pub fn sample(&mut self, logits: &[f32], guide: Option<&Guide>) -> SampleOutput {
-        let transformed = self.has_penalties() || !self.logit_bias.is_empty();
-        let token = if self.temperature == 0.0 && !transformed {
-            match guide {
-                Some(g) => g.argmax(logits).unwrap_or(0),
-                None => argmax(logits),
+        self.prepare();
+        let out = match guide {
+            // Greedy and nothing edited: the best allowed token, without a copy.
+            Some(g) if self.temperature == 0.0 && self.edits.is_empty() => {
+                let token = g.argmax(logits).unwrap_or(0);
+                let (logprob, top_logprobs) = match self.logprobs {
+                    Some(n) => {
+                        let (lp, top) = raw_logprobs(logits, token, n, &mut self.scratch);
+                        (Some(lp), top)
+                    }
+                    None => (None, Vec::new()),
+                };
+                SampledRow {
+                    token,
+                    logprob,
+                    top_logprobs,
+                }
             }
-        } else {
-            let mut work = std::mem::take(&mut self.work);
-            work.clear();
-            work.extend_from_slice(logits);
-            self.apply_penalties(&mut work);
-            apply_logit_bias(&mut work, &self.logit_bias);
-            if let Some(g) = guide {
-                g.apply(&mut work);
+            _ => {
+                let mut host = std::mem::take(&mut self.host);
+                let out = host.sample(logits, &self.row_spec(0, guide.map(Guide::mask_words)));
+                self.host = host;
+                out
             }
-            let t = if self.temperature == 0.0 {
-                argmax(&work)
-            } else {
-                self.draw(&mut work)
-            };
-            self.work = work;
-            t
         };
-        let (logprob, top_logprobs) = match self.logprobs {
-            Some(n) => {
-                let (lp, top) = raw_logprobs(logits, token, n, &mut self.cand);
-                (Some(lp), top)
-            }
-            None => (None, Vec::new()),
-        };
-        self.record(token);
-        SampleOutput {
-            token,
-            logprob,
-            top_logprobs,
-        }
+        self.record(out.token);
+        out.into()
     }
 
     /// Verifies a proposed token (speculative decoding) against one row of logits: draws the
-    /// token exactly as [`Sampler::sample`] would (the same generator state, the same draw)
-    /// and accepts the proposal when the draw is it. For a proposal that is one fixed token
-    /// this is rejection sampling: the proposal is accepted with probability `p(proposal)`,
-    /// and on rejection the token comes from `p` without it, renormalized. So the output has
-    /// exactly the target's distribution, and a seeded request gives the same tokens with
-    /// speculation as without, whatever its batch mates. Returns the token (recorded for the
-    /// penalties) and whether it is the proposal.
+    /// token exactly as [`Sampler::sample`] would (the same draw) and accepts the proposal
+    /// when the draw is it. For a proposal that is one fixed token this is rejection
+    /// sampling: the proposal is accepted with probability `p(proposal)`, and on rejection
+    /// the token comes from `p` without it, renormalized. So the output has exactly the
+    /// target's distribution, and a seeded request gives the same tokens with speculation as
+    /// without, whatever its batch mates. Returns the token (recorded for the penalties) and
+    /// whether it is the proposal.
     pub fn verify(
         &mut self,
         logits: &[f32],
@@ -185,11 +268,11 @@ impl Sampler {
     }
 
     /// The logits after penalties and logit bias (steps 1 and 2), for inspection.
-    pub fn processed_logits(&self, logits: &[f32], out: &mut Vec<f32>) {
+    pub fn processed_logits(&mut self, logits: &[f32], out: &mut Vec<f32>) {
+        self.prepare();
         out.clear();
         out.extend_from_slice(logits);
-        self.apply_penalties(out);
-        apply_logit_bias(out, &self.logit_bias);
+        ferrum_models::sampling::edit_row(out, &self.edits, None);
     }
 
     /// Records an output token for the penalties without sampling it (replaying a sequence).
@@ -206,159 +289,38 @@ impl Sampler {
                 self.counts.remove(&token);
             }
         }
+        self.position = self.position.saturating_sub(1);
     }
 
     fn record(&mut self, token: TokenId) {
+        self.position += 1;
         if self.has_penalties() {
             *self.counts.entry(token).or_insert(0) += 1;
         }
     }
-
-    fn apply_penalties(&self, logits: &mut [f32]) {
-        if self.repetition_penalty != 1.0 {
-            let rp = self.repetition_penalty;
-            let penalize = |l: &mut f32| *l = if *l > 0.0 { *l / rp } else { *l * rp };
-            for (w, &bits) in self.prompt_seen.iter().enumerate() {
-                let mut b = bits;
-                while b != 0 {
-                    let i = w * 64 + b.trailing_zeros() as usize;
-                    b &= b - 1;
-                    if let Some(l) = logits.get_mut(i) {
-                        penalize(l);
-                    }
-                }
-            }
-            for &t in self.counts.keys() {
-                if !self.in_prompt(t) {
-                    if let Some(l) = logits.get_mut(t as usize) {
-                        penalize(l);
-                    }
-                }
-            }
-        }
-        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
-            for (&t, &c) in &self.counts {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l -= self.frequency_penalty * c as f32 + self.presence_penalty;
-                }
-            }
-        }
-    }
-
-    /// Temperature, min-p, top-k, top-p, then a draw.
-    fn draw(&mut self, logits: &mut [f32]) -> TokenId {
-        let inv_t = 1.0 / self.temperature;
-        let mut max = f32::NEG_INFINITY;
-        for l in logits.iter_mut() {
-            *l *= inv_t;
-            max = max.max(*l);
-        }
-        let cand = &mut self.cand;
-        cand.clear();
-        // min-p: p_i >= min_p * p_max  <=>  l_i - max >= ln(min_p).
-        let floor = if self.min_p > 0.0 {
-            max + self.min_p.ln()
-        } else {
-            f32::NEG_INFINITY
-        };
-        cand.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|&(_, &l)| l >= floor && l > f32::NEG_INFINITY)
-                .map(|(i, &l)| (l, i as TokenId)),
-        );
-        if cand.is_empty() {
-            return argmax(logits);
-        }
-        if let Some(k) = self.top_k.filter(|&k| k < cand.len()) {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
-            cand.truncate(k);
-        }
-        // Probabilities (unnormalized exp, their sum is the normalizer).
-        let mut total = 0.0f64;
-        for c in cand.iter_mut() {
-            c.0 = (c.0 - max).exp();
-            total += c.0 as f64;
-        }
-        if self.top_p < 1.0 {
-            total = truncate_top_p(cand, total, self.top_p as f64);
-        }
-        let mut u = self.rng.next_f64() * total;
-        for &(p, t) in cand.iter() {
-            u -= p as f64;
-            if u < 0.0 {
-                return t;
-            }
-        }
-        // Rounding left a sliver: the last candidate takes it.
-        cand.last().map_or(0, |c| c.1)
-    }
 }
 
-/// Keeps the most likely candidates whose mass before each reaches less than `top_p` of the
-/// total; returns the kept mass. Sorts only as far as needed: the top 256 first.
-fn truncate_top_p(cand: &mut Vec<(f32, TokenId)>, total: f64, top_p: f64) -> f64 {
-    let target = top_p * total;
-    let mut m = 256.min(cand.len());
-    loop {
-        if m < cand.len() {
-            cand.select_nth_unstable_by(m - 1, |a, b| b.0.total_cmp(&a.0));
-        }
-        cand[..m].sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
-        let mut cum = 0.0f64;
-        for i in 0..m {
-            if cum >= target {
-                cand.truncate(i);
-                return cum;
-            }
-            cum += cand[i].0 as f64;
-        }
-        if m == cand.len() {
-            return cum;
-        }
-        m = (m * 4).min(cand.len());
-    }
-}
-
-fn apply_logit_bias(logits: &mut [f32], bias: &[(TokenId, f32)]) {
-    for &(t, b) in bias {
-        if let Some(l) = logits.get_mut(t as usize) {
-            *l += b;
-        }
-    }
+/// The edit of `t` in `edits` (a new one, changing nothing, when `t` has none).
+fn edit_of<'a>(
+    edits: &'a mut Vec<LogitEdit>,
+    at: &mut HashMap<TokenId, usize>,
+    t: TokenId,
+) -> &'a mut LogitEdit {
+    let i = *at.entry(t).or_insert_with(|| {
+        edits.push(LogitEdit {
+            token: t,
+            repetition: 1.0,
+            subtract: 0.0,
+            bias: 0.0,
+        });
+        edits.len() - 1
+    });
+    &mut edits[i]
 }
 
 /// The greedy choice over one row of logits; the CUDA backend's `argmax_rows` kernel keeps the
 /// same rules, so a greedy request gets the same token whether the host or the device decides.
 pub use ferrum_models::argmax;
-
-/// Raw logprob of `token` and the top `n` (token, logprob) pairs, most likely first.
-fn raw_logprobs(
-    logits: &[f32],
-    token: TokenId,
-    n: usize,
-    scratch: &mut Vec<(f32, TokenId)>,
-) -> (f32, Vec<(TokenId, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max + sum.ln() as f32;
-    let lp = logits
-        .get(token as usize)
-        .map_or(f32::NEG_INFINITY, |&l| l - lse);
-    let mut top = Vec::new();
-    if n > 0 {
-        scratch.clear();
-        scratch.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as TokenId)));
-        let n = n.min(scratch.len());
-        if n < scratch.len() {
-            scratch.select_nth_unstable_by(n - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        }
-        scratch[..n].sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        top.extend(scratch[..n].iter().map(|&(l, t)| (t, l - lse)));
-    }
-    (lp, top)
-}
 
 #[cfg(test)]
 mod tests {

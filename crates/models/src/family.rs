@@ -105,6 +105,19 @@ impl<B: Backend> FamilyModel<B> {
         }
     }
 
+    /// See [`LlamaModel::forward_sample`].
+    pub fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        specs: &[crate::sampling::RowSampling<'_>],
+    ) -> Result<&[crate::sampling::SampledRow]> {
+        match self {
+            FamilyModel::Llama(m) => m.forward_sample(batch, kv, specs),
+            FamilyModel::Gemma(m) => m.forward_sample(batch, kv, specs),
+        }
+    }
+
     /// See [`LlamaModel::forward_argmax`].
     pub fn forward_argmax(&mut self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<&[u32]> {
         match self {

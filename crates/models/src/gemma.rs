@@ -19,6 +19,7 @@
 
 use crate::backend::{Backend, Buf, CpuBackend, GraphStep};
 use crate::parallel::{LogitsGather, Placement};
+use crate::sampling::{RowSampling, SampledRow, SampledRows};
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, stage_ends, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
@@ -63,6 +64,8 @@ pub struct GemmaModel<B: Backend = CpuBackend> {
     gathered: LogitsGather,
     /// Each row's argmax ([`Self::forward_argmax`]).
     argmax: Vec<u32>,
+    /// Each row's sample ([`Self::forward_sample`]).
+    sampled: SampledRows,
     /// The global layers' rope, then (Gemma 3) the local layers'.
     ropes: Vec<Rope>,
 }
@@ -216,6 +219,7 @@ impl<B: Backend> GemmaModel<B> {
             head,
             gathered: LogitsGather::default(),
             argmax: Vec::new(),
+            sampled: SampledRows::default(),
             ropes,
         })
     }
@@ -306,6 +310,29 @@ impl<B: Backend> GemmaModel<B> {
         self.place
             .finish_argmax(b, head, eps, batch, softcap, &mut self.argmax)?;
         Ok(&self.argmax)
+    }
+
+    /// [`Self::forward`] with each logits row sampled under its spec instead of the row
+    /// ([`crate::sampling`]): on a GPU, only the tokens (and requested logprobs) come back. A
+    /// whole model in one process only.
+    pub fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        specs: &[RowSampling<'_>],
+    ) -> Result<&[SampledRow]> {
+        self.place.check_whole("forward_sample")?;
+        self.run(batch, kv)?;
+        let (b, head, softcap) = (
+            &mut self.backend,
+            self.head.as_ref(),
+            self.config.final_logit_softcap,
+        );
+        let eps = self.config.rms_norm_eps;
+        let out = &mut self.sampled;
+        self.place
+            .finish_sample(b, head, eps, batch, softcap, specs, out)?;
+        Ok(&self.sampled.rows)
     }
 
     /// Everything up to the logits: the batch's tokens through every layer (or, on a

@@ -21,6 +21,7 @@ pub mod moe;
 pub mod parallel;
 mod registry;
 mod safetensors;
+pub mod sampling;
 mod source;
 mod text;
 mod weights;

@@ -16,6 +16,7 @@
 use crate::backend::{Backend, Buf, CpuBackend, Expert, GraphStep, MoeWeights};
 use crate::parallel::{LogitsGather, Placement, Shard};
 use crate::registry::MoeStyle;
+use crate::sampling::{RowSampling, SampledRow, SampledRows};
 use crate::source::{ModelFormat, WeightSource};
 use crate::weights::{forward_dims, stage_ends, take_cols, take_rows, take_vec, Loader};
 use crate::{KvCache, ModelConfig, ModelError, Result};
@@ -68,6 +69,8 @@ pub struct LlamaModel<B: Backend = CpuBackend> {
     gathered: LogitsGather,
     /// Each row's argmax ([`Self::forward_argmax`]).
     argmax: Vec<u32>,
+    /// Each row's sample ([`Self::forward_sample`]).
+    sampled: SampledRows,
     /// One rope for every layer (index 0 of the backend's).
     ropes: [Rope; 1],
 }
@@ -442,6 +445,7 @@ impl<B: Backend> LlamaModel<B> {
             place,
             gathered: LogitsGather::default(),
             argmax: Vec::new(),
+            sampled: SampledRows::default(),
         })
     }
 
@@ -529,6 +533,25 @@ impl<B: Backend> LlamaModel<B> {
         self.place
             .finish_argmax(b, head, eps, batch, softcap, &mut self.argmax)?;
         Ok(&self.argmax)
+    }
+
+    /// [`Self::forward`] with each logits row sampled under its spec instead of the row
+    /// ([`crate::sampling`]): on a GPU, only the tokens (and requested logprobs) come back. A
+    /// whole model in one process only.
+    pub fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        specs: &[RowSampling<'_>],
+    ) -> Result<&[SampledRow]> {
+        self.place.check_whole("forward_sample")?;
+        self.run(batch, kv)?;
+        let (b, head, softcap) = (&mut self.backend, self.head.as_ref(), None);
+        let eps = self.config.rms_norm_eps;
+        let out = &mut self.sampled;
+        self.place
+            .finish_sample(b, head, eps, batch, softcap, specs, out)?;
+        Ok(&self.sampled.rows)
     }
 
     /// Everything up to the logits: the batch's tokens through every layer (or, on a

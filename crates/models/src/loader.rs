@@ -112,6 +112,8 @@ pub struct Model {
     run: Option<Driver>,
     /// Each row's argmax, in a parallel run ([`Model::forward_argmax`]).
     argmax: Vec<u32>,
+    /// Each row's sample, in a parallel run ([`Model::forward_sample`]).
+    sampled: crate::sampling::SampledRows,
 }
 
 impl From<FamilyModel<CpuBackend>> for Model {
@@ -132,6 +134,7 @@ impl Model {
             device,
             run: None,
             argmax: Vec::new(),
+            sampled: Default::default(),
         }
     }
 
@@ -254,6 +257,33 @@ impl Model {
         crate::backend::host_argmax(logits, rows, &mut ids);
         self.argmax = ids;
         Ok(&self.argmax)
+    }
+
+    /// Each row [`Model::forward`] would return, sampled under its spec (one per row, by the
+    /// rules of [`crate::sampling`]). On a GPU the rows are sampled there and only the tokens
+    /// (and requested logprobs) come back; in a parallel run, on rank 0 over the gathered
+    /// logits.
+    pub fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        specs: &[crate::sampling::RowSampling<'_>],
+    ) -> Result<&[crate::sampling::SampledRow]> {
+        if self.run.is_none() {
+            return on_device!(&mut self.device, m => m.forward_sample(batch, kv, specs));
+        }
+        let mut sampled = std::mem::take(&mut self.sampled);
+        let logits = self.forward(batch, kv);
+        let done = logits.and_then(|l| sampled.sample_logits(l, specs));
+        self.sampled = sampled;
+        done?;
+        Ok(&self.sampled.rows)
+    }
+
+    /// Whether [`Model::forward_sample`] samples where the logits are, so only tokens cross
+    /// to the host: a whole model on a GPU (or the interpreted device).
+    pub fn samples_on_device(&self) -> bool {
+        self.run.is_none() && matches!(self.device, OnDevice::Gpu(_))
     }
 
     /// Rank 0 of a parallel run whose other ranks never started their loops (a load failed
@@ -420,6 +450,7 @@ pub fn load_model_sharded(
     Ok(Model {
         device,
         argmax: Vec::new(),
+        sampled: Default::default(),
         run: Some(Driver::new(
             comms,
             shard,

@@ -288,6 +288,128 @@ fn decode_graphs_match_plain_launches() {
     }
 }
 
+/// Rows sampled on the device (`forward_sample`: edits, masks, temperature, min-p, top-k,
+/// top-p, the draw, raw logprobs) give what the host's rules (`RowSampler`) give over the same
+/// model's logits: the same token for the same draw, logprobs within 1e-5. Decode steps of
+/// three sequences (graphs replayed from the third), each row with its own spec, the specs
+/// rotating between steps.
+#[test]
+fn device_sampling_follows_the_host_rules() {
+    use ferrum_models::sampling::{LogitEdit, RowSampler, RowSampling};
+    let dir = fixtures().join("tiny-llama");
+    for gpu in devices() {
+        let dev = gpu.lock().describe();
+        let load = |graphs| {
+            let opts = LoadOptions {
+                cuda_graphs: graphs,
+                ..LoadOptions::default()
+            };
+            load_model_on_gpu(&dir, &opts, gpu.clone()).unwrap()
+        };
+        let (mut sampled, mut plain) = (load(CudaGraphs::On), load(CudaGraphs::Off));
+        let vocab = plain.config().vocab_size;
+        let bs = 16;
+        let mut kv_s = gpu_cache(&sampled, 3 * 2 * bs, bs);
+        let mut kv_p = gpu_cache(&plain, 3 * 2 * bs, bs);
+        let tables: Vec<Vec<u32>> = (0..3u32).map(|s| vec![2 * s, 2 * s + 1]).collect();
+        let edits = [
+            LogitEdit {
+                token: 5,
+                repetition: 1.3,
+                subtract: 0.5,
+                bias: 0.0,
+            },
+            LogitEdit {
+                token: 17,
+                repetition: 1.0,
+                subtract: 0.0,
+                bias: 4.0,
+            },
+        ];
+        // Every other token allowed, and a few past the vocabulary's end in the words.
+        let mask: Vec<u32> = vec![0x5555_5555; vocab.div_ceil(32)];
+        let base = RowSampling {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            uniform: 0.0,
+            edits: &[],
+            mask: None,
+            logprobs: None,
+        };
+        let kinds = [
+            RowSampling { ..base },
+            RowSampling {
+                temperature: 0.0,
+                edits: &edits,
+                logprobs: Some(4),
+                ..base
+            },
+            RowSampling {
+                top_k: 12,
+                top_p: 0.8,
+                min_p: 0.01,
+                mask: Some(&mask),
+                ..base
+            },
+            RowSampling {
+                temperature: 1.5,
+                top_p: 0.6,
+                edits: &edits,
+                logprobs: Some(0),
+                ..base
+            },
+        ];
+        let mut b = ForwardBatch::new();
+        let mut next = [1u32, 7, 300];
+        let mut done = [0usize; 3];
+        let mut host = RowSampler::default();
+        let mut draws = ferrum_types::SplitMix64::new(9);
+        for step in 0..6 {
+            b.clear();
+            for s in 0..3 {
+                b.push_seq(&[next[s]], done[s], &tables[s], bs, 1).unwrap();
+            }
+            let specs: Vec<RowSampling<'_>> = (0..3)
+                .map(|s| RowSampling {
+                    uniform: (draws.next_u64() >> 11) as f64 / (1u64 << 53) as f64,
+                    ..kinds[(s + step) % kinds.len()]
+                })
+                .collect();
+            let logits = plain.forward(&b, &mut kv_p).unwrap().to_vec();
+            let got = sampled
+                .forward_sample(&b, &mut kv_s, &specs)
+                .unwrap()
+                .to_vec();
+            for (s, (row, spec)) in logits.chunks_exact(vocab).zip(&specs).enumerate() {
+                let want = host.sample(row, spec);
+                let what = format!("{dev}: step {step}, row {s} ({spec:?})");
+                assert_eq!(got[s].token, want.token, "{what}");
+                assert_eq!(got[s].logprob.is_some(), want.logprob.is_some(), "{what}");
+                if let (Some(g), Some(w)) = (got[s].logprob, want.logprob) {
+                    assert!((g - w).abs() < 1e-5, "{what}: logprob {g} against {w}");
+                }
+                assert_eq!(got[s].top_logprobs.len(), want.top_logprobs.len(), "{what}");
+                for (g, w) in got[s].top_logprobs.iter().zip(&want.top_logprobs) {
+                    assert_eq!(g.0, w.0, "{what}: top logprobs");
+                    assert!(
+                        (g.1 - w.1).abs() < 1e-5,
+                        "{what}: top logprob {g:?} against {w:?}"
+                    );
+                }
+                if spec.mask.is_some() {
+                    assert_eq!(got[s].token % 2, 0, "{what}: a masked token");
+                }
+                next[s] = got[s].token;
+            }
+            done.iter_mut().for_each(|d| *d += 1);
+        }
+        let (replays, _) = sampled.backend().graph_counts();
+        assert!(replays > 0, "{dev}: sampling after replayed graphs");
+    }
+}
+
 /// Mixture-of-experts models do not run on the CUDA backend yet: refused at load, before
 /// anything is uploaded, with the error `--device auto` falls back to the CPU on.
 #[test]

@@ -181,21 +181,10 @@ impl Guide {
             .is_some_and(|m| (token as usize) < m.len() && m.is_allowed(token))
     }
 
-    /// Sets every logit the current state does not allow to minus infinity (all of them when
-    /// the mask is not computed, which the engine never lets happen).
-    pub fn apply(&self, logits: &mut [f32]) {
-        let words: &[u32] = self.mask.as_ref().map_or(&[], |m| m.as_slice());
-        for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let bits = words.get(w).copied().unwrap_or(0);
-            if bits == u32::MAX {
-                continue;
-            }
-            for (i, l) in chunk.iter_mut().enumerate() {
-                if bits & (1 << i) == 0 {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
+    /// The mask of the current state as words (bit `t % 32` of word `t / 32` allows `t`):
+    /// empty, so nothing allowed, when it is not computed, which the engine never lets happen.
+    pub fn mask_words(&self) -> &[u32] {
+        self.mask.as_ref().map_or(&[], |m| m.as_slice())
     }
 
     /// The allowed token with the largest logit (the first on ties), without copying.

@@ -28,7 +28,10 @@ use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, GraphId, KernelArg, SharedGp
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
 
+mod sample;
+
 use super::{Backend, Buf, Dims, GraphStep, MoeWeights};
+use crate::sampling::{RowSampling, SampledRows};
 use crate::{CudaGraphs, KvCache, ModelConfig, ModelError, Result};
 
 /// Decode batch sizes that get a graph each: a batch of `n` sequences pads to the first bucket
@@ -202,6 +205,8 @@ pub struct CudaBackend {
     /// Logits rows computed on the device: the batch's, or a padded bucket's.
     device_rows: usize,
     graphs: Graphs,
+    /// Sampling on the device ([`Backend::sample_rows`]).
+    sampling: sample::DeviceSampling,
 }
 
 /// One rope's frequencies on the device.
@@ -297,6 +302,7 @@ impl CudaBackend {
                 mode: graphs,
                 ..Graphs::default()
             },
+            sampling: sample::DeviceSampling::default(),
         }
     }
 
@@ -1148,6 +1154,19 @@ impl Backend for CudaBackend {
             u32::from_le_bytes,
             what,
         )
+    }
+
+    fn sample_rows(
+        &mut self,
+        norm: &GpuVector,
+        eps: f32,
+        head: &GpuWeight,
+        rows: &[u32],
+        softcap: Option<f32>,
+        specs: &[RowSampling<'_>],
+        out: &mut SampledRows,
+    ) -> Result<()> {
+        self.device_sample(norm, eps, head, rows, softcap, specs, out)
     }
 }
 

@@ -25,6 +25,7 @@ mod cuda;
 pub use cpu::{CpuBackend, MoeStats};
 pub use cuda::{CudaBackend, GpuVector, GpuWeight, GRAPH_BUCKETS};
 
+use crate::sampling::{RowSampling, SampledRows};
 use crate::{KvCache, Result};
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
 use ferrum_runtime::Tensor;
@@ -231,6 +232,24 @@ pub trait Backend: std::fmt::Debug + Sized {
         let logits = self.logits(norm, eps, head, rows, softcap)?;
         host_argmax(logits, rows.len(), out);
         Ok(())
+    }
+
+    /// Each row [`Backend::logits`] would return, sampled under its [`RowSampling`] (one per
+    /// row) into `out.rows`: the token and the raw logprobs it asked for, by the rules of
+    /// [`crate::sampling`]. By default the host samples [`Backend::logits`]'s rows.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_rows(
+        &mut self,
+        norm: &Self::Vector,
+        eps: f32,
+        head: &Self::Weight,
+        rows: &[u32],
+        softcap: Option<f32>,
+        specs: &[RowSampling<'_>],
+        out: &mut SampledRows,
+    ) -> Result<()> {
+        let logits = self.logits(norm, eps, head, rows, softcap)?;
+        out.sample_logits(logits, specs)
     }
 }
 

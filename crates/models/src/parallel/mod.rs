@@ -113,6 +113,33 @@ impl Placement {
         b.argmax_rows(norm, eps, w, &batch.logits_indices, softcap, out)
     }
 
+    /// The end of a whole model's forward as sampled rows: each row of
+    /// `batch.logits_indices` sampled under its spec ([`Backend::sample_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_sample<B: Backend>(
+        &self,
+        b: &mut B,
+        head: Option<&(B::Vector, B::Weight)>,
+        eps: f32,
+        batch: &ferrum_types::ForwardBatch,
+        softcap: Option<f32>,
+        specs: &[crate::sampling::RowSampling<'_>],
+        out: &mut crate::sampling::SampledRows,
+    ) -> Result<()> {
+        self.check_whole("sampling on the model's device")?;
+        let rows = &batch.logits_indices;
+        if specs.len() != rows.len() {
+            return Err(crate::ModelError::Invalid(format!(
+                "{} sampling specs for {} logits rows",
+                specs.len(),
+                rows.len()
+            )));
+        }
+        let (norm, w) =
+            head.ok_or_else(|| crate::ModelError::Invalid("this model has no LM head".into()))?;
+        b.sample_rows(norm, eps, w, rows, softcap, specs, out)
+    }
+
     /// `X` from the previous stage (the same tensor-parallel rank there).
     pub(crate) fn recv_residual<B: Backend>(&self, b: &mut B) -> Result<()> {
         let s = &self.shard;
