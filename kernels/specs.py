@@ -98,6 +98,12 @@ def all_specs():
             f"gemm_{short}_decode", "gemm", "gemm", params,
             {"HAS_BIAS": 0, "BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
             num_stages=DECODE_STAGES))
+        specs.append(_spec(
+            f"gemm_{short}_split", "gemm", "gemm_split",
+            [("x_ptr", "*fp32"), ("w_ptr", f"*{ty}"), ("part_ptr", "*fp32"), ("m", "i32"),
+             ("n", "i32"), ("k", "i32"), ("x_stride", "i32"), ("k_per_split", "i32")],
+            {"BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
+            num_stages=DECODE_STAGES))
         if short != "f32":
             bm, bn, bk, warps, stages = LARGE_TILES
             specs.append(_spec(
@@ -156,6 +162,13 @@ def all_specs():
                  ("num_kv_heads", "i32"), ("head_dim", "i32")],
                 {"D_BLOCK": d}, num_warps=1))
             specs.append(_spec(
+                f"rope_kv_write_{short}_d{d}", "kv_write", "rope_kv_write",
+                [("k_ptr", "*fp32"), ("v_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"),
+                 ("v_cache_ptr", f"*{ty}"), ("slot_ptr", "*u32"), ("pos_ptr", "*u32"),
+                 ("inv_freq_ptr", "*fp32"), ("src_stride", "i32"), ("num_kv_heads", "i32"),
+                 ("head_dim", "i32"), ("rot_half", "i32"), ("scale", "fp32")],
+                {"D_BLOCK": d}, num_warps=1))
+            specs.append(_spec(
                 f"paged_attention_{short}_d{d}", "attention", "paged_attention",
                 [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
                  ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
@@ -163,6 +176,16 @@ def all_specs():
                  ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
                  ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
                  ("softcap", "fp32")],
+                {"BLOCK_N": 32, "D_BLOCK": d}))
+            specs.append(_spec(
+                f"paged_attention_split_{short}_d{d}", "attention", "paged_attention_split",
+                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                 ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
+                 ("tok_ptr", "*u32"), ("out_ptr", "*fp32"), ("part_ptr", "*fp32"),
+                 ("q_stride", "i32"), ("out_stride", "i32"), ("group", "i32"),
+                 ("num_kv_heads", "i32"), ("head_dim", "i32"), ("block_size", "i32"),
+                 ("window", "i32"), ("scale", "fp32"), ("softcap", "fp32"),
+                 ("split_keys", "i32"), ("max_splits", "i32")],
                 {"BLOCK_N": 32, "D_BLOCK": d}))
             specs.append(_spec(
                 f"prefill_attention_{short}_d{d}", "prefill_attention", "prefill_attention",
@@ -175,4 +198,16 @@ def all_specs():
                 {"BLOCK_M": PREFILL_M, "BLOCK_N": PREFILL_N[d], "D_BLOCK": d},
                 num_warps=8 if d == 256 else 4,
                 num_stages={"sm80": 1, "sm90": 1} if short == "f32" else None))
+    specs.append(_spec(
+        "split_sum", "gemm", "split_sum",
+        [("part_ptr", "*fp32"), ("y_ptr", "*fp32"), ("m", "i32"), ("n", "i32"),
+         ("splits", "i32"), ("y_stride", "i32")],
+        {"BLOCK": 1024}))
+    for d in HEAD_BLOCKS:
+        specs.append(_spec(
+            f"attention_combine_d{d}", "attention", "attention_combine",
+            [("part_ptr", "*fp32"), ("pos_ptr", "*u32"), ("tok_ptr", "*u32"),
+             ("out_ptr", "*fp32"), ("out_stride", "i32"), ("head_dim", "i32"),
+             ("window", "i32"), ("split_keys", "i32"), ("max_splits", "i32")],
+            {"D_BLOCK": d}, num_warps=1))
     return specs

@@ -59,3 +59,99 @@ def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
     tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
+
+
+@triton.jit
+def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr,
+                          pos_ptr, tok_ptr, out_ptr, part_ptr, q_stride, out_stride, group,
+                          num_kv_heads, head_dim, block_size, window, scale, softcap,
+                          split_keys, max_splits, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
+    """Split-K decode attention (flash-decoding). Grid ``(n, num_heads, max_splits)``: a token
+    whose context (``lo ..= pos``) holds ``ctx`` keys is cut into ``splits = cdiv(ctx,
+    split_keys)`` ranges of ``split_keys`` keys, program ``(i, h, s)`` taking range ``s``
+    (programs past a token's ranges do nothing). With one range the program writes the output,
+    computed exactly as ``paged_attention`` does; with more, each writes its partial
+    ``(acc[D_BLOCK], max, sum)`` to ``part[((i * num_heads + h) * max_splits + s) *
+    (D_BLOCK + 2)]`` and ``attention_combine`` merges them. A token's result depends on its
+    own context only, never on the batch."""
+    i = tl.program_id(0)
+    t = tl.load(tok_ptr + i).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    kvh = (h // group).to(tl.int64)
+    d = tl.arange(0, D_BLOCK)
+    dmask = d < head_dim
+    pos = tl.load(pos_ptr + t).to(tl.int32)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(pos - window + 1, 0)
+    splits = tl.cdiv(pos + 1 - lo, split_keys)
+    if s < splits:
+        q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
+        bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
+        first = lo + s * split_keys
+        end = tl.minimum(first + split_keys, pos + 1)
+        m_i = tl.full([], -float("inf"), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([D_BLOCK], dtype=tl.float32)
+        for start in range(first, end, BLOCK_N):
+            kpos = start + tl.arange(0, BLOCK_N)
+            kmask = kpos < end
+            page = tl.load(bt + kpos // block_size, mask=kmask, other=0).to(tl.int64)
+            slot = page * block_size + (kpos % block_size)
+            off = (slot * num_kv_heads + kvh) * head_dim
+            tile_mask = kmask[:, None] & dmask[None, :]
+            k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
+            sc = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+            if softcap > 0:
+                sc = softcap * (2.0 / (1.0 + tl.exp(-2.0 * sc / softcap)) - 1.0)
+            sc = tl.where(kmask, sc, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new)
+            v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            m_i = m_new
+        if splits == 1:
+            tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
+        else:
+            nh = tl.num_programs(1)
+            part = part_ptr + ((i.to(tl.int64) * nh + h) * max_splits + s) * (D_BLOCK + 2)
+            tl.store(part + d, acc)
+            tl.store(part + D_BLOCK, m_i)
+            tl.store(part + D_BLOCK + 1, l_i)
+
+
+@triton.jit
+def attention_combine(part_ptr, pos_ptr, tok_ptr, out_ptr, out_stride, head_dim, window,
+                      split_keys, max_splits, D_BLOCK: tl.constexpr):
+    """Grid ``(n, num_heads)``: merges the partials ``paged_attention_split`` wrote for a token
+    of more than one range (in range order, rescaled to the running maximum), and writes its
+    output; tokens of one range were written already."""
+    i = tl.program_id(0)
+    t = tl.load(tok_ptr + i).to(tl.int64)
+    h = tl.program_id(1)
+    nh = tl.num_programs(1)
+    d = tl.arange(0, D_BLOCK)
+    pos = tl.load(pos_ptr + t).to(tl.int32)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(pos - window + 1, 0)
+    splits = tl.cdiv(pos + 1 - lo, split_keys)
+    if splits > 1:
+        base = part_ptr + (i.to(tl.int64) * nh + h) * max_splits * (D_BLOCK + 2)
+        m = tl.full([], -float("inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([D_BLOCK], dtype=tl.float32)
+        for s in range(0, splits):
+            part = base + s * (D_BLOCK + 2)
+            m_s = tl.load(part + D_BLOCK)
+            l_s = tl.load(part + D_BLOCK + 1)
+            m_new = tl.maximum(m, m_s)
+            a = tl.exp(m - m_new)
+            b = tl.exp(m_s - m_new)
+            acc = acc * a + tl.load(part + d) * b
+            l = l * a + l_s * b
+            m = m_new
+        tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l, mask=d < head_dim)

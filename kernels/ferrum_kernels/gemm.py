@@ -38,3 +38,46 @@ def gemm(x_ptr, w_ptr, bias_ptr, y_ptr, m, n, k, x_stride, y_stride,
         acc += tl.load(bias_ptr + rn, mask=rn < n, other=0.0)[None, :]
     tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc,
              mask=(rm[:, None] < m) & (rn[None, :] < n))
+
+
+@triton.jit
+def gemm_split(x_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Split-K product for few rows: grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N), splits)``;
+    program ``(i, j, z)`` multiplies the columns ``z * k_per_split ..`` (``k_per_split`` of
+    them, the last range cut at ``k``) and writes its ``[BLOCK_M, BLOCK_N]`` partial to
+    ``part[z, m, n]`` (f32). ``split_sum`` adds the partials in ``z`` order, so the result is
+    deterministic. The tile arithmetic is ``gemm``'s."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    z = tl.program_id(2)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    k_lo = z * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, k)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                    mask=(rm[:, None] < m) & (kk[None, :] < k_hi), other=0.0)
+        b = tl.load(w_ptr + rn[None, :] * k + kk[:, None],
+                    mask=(rn[None, :] < n) & (kk[:, None] < k_hi), other=0.0)
+        if w_ptr.dtype.element_ty == tl.float32:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a.to(w_ptr.dtype.element_ty), b)
+    base = part_ptr + z.to(tl.int64) * m * n
+    tl.store(base + rm[:, None] * n + rn[None, :], acc, mask=(rm[:, None] < m) & (rn[None, :] < n))
+
+
+@triton.jit
+def split_sum(part_ptr, y_ptr, m, n, splits, y_stride, BLOCK: tl.constexpr):
+    """Grid ``(m, cdiv(n, BLOCK))``: ``y[r] = sum over z, in order, of part[z, r]``."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < n
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for z in range(0, splits):
+        acc += tl.load(part_ptr + (z * m + r) * n + c, mask=mask, other=0.0)
+    tl.store(y_ptr + r * y_stride + c, acc, mask=mask)

@@ -211,6 +211,74 @@ class Kernels(unittest.TestCase):
                         want += b
                     assert_close(self, f"{name} {m}x{n}x{k}", r.host(y), want, TOL)
 
+    def test_rope_kv_write_equals_rope_then_kv_write(self):
+        """The fused kernel against ``rope`` then ``kv_write`` on the same keys: equal caches
+        (every type, full and partial rotary, LongRoPE's scale), the keys' buffer untouched."""
+        r = self.r
+        for short in FLOATS:
+            for hd, d_block, rot_half, scale in ((64, 64, 32, 1.0), (80, 128, 16, 1.19),
+                                                 (128, 128, 64, 1.0)):
+                t, nkv, slots = 5, 3, 11
+                stride = nkv * hd + 7
+                k, v = self.rand(t, stride), self.rand(t, stride)
+                pos = self.rng.integers(0, 5000, t).astype(np.uint32)
+                slot_map = self.rng.permutation(slots)[:t].astype(np.uint32)
+                inv = (1.0 / 1e4 ** (np.arange(rot_half) * 2 / (2 * rot_half))).astype(np.float32)
+                ty = FLOATS[short]
+                caches = []
+                dk = r.dev(k)
+                dpos, dslots, dinv = r.dev(pos, "u32"), r.dev(slot_map, "u32"), r.dev(inv)
+                for fused in (False, True):
+                    kc = r.dev(np.zeros((slots, nkv, hd), np.float32), ty)
+                    vc = r.dev(np.zeros((slots, nkv, hd), np.float32), ty)
+                    if fused:
+                        r.launch(f"rope_kv_write_{short}_d{d_block}", (t, nkv),
+                                 [r.ptr(dk), r.ptr(r.dev(v)), r.ptr(kc), r.ptr(vc),
+                                  r.ptr(dslots), r.ptr(dpos), r.ptr(dinv), stride, nkv, hd,
+                                  rot_half, scale])
+                        np.testing.assert_array_equal(r.host(dk), k, "keys untouched")
+                    else:
+                        rk = r.dev(k)
+                        r.launch("rope", (t, nkv), [r.ptr(rk), r.ptr(dpos), r.ptr(dinv), stride,
+                                                    hd, rot_half, scale])
+                        r.launch(f"kv_write_{short}_d{d_block}", (t, nkv),
+                                 [r.ptr(rk), r.ptr(r.dev(v)), r.ptr(kc), r.ptr(vc),
+                                  r.ptr(dslots), stride, nkv, hd])
+                    caches.append((r.host(kc), r.host(vc)))
+                what = f"rope_kv_write {short} hd={hd} rot_half={rot_half}"
+                np.testing.assert_array_equal(caches[1][0], caches[0][0], what)
+                np.testing.assert_array_equal(caches[1][1], caches[0][1], what)
+
+    def test_gemm_split_k(self):
+        """Split-K decode products: ranges of k_per_split columns (some not a multiple of the
+        tile, the last cut short), partials summed in order; one range equals the unsplit
+        decode product bit for bit."""
+        r = self.r
+        for short, ty in FLOATS.items():
+            name = f"gemm_{short}_split"
+            c = SPECS[name]["constexprs"]
+            for m, n, k, kps in ((1, 200, 600, 256), (3, 70, 600, 100), (16, 64, 64, 16),
+                                 (5, 33, 1000, 1000)):
+                splits = cdiv(k, kps)
+                xs = k + 3
+                x, w, b = self.rand(m, xs), self.rand(n, k), self.rand(n)
+                dx, dw = r.dev(x), r.dev(w, ty)
+                part = self.nan(splits * m * n)
+                r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
+                         [r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k, xs, kps])
+                want = (round_to(x[:, :k], short).astype(np.float64)
+                        @ round_to(w, short).astype(np.float64).T)
+                y = self.nan(m, n + 2)
+                r.launch("split_sum", (m, cdiv(n, SPECS["split_sum"]["constexprs"]["BLOCK"])),
+                         [r.ptr(part), r.ptr(y), m, n, splits, n + 2])
+                assert_close(self, f"{name} {m}x{n}x{k} by {kps}", r.host(y)[:, :n], want, TOL)
+                if splits == 1:
+                    y1 = self.nan(m, n)
+                    d = SPECS[f"gemm_{short}_decode"]["constexprs"]
+                    r.launch(f"gemm_{short}_decode", (cdiv(m, d["BLOCK_M"]), cdiv(n, d["BLOCK_N"])),
+                             [r.ptr(dx), r.ptr(dw), r.ptr(r.dev(b)), r.ptr(y1), m, n, k, xs, n])
+                    np.testing.assert_array_equal(r.host(part).reshape(m, n), r.host(y1))
+
     def test_qgemm_every_block_format(self):
         """Raw blocks of every format (tests/fixtures/quant, written by llama.cpp and gguf-py)
         against their gguf-py dequantization: rows repeated and shuffled to 70, so tiles are
@@ -242,7 +310,8 @@ class Kernels(unittest.TestCase):
                       raw.shape[1], k, 2.0])
             assert_close(self, gname, r.host(out), deq[ids].astype(np.float64) * 2.0, 1e-7)
 
-    def attention_case(self, short, d_block, hd, group, block_size, window, softcap):
+    def attention_case(self, short, d_block, hd, group, block_size, window, softcap,
+                       fine_splits=False):
         """Three sequences (prefill with prior context, decode, fresh prefill) over scattered
         blocks: KV written through the slot mapping, then attention."""
         r = self.r
@@ -303,6 +372,27 @@ class Kernels(unittest.TestCase):
         what = (f"attention {short} d{d_block} hd={hd} group={group} bs={block_size} "
                 f"window={window} softcap={softcap}")
         assert_close(self, what, r.host(out).reshape(t, nh, hd), want, TOL)
+        single = r.host(out).copy()
+        # Split-K (flash-decoding): ranges of split_keys keys, partials merged by
+        # attention_combine; tokens of one range equal paged_attention's bit for bit.
+        for split_keys in ((5, 16) if fine_splits else (16,)):
+            ctx = [p + 1 - (max(0, p - window + 1) if window > 0 else 0) for _, p in tokens]
+            max_splits = max(cdiv(c, split_keys) for c in ctx)
+            part = r.dev(np.full(t * nh * max_splits * (d_block + 2), np.nan, np.float32))
+            out = self.nan(t, nh * hd)
+            r.launch(f"paged_attention_split_{short}_d{d_block}", (t, nh, max_splits),
+                     [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                      r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
+                      r.ptr(r.dev(toks, "u32")), r.ptr(out), r.ptr(part), stride, nh * hd,
+                      group, nkv, hd, block_size, window, scale, softcap, split_keys,
+                      max_splits])
+            r.launch(f"attention_combine_d{d_block}", (t, nh),
+                     [r.ptr(part), r.ptr(r.dev(pos, "u32")), r.ptr(r.dev(toks, "u32")),
+                      r.ptr(out), nh * hd, hd, window, split_keys, max_splits])
+            got = r.host(out)
+            assert_close(self, f"{what} split {split_keys}", got.reshape(t, nh, hd), want, TOL)
+            one = np.array([c <= split_keys for c in ctx])
+            np.testing.assert_array_equal(got[one], single[one], f"{what} split {split_keys}")
         # The prefill kernel over the same tokens in tiles of at most BLOCK_M tokens of one
         # sequence (tile_m smaller than the kernel's BLOCK_M exercises partial tiles).
         name = f"prefill_attention_{short}_d{d_block}"
@@ -336,8 +426,9 @@ class Kernels(unittest.TestCase):
             for block_size in (1, 8, 32):
                 self.attention_case("f32", 64, 64, group, block_size, window=0, softcap=0.0)
         for window in (1, 5, 16, 100):
-            self.attention_case("bf16", 64, 64, 2, 16, window=window, softcap=0.0)
-        self.attention_case("f16", 128, 128, 2, 16, window=0, softcap=30.0)
+            self.attention_case("bf16", 64, 64, 2, 16, window=window, softcap=0.0,
+                                fine_splits=window == 16)
+        self.attention_case("f16", 128, 128, 2, 16, window=0, softcap=30.0, fine_splits=True)
         self.attention_case("f32", 32, 32, 2, 8, window=4, softcap=2.0)
 
 

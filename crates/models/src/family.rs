@@ -89,6 +89,14 @@ impl<B: Backend> FamilyModel<B> {
         }
     }
 
+    /// The backend, to tune it (say [`crate::backend::CudaBackend::set_attention_split`]).
+    pub fn backend_mut(&mut self) -> &mut B {
+        match self {
+            FamilyModel::Llama(m) => m.backend_mut(),
+            FamilyModel::Gemma(m) => m.backend_mut(),
+        }
+    }
+
     /// See [`LlamaModel::weight_bytes_per_token`].
     pub fn weight_bytes_per_token(&self) -> usize {
         match self {

@@ -243,6 +243,11 @@ impl<B: Backend> GemmaModel<B> {
         &self.backend
     }
 
+    /// The backend, to tune it (say [`crate::backend::CudaBackend::set_attention_split`]).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     /// Bytes of weights one decode step of one sequence reads (see
     /// [`crate::LlamaModel::weight_bytes_per_token`]).
     pub fn weight_bytes_per_token(&self) -> usize {
@@ -374,8 +379,7 @@ impl<B: Backend> GemmaModel<B> {
                     b.head_norm(Buf::K, nk, eps)?;
                 }
                 b.rope(layer.rope, Buf::Q)?;
-                b.rope(layer.rope, Buf::K)?;
-                b.write_kv(kv, li, &shape, batch)?;
+                b.rope_write_kv(layer.rope, kv, li, &shape, batch)?;
                 // Attn: [t, nh*hd]
                 b.attend(kv, li, &shape, batch)?;
                 // H: [t, h], normed over the whole row before it joins the stream.

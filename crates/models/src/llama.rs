@@ -469,6 +469,11 @@ impl<B: Backend> LlamaModel<B> {
         &self.backend
     }
 
+    /// The backend, to tune it (say [`crate::backend::CudaBackend::set_attention_split`]).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     /// Bytes of weights one decode step of one sequence reads: every linear layer as its kernel
     /// holds it, the norms and biases, and one row of the embedding table. The KV cache's
     /// reads come on top (they grow with the context).
@@ -598,8 +603,7 @@ impl<B: Backend> LlamaModel<B> {
                     b.head_norm(Buf::K, nk, eps)?;
                 }
                 b.rope(0, Buf::Q)?;
-                b.rope(0, Buf::K)?;
-                b.write_kv(kv, li, &shape, batch)?;
+                b.rope_write_kv(0, kv, li, &shape, batch)?;
                 // Attn: [t, nh*hd]
                 b.attend(kv, li, &shape, batch)?;
                 // H: [t, h] (this rank's heads' share, summed over the group)

@@ -410,6 +410,95 @@ fn device_sampling_follows_the_host_rules() {
     }
 }
 
+/// Split-K decode attention (ranges of 4 keys here, merged after) gives the logits of one
+/// pass over the context: three sequences decoding past their prompts, on a model with full
+/// attention and one with a sliding window of 16, graphs on (the split grid's depth is part of
+/// a graph's key).
+#[test]
+fn split_decode_attention_matches_one_pass() {
+    for name in ["tiny-llama", "tiny-mistral-swa"] {
+        decode_matches_plain(name, 1e-5, |b| b.set_attention_split(4));
+    }
+}
+
+/// Split-K decode products (the fixtures' 64-column products in 4 ranges of 16 here, summed
+/// in order) give the logits of unsplit products, f32 and bf16 weights, graphs on.
+#[test]
+fn split_k_decode_products_match_one_pass() {
+    use ferrum_models::backend::DecodeSplit;
+    let split = DecodeSplit {
+        programs: 64,
+        min_k: 16,
+    };
+    // bf16: a partial sum's last f32 bit can flip the bf16 rounding of an activation the next
+    // product reads (2^-9 of it), so the bound is the bf16 one, scaled down to one flip.
+    for (name, tol) in [("tiny-llama", 1e-5), ("tiny-llama-bf16", 2e-3)] {
+        decode_matches_plain(name, tol, |b| b.set_decode_split(split));
+    }
+}
+
+/// Three sequences' prefill, then 12 decode steps, on a model tuned by `tune` (graphs on)
+/// against a plain one: logits within `tol` of the largest.
+fn decode_matches_plain(name: &str, tol: f32, tune: impl Fn(&mut CudaBackend)) {
+    {
+        let dir = fixtures().join(name);
+        for gpu in devices() {
+            let dev = gpu.lock().describe();
+            let load = |graphs| {
+                let opts = LoadOptions {
+                    cuda_graphs: graphs,
+                    ..LoadOptions::default()
+                };
+                load_model_on_gpu(&dir, &opts, gpu.clone()).unwrap()
+            };
+            let (mut split, mut plain) = (load(CudaGraphs::On), load(CudaGraphs::Off));
+            tune(split.backend_mut());
+            let vocab = plain.config().vocab_size;
+            let bs = 8;
+            let mut kv_s = gpu_cache(&split, 3 * 6 * bs, bs);
+            let mut kv_p = gpu_cache(&plain, 3 * 6 * bs, bs);
+            let tables: Vec<Vec<u32>> = (0..3u32)
+                .map(|s| (6 * s..6 * (s + 1)).rev().collect())
+                .collect();
+            let prompts: [&[u32]; 3] = [&[1, 5, 9, 200], &[7; 19], &[3, 300, 40, 5, 6, 77, 8]];
+            let mut b = ForwardBatch::new();
+            let mut next = Vec::new();
+            for (p, table) in prompts.iter().zip(&tables) {
+                b.clear();
+                b.push_seq(p, 0, table, bs, 1).unwrap();
+                let got = split.forward(&b, &mut kv_s).unwrap().to_vec();
+                let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
+                let (err, scale) = max_err(&got, &want);
+                assert!(err <= tol * scale, "{dev} {name}: prefill differs by {err}");
+                next.push(argmax(&want));
+            }
+            let mut done: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+            for step in 0..12 {
+                b.clear();
+                for s in 0..3 {
+                    b.push_seq(&[next[s]], done[s], &tables[s], bs, 1).unwrap();
+                }
+                let got = split.forward(&b, &mut kv_s).unwrap().to_vec();
+                let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
+                let (err, scale) = max_err(&got, &want);
+                assert!(
+                    err <= tol * scale,
+                    "{dev} {name}: decode step {step} differs by {err} (of {scale})"
+                );
+                for (s, row) in want.chunks_exact(vocab).enumerate() {
+                    next[s] = argmax(row);
+                    done[s] += 1;
+                }
+            }
+            let (replays, _) = split.backend().graph_counts();
+            assert!(
+                replays > 0,
+                "{dev} {name}: tuned steps replayed from graphs"
+            );
+        }
+    }
+}
+
 /// Mixture-of-experts models do not run on the CUDA backend yet: refused at load, before
 /// anything is uploaded, with the error `--device auto` falls back to the CPU on.
 #[test]

@@ -50,6 +50,26 @@ const LARGE_M: usize = 512;
 /// Query tokens per tile of the prefill attention kernel (`PREFILL_M` in `kernels/specs.py`).
 const PREFILL_M: usize = 64;
 
+/// Keys per range of split-K decode attention (`paged_attention_split`): a decode token whose
+/// context is longer attends in ranges of this many keys, merged by `attention_combine`.
+pub const SPLIT_KEYS: usize = 512;
+
+/// Split-K decode products (`gemm_*_split`): a float product of at most [`DECODE_M`] rows
+/// whose output tiles make fewer than `programs` programs is cut along `k` into enough ranges
+/// to make about that many, each at least `min_k` columns deep. How many ranges depends on
+/// the weight's shape only, never on the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSplit {
+    pub programs: usize,
+    pub min_k: usize,
+}
+
+/// About 4 programs per SM of an H100 (132 SMs), each range two decode tiles deep.
+pub const DECODE_SPLIT: DecodeSplit = DecodeSplit {
+    programs: 512,
+    min_k: 512,
+};
+
 /// Head sizes the attention and KV kernels are compiled for (`kernels/specs.py`).
 const HEAD_BLOCKS: [usize; 4] = [32, 64, 128, 256];
 
@@ -154,6 +174,8 @@ struct GraphKey {
     /// The cache's block size and element type (launch arguments and kernel choice).
     block_size: usize,
     kv_dtype: &'static str,
+    /// The split-K attention's grid depth (a power of two; 1 without splits).
+    splits: usize,
 }
 
 /// The decode graphs of one backend.
@@ -207,6 +229,14 @@ pub struct CudaBackend {
     graphs: Graphs,
     /// Sampling on the device ([`Backend::sample_rows`]).
     sampling: sample::DeviceSampling,
+    /// Keys per range of split-K decode attention, this step's grid depth (1: the tokens
+    /// that attend one at a time all fit one range), and the ranges' partial results.
+    split_keys: usize,
+    attn_splits: usize,
+    attn_part: Grown,
+    /// Split-K decode products, and their partial results.
+    decode_split: DecodeSplit,
+    gemm_part: Grown,
 }
 
 /// One rope's frequencies on the device.
@@ -303,7 +333,27 @@ impl CudaBackend {
                 ..Graphs::default()
             },
             sampling: sample::DeviceSampling::default(),
+            split_keys: SPLIT_KEYS,
+            attn_splits: 1,
+            attn_part: Grown::default(),
+            decode_split: DECODE_SPLIT,
+            gemm_part: Grown::default(),
         }
+    }
+
+    /// Sets the keys per range of split-K decode attention (default [`SPLIT_KEYS`]; at least
+    /// 1): a tuning knob, and how tests reach the split path with short contexts.
+    pub fn set_attention_split(&mut self, keys: usize) {
+        self.split_keys = keys.max(1);
+    }
+
+    /// Sets how decode products split along `k` (default [`DECODE_SPLIT`]; `min_k` at least
+    /// 1): a tuning knob, and how tests reach the split path with small weights.
+    pub fn set_decode_split(&mut self, split: DecodeSplit) {
+        self.decode_split = DecodeSplit {
+            min_k: split.min_k.max(1),
+            ..split
+        };
     }
 
     /// Decode steps replayed from a graph, and graphs captured, so far.
@@ -316,7 +366,14 @@ impl CudaBackend {
         let grown = self
             .bufs
             .iter()
-            .chain([&self.normed, &self.rows, &self.logits, &self.indices])
+            .chain([
+                &self.normed,
+                &self.rows,
+                &self.logits,
+                &self.indices,
+                &self.attn_part,
+                &self.gemm_part,
+            ])
             .map(|g| g.buf.as_ref().map_or(DevicePtr::NULL, DeviceBuffer::ptr));
         let ropes = self.inv_freq.iter().flat_map(|u| {
             [
@@ -409,7 +466,13 @@ impl CudaBackend {
     }
 
     /// The logits of the first `n` rows of the rows index: gather, norm, head product.
-    fn device_logits(&self, norm: &GpuVector, eps: f32, head: &GpuWeight, n: usize) -> Result<()> {
+    fn device_logits(
+        &mut self,
+        norm: &GpuVector,
+        eps: f32,
+        head: &GpuWeight,
+        n: usize,
+    ) -> Result<()> {
         let h = self.dims.hidden;
         let r = self.rows.ptr()?;
         let grid = [
@@ -469,8 +532,65 @@ impl CudaBackend {
         Ok(self.gpu.lock().constexpr(name, key)?)
     }
 
+    /// The columns per range of a split-K decode product of `w` ([`DecodeSplit`]), when it
+    /// splits into two ranges or more.
+    fn split_columns(&self, name: &str, w: &GpuWeight) -> Result<Option<usize>> {
+        let tiles = w
+            .rows
+            .div_ceil(self.block(name, "BLOCK_N")?.max(1) as usize);
+        let s = self.decode_split;
+        let splits = (s.programs / tiles.max(1)).min(w.cols / s.min_k);
+        if splits < 2 {
+            return Ok(None);
+        }
+        let per = w.cols.div_ceil(splits).next_multiple_of(s.min_k.min(256));
+        Ok((w.cols.div_ceil(per) >= 2).then_some(per))
+    }
+
+    /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns: partials, then their
+    /// sum in range order.
+    fn gemm_split(
+        &mut self,
+        (x, y): (DevicePtr, DevicePtr),
+        w: &GpuWeight,
+        m: usize,
+        f: &str,
+        per: usize,
+    ) -> Result<()> {
+        let (n, k) = (w.rows, w.cols);
+        let splits = k.div_ceil(per);
+        let part = self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?;
+        let name = format!("gemm_{f}_split");
+        let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
+        let kk = i32_arg(k, "weight columns")?;
+        let args = [
+            p(x),
+            p(w.buf.ptr()),
+            p(part),
+            mm,
+            nn,
+            kk,
+            kk,
+            i32_arg(per, "columns per range")?,
+        ];
+        let grid = [
+            cdiv(m, self.block(&name, "BLOCK_M")?),
+            cdiv(n, self.block(&name, "BLOCK_N")?),
+            splits as u32,
+        ];
+        self.launch(&name, grid, &args)?;
+        let args = [p(part), p(y), mm, nn, i32_arg(splits, "ranges")?, nn];
+        let grid = [m as u32, cdiv(n, self.block("split_sum", "BLOCK")?), 1];
+        self.launch("split_sum", grid, &args)
+    }
+
     /// `y[m, w.rows] = x[m, w.cols] @ w^T`.
-    fn gemm(&self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
+    fn gemm(&mut self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
+        if let (Form::Float(f), true) = (form(w.dtype)?, m <= DECODE_M) {
+            if let Some(per) = self.split_columns(&format!("gemm_{f}_split"), w)? {
+                return self.gemm_split((x, y), w, m, f, per);
+            }
+        }
         let (mm, n, k) = (
             i32_arg(m, "rows")?,
             i32_arg(w.rows, "weight rows")?,
@@ -554,6 +674,74 @@ impl CudaBackend {
             KernelArg::F32(eps),
         ];
         self.launch(name, [rows as u32, groups as u32, 1], &args)
+    }
+
+    /// Split-K decode attention of the tokens that attend one at a time: ranges of
+    /// `split_keys` keys in parallel (`paged_attention_split`), then the merge of the tokens
+    /// that took several (`attention_combine`). A token's result depends on its context only.
+    fn attend_split(
+        &mut self,
+        (kc, vc): (DevicePtr, DevicePtr),
+        kind: &str,
+        shape: &AttentionShape,
+        d: usize,
+        group: usize,
+    ) -> Result<()> {
+        let (toks, singles) = self.at.toks;
+        let splits = self.attn_splits;
+        let part_bytes = 4 * singles * shape.num_heads * splits * (d + 2);
+        let part = self.attn_part.ensure(&self.gpu, part_bytes)?;
+        let window = i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?;
+        let keys = i32_arg(self.split_keys, "split keys")?;
+        let depth = i32_arg(splits, "attention splits")?;
+        let args = [
+            p(self.buf(Buf::Q)?),
+            p(kc),
+            p(vc),
+            p(self.index(self.at.block_tables)?),
+            p(self.index(self.at.bt_start)?),
+            p(self.index(self.at.positions)?),
+            p(self.index(toks)?),
+            p(self.buf(Buf::Attn)?),
+            p(part),
+            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(group, "GQA group")?,
+            i32_arg(shape.num_kv_heads, "kv heads")?,
+            i32_arg(shape.head_dim, "head_dim")?,
+            i32_arg(shape.block_size, "block size")?,
+            window,
+            KernelArg::F32(shape.scale),
+            KernelArg::F32(shape.softcap.unwrap_or(0.0)),
+            keys,
+            depth,
+        ];
+        let grid = [singles as u32, shape.num_heads as u32, splits as u32];
+        self.launch(&format!("paged_attention_split_{kind}_d{d}"), grid, &args)?;
+        let args = [
+            p(part),
+            p(self.index(self.at.positions)?),
+            p(self.index(toks)?),
+            p(self.buf(Buf::Attn)?),
+            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(shape.head_dim, "head_dim")?,
+            window,
+            keys,
+            depth,
+        ];
+        let grid = [singles as u32, shape.num_heads as u32, 1];
+        self.launch(&format!("attention_combine_d{d}"), grid, &args)
+    }
+
+    /// Rope `rope`'s frequencies on the device and the batch's runs of tokens under it.
+    #[allow(clippy::type_complexity)]
+    fn rope_of(&self, rope: usize) -> Result<(&UploadedRope, &[(usize, usize, bool)])> {
+        match (self.inv_freq.get(rope), self.rope_runs.get(rope)) {
+            (Some(u), Some(r)) => Ok((u, r)),
+            _ => Err(ModelError::Invalid(format!(
+                "rope {rope} was not given to begin"
+            ))),
+        }
     }
 
     fn head_block(head_dim: usize) -> Result<usize> {
@@ -687,6 +875,19 @@ impl Backend for CudaBackend {
             h.extend(0..t as u32);
         }
         let singles = h.len() - toks;
+        // Split-K for the single tokens when the longest context spans several ranges; the
+        // grid depth rounds up to a power of two, so graphs are captured again rarely.
+        let longest = h[toks..]
+            .iter()
+            .map(|&i| {
+                batch
+                    .positions
+                    .get(i as usize)
+                    .map_or(0, |&p| p as usize + 1)
+            })
+            .max()
+            .unwrap_or(0);
+        self.attn_splits = longest.div_ceil(self.split_keys).max(1).next_power_of_two();
         let rows = h.len();
         h.extend_from_slice(&batch.logits_indices);
         // A padded bucket computes a row per token; the padding's are never read.
@@ -798,6 +999,7 @@ impl Backend for CudaBackend {
             kv: layers,
             block_size: kv.block_size(),
             kv_dtype: kv_name(kv.dtype()),
+            splits: self.attn_splits,
         };
         if self.graphs.refused.contains(&key) {
             return Ok(GraphStep::Plain);
@@ -888,14 +1090,7 @@ impl Backend for CudaBackend {
 
     fn rope(&mut self, rope: usize, buf: Buf) -> Result<()> {
         let width = self.width(buf);
-        let (u, runs) = match (self.inv_freq.get(rope), self.rope_runs.get(rope)) {
-            (Some(u), Some(r)) => (u, r),
-            _ => {
-                return Err(ModelError::Invalid(format!(
-                    "rope {rope} was not given to begin"
-                )))
-            }
-        };
+        let (u, runs) = self.rope_of(rope)?;
         let (half, hd) = (u.short.1.len(), u.head_dim);
         if half > self.block("rope", "HALF_BLOCK")? as usize {
             return Err(ModelError::Invalid(format!(
@@ -920,6 +1115,53 @@ impl Backend for CudaBackend {
                 KernelArg::F32(u.mscale),
             ];
             self.launch("rope", [n as u32, (width / hd) as u32, 1], &args)?;
+        }
+        Ok(())
+    }
+
+    fn rope_write_kv(
+        &mut self,
+        rope: usize,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        _batch: &ForwardBatch,
+    ) -> Result<()> {
+        let (kc, vc) = kv.device_layer(layer)?;
+        let d = Self::head_block(shape.head_dim)?;
+        let name = format!("rope_kv_write_{}_d{d}", kv_name(kv.dtype()));
+        let (u, runs) = self.rope_of(rope)?;
+        let (half, hd) = (u.short.1.len(), u.head_dim);
+        if hd != shape.head_dim || 2 * half > d {
+            return Err(ModelError::Invalid(format!(
+                "rope {rope} (head_dim {hd}, rotary {}) does not fit the keys' heads of {}",
+                2 * half,
+                shape.head_dim
+            )));
+        }
+        let width = self.dims.kv;
+        let (k, v) = (self.buf(Buf::K)?, self.buf(Buf::V)?);
+        let (slots, positions) = (self.index(self.at.slots)?, self.index(self.at.positions)?);
+        for &(first, n, long) in runs {
+            let freq = match (&u.long, long) {
+                (Some(l), true) => l.0.ptr(),
+                _ => u.short.0.ptr(),
+            };
+            let args = [
+                p(k.offset(4 * first * width)),
+                p(v.offset(4 * first * width)),
+                p(kc),
+                p(vc),
+                p(slots.offset(4 * first)),
+                p(positions.offset(4 * first)),
+                p(freq),
+                i32_arg(width, "row stride")?,
+                i32_arg(shape.num_kv_heads, "kv heads")?,
+                i32_arg(hd, "head_dim")?,
+                i32_arg(half, "rotary half")?,
+                KernelArg::F32(u.mscale),
+            ];
+            self.launch(&name, [n as u32, shape.num_kv_heads as u32, 1], &args)?;
         }
         Ok(())
     }
@@ -974,7 +1216,8 @@ impl Backend for CudaBackend {
             let indices = vec![p(self.index(at)?), p(self.index(self.at.positions)?)];
             launches.push((name, indices, n));
         }
-        if singles > 0 {
+        let split = singles > 0 && self.attn_splits > 1;
+        if singles > 0 && !split {
             let name = format!("paged_attention_{kind}_d{d}");
             // block-table starts, positions, the token list
             let indices = vec![
@@ -983,6 +1226,9 @@ impl Backend for CudaBackend {
                 p(self.index(toks)?),
             ];
             launches.push((name, indices, singles));
+        }
+        if split {
+            self.attend_split((kc, vc), kind, shape, d, group)?;
         }
         for (name, indices, programs) in launches {
             let mut args = vec![

@@ -23,7 +23,9 @@ mod cpu;
 mod cuda;
 
 pub use cpu::{CpuBackend, MoeStats};
-pub use cuda::{CudaBackend, GpuVector, GpuWeight, GRAPH_BUCKETS};
+pub use cuda::{
+    CudaBackend, DecodeSplit, GpuVector, GpuWeight, DECODE_SPLIT, GRAPH_BUCKETS, SPLIT_KEYS,
+};
 
 use crate::sampling::{RowSampling, SampledRows};
 use crate::{KvCache, Result};
@@ -176,6 +178,20 @@ pub trait Backend: std::fmt::Debug + Sized {
         shape: &AttentionShape,
         batch: &ForwardBatch,
     ) -> Result<()>;
+    /// `K` rotated under `ropes[rope]` ([`Backend::rope`]), then written with `V` into layer
+    /// `layer` of `kv` ([`Backend::write_kv`]); `K` itself is consumed (a backend may leave it
+    /// unrotated). By default the two operations one after the other; a GPU fuses them.
+    fn rope_write_kv(
+        &mut self,
+        rope: usize,
+        kv: &mut KvCache,
+        layer: usize,
+        shape: &AttentionShape,
+        batch: &ForwardBatch,
+    ) -> Result<()> {
+        self.rope(rope, Buf::K)?;
+        self.write_kv(kv, layer, shape, batch)
+    }
     /// `Attn = attention(Q, layer's keys and values)` over the batch's block tables.
     fn attend(
         &mut self,
