@@ -98,12 +98,14 @@ def all_specs():
             f"gemm_{short}_decode", "gemm", "gemm", params,
             {"HAS_BIAS": 0, "BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
             num_stages=DECODE_STAGES))
-        specs.append(_spec(
-            f"gemm_{short}_split", "gemm", "gemm_split",
-            [("x_ptr", "*fp32"), ("w_ptr", f"*{ty}"), ("part_ptr", "*fp32"), ("m", "i32"),
-             ("n", "i32"), ("k", "i32"), ("x_stride", "i32"), ("k_per_split", "i32")],
-            {"BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
-            num_stages=DECODE_STAGES))
+        for gated, suffix in ((0, ""), (1, "_silu"), (2, "_gelu")):
+            specs.append(_spec(
+                f"gemm_{short}_split{suffix}", "gemm", "gemm_split",
+                [("x_ptr", "*fp32"), ("up_ptr", "*fp32"), ("w_ptr", f"*{ty}"),
+                 ("part_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
+                 ("x_stride", "i32"), ("k_per_split", "i32")],
+                {"GATED": gated, "BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
+                num_stages=DECODE_STAGES))
         if short != "f32":
             bm, bn, bk, warps, stages = LARGE_TILES
             specs.append(_spec(

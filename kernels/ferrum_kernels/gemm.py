@@ -41,13 +41,17 @@ def gemm(x_ptr, w_ptr, bias_ptr, y_ptr, m, n, k, x_stride, y_stride,
 
 
 @triton.jit
-def gemm_split(x_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
+               GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
     """Split-K product for few rows: grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N), splits)``;
     program ``(i, j, z)`` multiplies the columns ``z * k_per_split ..`` (``k_per_split`` of
     them, the last range cut at ``k``) and writes its ``[BLOCK_M, BLOCK_N]`` partial to
-    ``part[z, m, n]`` (f32). ``split_sum`` adds the partials in ``z`` order, so the result is
-    deterministic. The tile arithmetic is ``gemm``'s."""
+    ``part[z, m, n]`` (f32; with one range that is the product itself). ``split_sum`` adds
+    the partials in ``z`` order, so the result is deterministic. The tile arithmetic is
+    ``gemm``'s. ``GATED`` 1 (SiLU) or 2 (GELU, tanh form) makes the left operand
+    ``act(x) * up`` (``up`` at ``x``'s stride), ``gated_act``'s arithmetic in registers: the
+    MLP's down product without the gated rows written and read back."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -59,8 +63,16 @@ def gemm_split(x_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
-                    mask=(rm[:, None] < m) & (kk[None, :] < k_hi), other=0.0)
+        amask = (rm[:, None] < m) & (kk[None, :] < k_hi)
+        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=amask, other=0.0)
+        if GATED != 0:
+            u = tl.load(up_ptr + rm[:, None] * x_stride + kk[None, :], mask=amask, other=0.0)
+            if GATED == 1:
+                a = a / (1.0 + tl.exp(-a))
+            else:
+                zz = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+                a = a / (1.0 + tl.exp(-2.0 * zz))
+            a = a * u
         b = tl.load(w_ptr + rn[None, :] * k + kk[:, None],
                     mask=(rn[None, :] < n) & (kk[:, None] < k_hi), other=0.0)
         if w_ptr.dtype.element_ty == tl.float32:

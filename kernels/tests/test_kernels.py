@@ -265,13 +265,29 @@ class Kernels(unittest.TestCase):
                 dx, dw = r.dev(x), r.dev(w, ty)
                 part = self.nan(splits * m * n)
                 r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
-                         [r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k, xs, kps])
+                         [r.ptr(dx), r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k, xs, kps])
                 want = (round_to(x[:, :k], short).astype(np.float64)
                         @ round_to(w, short).astype(np.float64).T)
                 y = self.nan(m, n + 2)
                 r.launch("split_sum", (m, cdiv(n, SPECS["split_sum"]["constexprs"]["BLOCK"])),
                          [r.ptr(part), r.ptr(y), m, n, splits, n + 2])
                 assert_close(self, f"{name} {m}x{n}x{k} by {kps}", r.host(y)[:, :n], want, TOL)
+                # The gated forms: act(x) * up as the left operand, equal to gated_act's rows
+                # multiplied by the plain form.
+                up = self.rand(m, xs)
+                dup = r.dev(up)
+                for act, suffix in ((0, "_silu"), (1, "_gelu")):
+                    gated = self.nan(m, xs)
+                    r.launch(f"gated_{'silu' if act == 0 else 'gelu_tanh'}", (m, cdiv(xs, 1024)),
+                             [r.ptr(dx), r.ptr(dup), r.ptr(gated), xs, xs, xs, xs])
+                    want_g = self.nan(splits * m * n)
+                    r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
+                             [r.ptr(gated), r.ptr(gated), r.ptr(dw), r.ptr(want_g), m, n, k, xs,
+                              kps])
+                    got_g = self.nan(splits * m * n)
+                    r.launch(name + suffix, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
+                             [r.ptr(dx), r.ptr(dup), r.ptr(dw), r.ptr(got_g), m, n, k, xs, kps])
+                    np.testing.assert_array_equal(r.host(got_g), r.host(want_g), name + suffix)
                 if splits == 1:
                     y1 = self.nan(m, n)
                     d = SPECS[f"gemm_{short}_decode"]["constexprs"]

@@ -548,23 +548,34 @@ impl CudaBackend {
     }
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns: partials, then their
-    /// sum in range order.
+    /// sum in range order (one range writes `y` itself). With `gated`, the left operand is
+    /// `act(x) * up` (the MLP's down product, from `Gate` and `Up`).
     fn gemm_split(
         &mut self,
         (x, y): (DevicePtr, DevicePtr),
         w: &GpuWeight,
         m: usize,
-        f: &str,
-        per: usize,
+        (f, per): (&str, usize),
+        gated: Option<(DevicePtr, GatedAct)>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
-        let splits = k.div_ceil(per);
-        let part = self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?;
-        let name = format!("gemm_{f}_split");
+        let splits = k.div_ceil(per.max(1));
+        let part = if splits == 1 {
+            y
+        } else {
+            self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?
+        };
+        let (up, suffix) = match gated {
+            None => (x, ""),
+            Some((up, GatedAct::Silu)) => (up, "_silu"),
+            Some((up, GatedAct::GeluTanh)) => (up, "_gelu"),
+        };
+        let name = format!("gemm_{f}_split{suffix}");
         let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
         let kk = i32_arg(k, "weight columns")?;
         let args = [
             p(x),
+            p(up),
             p(w.buf.ptr()),
             p(part),
             mm,
@@ -579,6 +590,9 @@ impl CudaBackend {
             splits as u32,
         ];
         self.launch(&name, grid, &args)?;
+        if splits == 1 {
+            return Ok(());
+        }
         let args = [p(part), p(y), mm, nn, i32_arg(splits, "ranges")?, nn];
         let grid = [m as u32, cdiv(n, self.block("split_sum", "BLOCK")?), 1];
         self.launch("split_sum", grid, &args)
@@ -588,7 +602,7 @@ impl CudaBackend {
     fn gemm(&mut self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
         if let (Form::Float(f), true) = (form(w.dtype)?, m <= DECODE_M) {
             if let Some(per) = self.split_columns(&format!("gemm_{f}_split"), w)? {
-                return self.gemm_split((x, y), w, m, f, per);
+                return self.gemm_split((x, y), w, m, (f, per), None);
             }
         }
         let (mm, n, k) = (
@@ -1266,6 +1280,14 @@ impl Backend for CudaBackend {
             GatedAct::GeluTanh => "gated_gelu_tanh",
         };
         let (gate, up) = (self.buf(Buf::Gate)?, self.buf(Buf::Up)?);
+        // Few rows of a float weight: the activation inside the (split-K) down product.
+        if let (Form::Float(f), true) = (form(w.dtype)?, self.tokens <= DECODE_M) {
+            let per = self
+                .split_columns(&format!("gemm_{f}_split"), w)?
+                .unwrap_or(w.cols);
+            let (t, y) = (self.tokens, self.buf(out)?);
+            return self.gemm_split((gate, y), w, t, (f, per), Some((up, act)));
+        }
         let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
         // In place: Gate = act(Gate) * Up.
         let args = [
