@@ -140,8 +140,8 @@ def all_specs():
     specs.append(_spec(
         "logit_edits", "sampling", "logit_edits",
         [("work_ptr", "*fp32"), ("edit_off_ptr", "*i32"), ("tok_ptr", "*u32"),
-         ("rep_ptr", "*fp32"), ("sub_ptr", "*fp32"), ("bias_ptr", "*fp32"), ("n_cols", "i32"),
-         ("row_stride", "i32")],
+         ("rep_ptr", "*fp32"), ("sub_ptr", "*fp32"), ("bias_ptr", "*fp32"), ("mask_ptr", "*u32"),
+         ("mask_off_ptr", "*i32"), ("n_cols", "i32"), ("row_stride", "i32")],
         {"BLOCK": 256}))
     specs.append(_spec(
         "sample_rows", "sampling", "sample_rows",
@@ -187,7 +187,7 @@ def all_specs():
                  ("q_stride", "i32"), ("out_stride", "i32"), ("group", "i32"),
                  ("num_kv_heads", "i32"), ("head_dim", "i32"), ("block_size", "i32"),
                  ("window", "i32"), ("scale", "fp32"), ("softcap", "fp32"),
-                 ("split_keys", "i32"), ("max_splits", "i32")],
+                 ("split_keys", "i32"), ("max_ranges", "i32"), ("max_splits", "i32")],
                 {"BLOCK_N": 32, "D_BLOCK": d}))
             specs.append(_spec(
                 f"prefill_attention_{short}_d{d}", "prefill_attention", "prefill_attention",
@@ -210,6 +210,7 @@ def all_specs():
             f"attention_combine_d{d}", "attention", "attention_combine",
             [("part_ptr", "*fp32"), ("pos_ptr", "*u32"), ("tok_ptr", "*u32"),
              ("out_ptr", "*fp32"), ("out_stride", "i32"), ("head_dim", "i32"),
-             ("window", "i32"), ("split_keys", "i32"), ("max_splits", "i32")],
+             ("window", "i32"), ("split_keys", "i32"), ("max_ranges", "i32"),
+             ("max_splits", "i32")],
             {"D_BLOCK": d}, num_warps=1))
     return specs

@@ -65,11 +65,13 @@ def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_
 def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr,
                           pos_ptr, tok_ptr, out_ptr, part_ptr, q_stride, out_stride, group,
                           num_kv_heads, head_dim, block_size, window, scale, softcap,
-                          split_keys, max_splits, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
+                          split_keys, max_ranges, max_splits, BLOCK_N: tl.constexpr,
+                          D_BLOCK: tl.constexpr):
     """Split-K decode attention (flash-decoding). Grid ``(n, num_heads, max_splits)``: a token
-    whose context (``lo ..= pos``) holds ``ctx`` keys is cut into ``splits = cdiv(ctx,
-    split_keys)`` ranges of ``split_keys`` keys, program ``(i, h, s)`` taking range ``s``
-    (programs past a token's ranges do nothing). With one range the program writes the output,
+    whose context (``lo ..= pos``) holds ``ctx`` keys is cut into ``splits = min(cdiv(ctx,
+    split_keys), max_ranges)`` ranges of ``cdiv(ctx, splits)`` keys (the last may be shorter
+    or empty), program ``(i, h, s)`` taking range ``s`` (programs past a token's ranges do
+    nothing). With one range the program writes the output,
     computed exactly as ``paged_attention`` does; with more, each writes its partial
     ``(acc[D_BLOCK], max, sum)`` to ``part[((i * num_heads + h) * max_splits + s) *
     (D_BLOCK + 2)]`` and ``attention_combine`` merges them. A token's result depends on its
@@ -85,12 +87,13 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
     lo = 0
     if window > 0:
         lo = tl.maximum(pos - window + 1, 0)
-    splits = tl.cdiv(pos + 1 - lo, split_keys)
+    splits = tl.minimum(tl.cdiv(pos + 1 - lo, split_keys), max_ranges)
     if s < splits:
         q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
         bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
-        first = lo + s * split_keys
-        end = tl.minimum(first + split_keys, pos + 1)
+        per = tl.cdiv(pos + 1 - lo, splits)
+        first = lo + s * per
+        end = tl.minimum(first + per, pos + 1)
         m_i = tl.full([], -float("inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([D_BLOCK], dtype=tl.float32)
@@ -125,7 +128,7 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
 
 @triton.jit
 def attention_combine(part_ptr, pos_ptr, tok_ptr, out_ptr, out_stride, head_dim, window,
-                      split_keys, max_splits, D_BLOCK: tl.constexpr):
+                      split_keys, max_ranges, max_splits, D_BLOCK: tl.constexpr):
     """Grid ``(n, num_heads)``: merges the partials ``paged_attention_split`` wrote for a token
     of more than one range (in range order, rescaled to the running maximum), and writes its
     output; tokens of one range were written already."""
@@ -138,7 +141,7 @@ def attention_combine(part_ptr, pos_ptr, tok_ptr, out_ptr, out_stride, head_dim,
     lo = 0
     if window > 0:
         lo = tl.maximum(pos - window + 1, 0)
-    splits = tl.cdiv(pos + 1 - lo, split_keys)
+    splits = tl.minimum(tl.cdiv(pos + 1 - lo, split_keys), max_ranges)
     if splits > 1:
         base = part_ptr + (i.to(tl.int64) * nh + h) * max_splits * (D_BLOCK + 2)
         m = tl.full([], -float("inf"), tl.float32)

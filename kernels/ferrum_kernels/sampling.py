@@ -69,19 +69,25 @@ def sample_prepare(logits_ptr, work_ptr, mask_ptr, mask_off_ptr, n_cols, row_str
 
 
 @triton.jit
-def logit_edits(work_ptr, edit_off_ptr, tok_ptr, rep_ptr, sub_ptr, bias_ptr, n_cols, row_stride,
-                BLOCK: tl.constexpr):
+def logit_edits(work_ptr, edit_off_ptr, tok_ptr, rep_ptr, sub_ptr, bias_ptr, mask_ptr,
+                mask_off_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
     """Grid ``(rows,)``: row ``r``'s edits ``edit_off[r] .. edit_off[r + 1]`` (distinct tokens)
     applied in place: the repetition penalty (``l / rep`` when ``l > 0``, else ``l * rep``;
-    none when ``rep == 1``), then ``- sub``, then ``+ bias``."""
+    none when ``rep == 1``), then ``- sub``, then ``+ bias``. Tokens the row's mask (as
+    ``sample_prepare`` reads it) does not allow keep their minus infinity: the host edits
+    first and masks after."""
     r = tl.program_id(0).to(tl.int64)
     start = tl.load(edit_off_ptr + r)
     end = tl.load(edit_off_ptr + r + 1)
+    off = tl.load(mask_off_ptr + r)
     for e0 in range(start, end, BLOCK):
         e = e0 + tl.arange(0, BLOCK)
         m = e < end
         t = tl.load(tok_ptr + e, mask=m, other=0)
         m = m & (t < n_cols)
+        if off >= 0:
+            words = tl.load(mask_ptr + off + t // 32, mask=m, other=0)
+            m = m & (((words >> (t % 32)) & 1) != 0)
         rep = tl.load(rep_ptr + e, mask=m, other=1.0)
         sub = tl.load(sub_ptr + e, mask=m, other=0.0)
         bias = tl.load(bias_ptr + e, mask=m, other=0.0)
@@ -129,7 +135,8 @@ def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, o
     token = best_idx
     if inv_t != 0.0:
         mx = best
-        floor = mx + tl.load(ln_min_p_ptr + r)
+        ln_min_p = tl.load(ln_min_p_ptr + r)
+        floor = tl.where(ln_min_p == NEG_INF, NEG_INF, mx + ln_min_p)
         count = tl.full([], 0, tl.int32)
         for start in range(0, n_cols, BLOCK):
             c = start + cols

@@ -391,9 +391,12 @@ class Kernels(unittest.TestCase):
         single = r.host(out).copy()
         # Split-K (flash-decoding): ranges of split_keys keys, partials merged by
         # attention_combine; tokens of one range equal paged_attention's bit for bit.
-        for split_keys in ((5, 16) if fine_splits else (16,)):
+        # (keys per range at least, ranges at most): 5 keys capped at 3 ranges makes longer,
+        # uneven ranges (and an empty last one for some contexts).
+        for split_keys, max_ranges in (((5, 3), (5, 64), (16, 64)) if fine_splits
+                                       else ((16, 64),)):
             ctx = [p + 1 - (max(0, p - window + 1) if window > 0 else 0) for _, p in tokens]
-            max_splits = max(cdiv(c, split_keys) for c in ctx)
+            max_splits = max(min(cdiv(c, split_keys), max_ranges) for c in ctx)
             part = r.dev(np.full(t * nh * max_splits * (d_block + 2), np.nan, np.float32))
             out = self.nan(t, nh * hd)
             r.launch(f"paged_attention_split_{short}_d{d_block}", (t, nh, max_splits),
@@ -401,12 +404,13 @@ class Kernels(unittest.TestCase):
                       r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
                       r.ptr(r.dev(toks, "u32")), r.ptr(out), r.ptr(part), stride, nh * hd,
                       group, nkv, hd, block_size, window, scale, softcap, split_keys,
-                      max_splits])
+                      max_ranges, max_splits])
             r.launch(f"attention_combine_d{d_block}", (t, nh),
                      [r.ptr(part), r.ptr(r.dev(pos, "u32")), r.ptr(r.dev(toks, "u32")),
-                      r.ptr(out), nh * hd, hd, window, split_keys, max_splits])
+                      r.ptr(out), nh * hd, hd, window, split_keys, max_ranges, max_splits])
             got = r.host(out)
-            assert_close(self, f"{what} split {split_keys}", got.reshape(t, nh, hd), want, TOL)
+            assert_close(self, f"{what} split {split_keys}/{max_ranges}", got.reshape(t, nh, hd),
+                         want, TOL)
             one = np.array([c <= split_keys for c in ctx])
             np.testing.assert_array_equal(got[one], single[one], f"{what} split {split_keys}")
         # The prefill kernel over the same tokens in tiles of at most BLOCK_M tokens of one

@@ -152,12 +152,14 @@ class Sampling(unittest.TestCase):
 
     def test_prepare_and_edits(self):
         """The mask (tokens past its words not allowed), then the edits in order: repetition,
-        subtraction, bias; rows without a mask or edits untouched."""
+        subtraction, bias, skipping tokens the mask does not allow; rows without a mask or
+        edits untouched."""
         r = self.r
         rows, cols = 3, 70
         logits = (self.rng.standard_normal((rows, cols)) * 2).astype(np.float32)
         words = cdiv(cols, 32)
         mask = self.rng.integers(0, 2**32, (2, words), dtype=np.uint64).astype(np.uint32)
+        mask[0, 0] &= np.uint32(0xFFFFFFFE)   # token 0 not allowed in row 0, which edits it
         mask_off = np.array([0, -1, words], np.int32)
         work = r.dev(np.full((rows, cols), np.nan, np.float32))
         grid = (rows, cdiv(cols, SPECS["sample_prepare"]["constexprs"]["BLOCK"]))
@@ -181,13 +183,18 @@ class Sampling(unittest.TestCase):
         before = r.host(work).copy()
         r.launch("logit_edits", (rows,), [r.ptr(work), r.ptr(r.dev(edit_off, "i32")),
                                           r.ptr(r.dev(tok, "u32")), r.ptr(r.dev(rep)),
-                                          r.ptr(r.dev(sub)), r.ptr(r.dev(bias)), cols, cols])
+                                          r.ptr(r.dev(sub)), r.ptr(r.dev(bias)),
+                                          r.ptr(r.dev(mask.ravel(), "u32")),
+                                          r.ptr(r.dev(mask_off, "i32")), cols, cols])
         want = before.copy()
         for row in range(rows):
             for e in range(edit_off[row], edit_off[row + 1]):
                 t = int(tok[e])
                 if t >= cols:
                     continue
+                off = mask_off[row]
+                if off >= 0 and not (int(mask.ravel()[off + t // 32]) >> (t % 32)) & 1:
+                    continue  # a token the mask does not allow keeps its minus infinity
                 l = want[row, t]
                 if rep[e] != 1:
                     l = np.float32(l / rep[e]) if l > 0 else np.float32(l * rep[e])

@@ -29,7 +29,9 @@
 
 use crate::guide::Guide;
 use crate::rng::Draws;
-use ferrum_models::sampling::{raw_logprobs, LogitEdit, RowSampler, RowSampling, SampledRow};
+use ferrum_models::sampling::{
+    raw_logprobs, LogitEdit, RowSampler, RowSampling, SampledRow, GREEDY_BELOW,
+};
 use ferrum_types::{SamplingParams, TokenId};
 use std::collections::HashMap;
 
@@ -69,13 +71,14 @@ pub struct Sampler {
     draws: Draws,
     /// Output tokens recorded so far: the index of the next draw.
     position: u64,
-    /// Tokens of the prompt (repetition penalty), as a bitset.
-    prompt_seen: Vec<u64>,
     /// Occurrences of each token in the output (all penalties); a token taken back leaves.
     counts: HashMap<TokenId, u32>,
-    /// Steps 1 and 2 as edits ([`Sampler::prepare`]), and where each token's sits.
+    /// The edits of the prompt (repetition penalty) and the logit bias, and where each
+    /// token's sits: made once.
+    base: Vec<LogitEdit>,
+    base_at: HashMap<TokenId, usize>,
+    /// Steps 1 and 2 as edits ([`Sampler::prepare`]).
     edits: Vec<LogitEdit>,
-    edit_at: HashMap<TokenId, usize>,
     host: RowSampler,
     scratch: Vec<(f32, TokenId)>,
 }
@@ -96,7 +99,12 @@ impl Sampler {
             }
         }
         let mut s = Sampler {
-            temperature: params.temperature,
+            // Below GREEDY_BELOW a temperature is greedy (as vLLM has it).
+            temperature: if params.temperature < GREEDY_BELOW {
+                0.0
+            } else {
+                params.temperature
+            },
             top_p: params.top_p,
             top_k: params.top_k,
             min_p: params.min_p,
@@ -107,20 +115,31 @@ impl Sampler {
             logprobs: params.logprobs,
             draws: Draws::new(params.seed.unwrap_or(seed)),
             position: 0,
-            prompt_seen: Vec::new(),
             counts: HashMap::new(),
+            base: Vec::new(),
+            base_at: HashMap::new(),
             edits: Vec::new(),
-            edit_at: HashMap::new(),
             host: RowSampler::default(),
             scratch: Vec::new(),
         };
         if s.repetition_penalty != 1.0 {
-            s.prompt_seen = vec![0; vocab_size.div_ceil(64)];
+            let mut seen = vec![0u64; vocab_size.div_ceil(64)];
             for &t in prompt {
-                if let Some(w) = s.prompt_seen.get_mut(t as usize / 64) {
+                if let Some(w) = seen.get_mut(t as usize / 64) {
                     *w |= 1 << (t % 64);
                 }
             }
+            for (w, &bits) in seen.iter().enumerate() {
+                let mut b = bits;
+                while b != 0 {
+                    let t = (w * 64) as TokenId + b.trailing_zeros();
+                    edit_of(&mut s.base, &mut s.base_at, t).repetition = s.repetition_penalty;
+                    b &= b - 1;
+                }
+            }
+        }
+        for &(t, b) in &s.logit_bias {
+            edit_of(&mut s.base, &mut s.base_at, t).bias = b;
         }
         s
     }
@@ -167,35 +186,37 @@ impl Sampler {
     }
 
     /// Builds this request's edits (steps 1 and 2 but the mask) from its penalties, its output
-    /// so far and its logit bias; [`Sampler::row_spec`] hands them over.
+    /// so far and its logit bias; [`Sampler::row_spec`] hands them over. The prompt's and the
+    /// bias's edits are made once; a step adds the output's.
     pub fn prepare(&mut self) {
         self.edits.clear();
-        self.edit_at.clear();
-        if !self.has_penalties() && self.logit_bias.is_empty() {
+        self.edits.extend_from_slice(&self.base);
+        if !self.has_penalties() {
             return;
         }
-        let (edits, at) = (&mut self.edits, &mut self.edit_at);
-        let rp = self.repetition_penalty;
-        if rp != 1.0 {
-            for (w, &bits) in self.prompt_seen.iter().enumerate() {
-                let mut b = bits;
-                while b != 0 {
-                    edit_of(edits, at, (w * 64) as TokenId + b.trailing_zeros()).repetition = rp;
-                    b &= b - 1;
+        let (rp, fp, pp) = (
+            self.repetition_penalty,
+            self.frequency_penalty,
+            self.presence_penalty,
+        );
+        for (&t, &c) in &self.counts {
+            let subtract = if fp != 0.0 || pp != 0.0 {
+                fp * c as f32 + pp
+            } else {
+                0.0
+            };
+            match self.base_at.get(&t) {
+                Some(&i) => {
+                    self.edits[i].repetition = rp;
+                    self.edits[i].subtract = subtract;
                 }
+                None => self.edits.push(LogitEdit {
+                    token: t,
+                    repetition: rp,
+                    subtract,
+                    bias: 0.0,
+                }),
             }
-            for &t in self.counts.keys() {
-                edit_of(edits, at, t).repetition = rp;
-            }
-        }
-        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
-            for (&t, &c) in &self.counts {
-                edit_of(edits, at, t).subtract =
-                    self.frequency_penalty * c as f32 + self.presence_penalty;
-            }
-        }
-        for &(t, b) in &self.logit_bias {
-            edit_of(edits, at, t).bias = b;
         }
     }
 
@@ -280,8 +301,8 @@ impl Sampler {
         self.record(token);
     }
 
-    /// Takes back an output token recorded for the penalties (a rejected proposal, or a
-    /// sequence rolled back). Taking back a token never recorded changes nothing.
+    /// Takes back the last output token recorded (a sequence rolled back): its penalty count
+    /// and its draw position, so the next draw is the one it had.
     pub fn take_back(&mut self, token: TokenId) {
         if let Some(c) = self.counts.get_mut(&token) {
             *c -= 1;

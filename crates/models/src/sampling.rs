@@ -8,7 +8,8 @@
 //!
 //! 1. the sparse edits (penalties and logit bias, one [`LogitEdit`] per token), then the
 //!    allowed-token mask of a constrained request (the others go to minus infinity);
-//! 2. greedy (`temperature == 0`): the argmax ([`crate::argmax`]'s rules) of the edited row;
+//! 2. greedy (`temperature` below [`GREEDY_BELOW`]): the argmax ([`crate::argmax`]'s rules)
+//!    of the edited row;
 //! 3. otherwise every logit is multiplied by `1 / temperature`; the candidates are the finite
 //!    logits of at least `max + ln(min_p)`;
 //! 4. top-k keeps the candidates whose logit is at least the k-th largest (ties with it stay);
@@ -19,9 +20,11 @@
 //!    sliver).
 //!
 //! Probabilities are `exp(l - max)` in f32 and masses are f64 sums, so the host and a device
-//! differ only in the order of the sums and the last bits of `exp` (an ulp or two): the same
-//! uniform picks the same token unless it falls within about 1e-7 of a boundary between two
-//! tokens' masses.
+//! differ only in the order of the sums and the last bits of the tempered logits and of `exp`
+//! (an ulp or two; a GPU may fuse the multiply into the subtraction): the same uniform picks the
+//! same token unless it falls within about 1e-7 of a boundary between two tokens' masses, and a
+//! top-p group whose larger candidates' mass lies within that of `top_p` of the total may be
+//! kept on one side and dropped on the other.
 //! NaN logits count as minus infinity everywhere.
 //!
 //! Logprobs are those of the raw row (before any edit): `l - logsumexp(row)`, and the top `n`
@@ -29,6 +32,10 @@
 
 use crate::{ModelError, Result};
 use ferrum_types::TokenId;
+
+/// Temperatures below this are greedy (vLLM's rule): dividing by them would overflow the
+/// logits to infinity.
+pub const GREEDY_BELOW: f32 = 1e-5;
 
 /// One token's edit of a logit, in this order: the repetition penalty (`l / r` when `l > 0`,
 /// else `l * r`; no-op when `r == 1`), then `- subtract` (frequency and presence penalties),
@@ -59,7 +66,7 @@ impl LogitEdit {
 /// What one row's choice needs besides its logits.
 #[derive(Debug, Clone, Copy)]
 pub struct RowSampling<'a> {
-    /// 0 is greedy.
+    /// 0 (or anything below [`GREEDY_BELOW`]) is greedy.
     pub temperature: f32,
     /// 0 keeps every candidate.
     pub top_k: usize,
@@ -80,7 +87,7 @@ impl RowSampling<'_> {
     /// The argmax of the raw row is the whole answer: greedy, nothing edited or masked, no
     /// logprobs.
     pub fn is_plain_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < GREEDY_BELOW
             && self.edits.is_empty()
             && self.mask.is_none()
             && self.logprobs.is_none()
@@ -111,14 +118,15 @@ pub struct RowSampler {
 impl RowSampler {
     /// The token for `logits` under `spec`, with its logprobs.
     pub fn sample(&mut self, logits: &[f32], spec: &RowSampling<'_>) -> SampledRow {
-        let token = if spec.temperature == 0.0 && spec.edits.is_empty() && spec.mask.is_none() {
+        let greedy = spec.temperature < GREEDY_BELOW;
+        let token = if greedy && spec.edits.is_empty() && spec.mask.is_none() {
             crate::argmax(logits)
         } else {
             let mut work = std::mem::take(&mut self.work);
             work.clear();
             work.extend_from_slice(logits);
             edit_row(&mut work, spec.edits, spec.mask);
-            let t = if spec.temperature == 0.0 {
+            let t = if greedy {
                 crate::argmax(&work)
             } else {
                 self.draw(&mut work, spec)
@@ -431,6 +439,19 @@ mod tests {
         // Nothing finite: the argmax's rule (0).
         let row = [f32::NEG_INFINITY, f32::NAN];
         assert_eq!(s.sample(&row, &spec(0.7)).token, 0);
+    }
+
+    #[test]
+    fn tiny_temperatures_are_greedy() {
+        let mut s = RowSampler::default();
+        let row = [1.0f32, 3.0, 2.0];
+        for t in [1e-40f32, 1e-6, 0.0] {
+            let sp = RowSampling {
+                uniform: 0.0,
+                ..spec(t)
+            };
+            assert_eq!(s.sample(&row, &sp).token, 1, "temperature {t}");
+        }
     }
 
     #[test]

@@ -187,7 +187,9 @@ impl Guide {
         self.mask.as_ref().map_or(&[], |m| m.as_slice())
     }
 
-    /// The allowed token with the largest logit (the first on ties), without copying.
+    /// The allowed token with the largest logit (the first on ties), without copying: the
+    /// argmax of the masked row by [`ferrum_models::argmax`]'s rules (NaN never wins; `None`
+    /// when no allowed logit beats minus infinity, where the masked row's argmax is 0).
     pub fn argmax(&self, logits: &[f32]) -> Option<TokenId> {
         let words: &[u32] = self.mask.as_ref().map_or(&[], |m| m.as_slice());
         let mut best: Option<(f32, usize)> = None;
@@ -199,7 +201,7 @@ impl Guide {
                 let Some(&l) = logits.get(i) else {
                     break;
                 };
-                if best.is_none_or(|(bl, _)| l > bl) {
+                if l > best.map_or(f32::NEG_INFINITY, |(bl, _)| bl) {
                     best = Some((l, i));
                 }
             }

@@ -50,15 +50,19 @@ const LARGE_M: usize = 512;
 /// Query tokens per tile of the prefill attention kernel (`PREFILL_M` in `kernels/specs.py`).
 const PREFILL_M: usize = 64;
 
-/// Keys per range of split-K decode attention (`paged_attention_split`): a decode token whose
-/// context is longer attends in ranges of this many keys, merged by `attention_combine`.
+/// Keys per range of split-K decode attention (`paged_attention_split`), at least: a decode
+/// token whose context is longer attends in ranges, merged by `attention_combine`.
 pub const SPLIT_KEYS: usize = 512;
 
-/// Split-K decode products (`gemm_*_split`): a float product of at most [`DECODE_M`] rows
+/// Ranges of split-K decode attention, at most (longer contexts take longer ranges): bounds
+/// the partials' buffer (`tokens x heads x 16 x (head_dim + 2)` f32) and the grid.
+pub const ATTENTION_RANGES: usize = 16;
+
+/// Split-K decode products (`gemm_*_split`): a float product of at most 16 rows (`DECODE_M`)
 /// whose output tiles make fewer than `programs` programs is cut along `k` into enough ranges
 /// to make about that many, each at least `min_k` columns deep. How many ranges depends on
 /// the weight's shape only, never on the batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeSplit {
     pub programs: usize,
     pub min_k: usize,
@@ -174,8 +178,11 @@ struct GraphKey {
     /// The cache's block size and element type (launch arguments and kernel choice).
     block_size: usize,
     kv_dtype: &'static str,
-    /// The split-K attention's grid depth (a power of two; 1 without splits).
+    /// The split-K attention's grid depth (a power of two; 1 without splits), its keys per
+    /// range, and how decode products split (launch arguments and grids).
     splits: usize,
+    split_keys: usize,
+    decode_split: DecodeSplit,
 }
 
 /// The decode graphs of one backend.
@@ -708,6 +715,7 @@ impl CudaBackend {
         let window = i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?;
         let keys = i32_arg(self.split_keys, "split keys")?;
         let depth = i32_arg(splits, "attention splits")?;
+        let ranges = i32_arg(ATTENTION_RANGES, "attention ranges")?;
         let args = [
             p(self.buf(Buf::Q)?),
             p(kc),
@@ -728,6 +736,7 @@ impl CudaBackend {
             KernelArg::F32(shape.scale),
             KernelArg::F32(shape.softcap.unwrap_or(0.0)),
             keys,
+            ranges,
             depth,
         ];
         let grid = [singles as u32, shape.num_heads as u32, splits as u32];
@@ -741,6 +750,7 @@ impl CudaBackend {
             i32_arg(shape.head_dim, "head_dim")?,
             window,
             keys,
+            ranges,
             depth,
         ];
         let grid = [singles as u32, shape.num_heads as u32, 1];
@@ -901,7 +911,10 @@ impl Backend for CudaBackend {
             })
             .max()
             .unwrap_or(0);
-        self.attn_splits = longest.div_ceil(self.split_keys).max(1).next_power_of_two();
+        self.attn_splits = longest
+            .div_ceil(self.split_keys)
+            .clamp(1, ATTENTION_RANGES)
+            .next_power_of_two();
         let rows = h.len();
         h.extend_from_slice(&batch.logits_indices);
         // A padded bucket computes a row per token; the padding's are never read.
@@ -1014,6 +1027,8 @@ impl Backend for CudaBackend {
             block_size: kv.block_size(),
             kv_dtype: kv_name(kv.dtype()),
             splits: self.attn_splits,
+            split_keys: self.split_keys,
+            decode_split: self.decode_split,
         };
         if self.graphs.refused.contains(&key) {
             return Ok(GraphStep::Plain);

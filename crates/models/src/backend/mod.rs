@@ -24,7 +24,8 @@ mod cuda;
 
 pub use cpu::{CpuBackend, MoeStats};
 pub use cuda::{
-    CudaBackend, DecodeSplit, GpuVector, GpuWeight, DECODE_SPLIT, GRAPH_BUCKETS, SPLIT_KEYS,
+    CudaBackend, DecodeSplit, GpuVector, GpuWeight, ATTENTION_RANGES, DECODE_SPLIT, GRAPH_BUCKETS,
+    SPLIT_KEYS,
 };
 
 use crate::sampling::{RowSampling, SampledRows};

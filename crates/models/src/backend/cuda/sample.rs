@@ -13,7 +13,7 @@
 
 use super::{cdiv, i32_arg, p, read_words, CudaBackend, GpuVector, GpuWeight, Grown};
 use crate::backend::Backend;
-use crate::sampling::{RowSampling, SampledRow, SampledRows};
+use crate::sampling::{RowSampling, SampledRow, SampledRows, GREEDY_BELOW};
 use crate::{ModelError, Result};
 use ferrum_runtime::cuda::KernelArg;
 
@@ -94,7 +94,7 @@ fn encode(specs: &[RowSampling<'_>], vocab: usize, words: &mut Vec<u32>) -> (Sec
     let clamp = |v: usize| v.min(vocab).min(i32::MAX as usize) as u32;
     let (mut e, mut m, mut max_n) = (0, 0, 0);
     for (r, s) in specs.iter().enumerate() {
-        let greedy = s.temperature == 0.0;
+        let greedy = s.temperature < GREEDY_BELOW;
         words[at.inv_t + r] = if greedy { 0.0 } else { 1.0 / s.temperature }.to_bits();
         let ln_min_p = if s.min_p > 0.0 {
             s.min_p.ln()
@@ -204,6 +204,8 @@ impl CudaBackend {
                     p(word(at.rep)),
                     p(word(at.sub)),
                     p(word(at.bias)),
+                    p(word(at.masks)),
+                    p(word(at.mask_off)),
                     cols,
                     stride,
                 ];
