@@ -20,27 +20,18 @@ import triton.language as tl
 
 
 @triton.jit
-def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
-                    tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
-                    block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
-                    D_BLOCK: tl.constexpr):
-    t = tl.load(tok_ptr + tl.program_id(0)).to(tl.int64)
-    h = tl.program_id(1)
-    kvh = (h // group).to(tl.int64)
+def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads, head_dim,
+                 block_size, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
+    """The online softmax of ``q`` over the keys at positions ``first .. end`` of the block
+    table ``bt``: ``(max, sum, acc)``, unnormalized (``acc / sum`` is the output)."""
     d = tl.arange(0, D_BLOCK)
     dmask = d < head_dim
-    q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
-    pos = tl.load(pos_ptr + t).to(tl.int32)
-    bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
-    lo = 0
-    if window > 0:
-        lo = tl.maximum(pos - window + 1, 0)
     m_i = tl.full([], -float("inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D_BLOCK], dtype=tl.float32)
-    for start in range(lo, pos + 1, BLOCK_N):
+    for start in range(first, end, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
-        kmask = kpos <= pos
+        kmask = kpos < end
         page = tl.load(bt + kpos // block_size, mask=kmask, other=0).to(tl.int64)
         slot = page * block_size + (kpos % block_size)
         off = (slot * num_kv_heads + kvh) * head_dim
@@ -58,6 +49,28 @@ def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
+                    tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
+                    block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
+                    D_BLOCK: tl.constexpr):
+    t = tl.load(tok_ptr + tl.program_id(0)).to(tl.int64)
+    h = tl.program_id(1)
+    kvh = (h // group).to(tl.int64)
+    d = tl.arange(0, D_BLOCK)
+    dmask = d < head_dim
+    q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
+    pos = tl.load(pos_ptr + t).to(tl.int32)
+    bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(pos - window + 1, 0)
+    m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, lo, pos + 1,
+                                 num_kv_heads, head_dim, block_size, scale, softcap, BLOCK_N,
+                                 D_BLOCK)
     tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
 
 
@@ -71,11 +84,11 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
     whose context (``lo ..= pos``) holds ``ctx`` keys is cut into ``splits = min(cdiv(ctx,
     split_keys), max_ranges)`` ranges of ``cdiv(ctx, splits)`` keys (the last may be shorter
     or empty), program ``(i, h, s)`` taking range ``s`` (programs past a token's ranges do
-    nothing). With one range the program writes the output,
-    computed exactly as ``paged_attention`` does; with more, each writes its partial
-    ``(acc[D_BLOCK], max, sum)`` to ``part[((i * num_heads + h) * max_splits + s) *
-    (D_BLOCK + 2)]`` and ``attention_combine`` merges them. A token's result depends on its
-    own context only, never on the batch."""
+    nothing). With one range the program writes the output, computed exactly as
+    ``paged_attention`` does; with more, each writes its partial ``(acc[D_BLOCK], max, sum)``
+    to ``part[((i * num_heads + h) * max_splits + s) * (D_BLOCK + 2)]`` and
+    ``attention_combine`` merges them. A token's result depends on its own context only, never
+    on the batch."""
     i = tl.program_id(0)
     t = tl.load(tok_ptr + i).to(tl.int64)
     h = tl.program_id(1)
@@ -94,28 +107,9 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
         per = tl.cdiv(pos + 1 - lo, splits)
         first = lo + s * per
         end = tl.minimum(first + per, pos + 1)
-        m_i = tl.full([], -float("inf"), tl.float32)
-        l_i = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([D_BLOCK], dtype=tl.float32)
-        for start in range(first, end, BLOCK_N):
-            kpos = start + tl.arange(0, BLOCK_N)
-            kmask = kpos < end
-            page = tl.load(bt + kpos // block_size, mask=kmask, other=0).to(tl.int64)
-            slot = page * block_size + (kpos % block_size)
-            off = (slot * num_kv_heads + kvh) * head_dim
-            tile_mask = kmask[:, None] & dmask[None, :]
-            k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-            sc = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
-            if softcap > 0:
-                sc = softcap * (2.0 / (1.0 + tl.exp(-2.0 * sc / softcap)) - 1.0)
-            sc = tl.where(kmask, sc, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new)
-            v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            m_i = m_new
+        m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end,
+                                     num_kv_heads, head_dim, block_size, scale, softcap,
+                                     BLOCK_N, D_BLOCK)
         if splits == 1:
             tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
         else:

@@ -106,6 +106,35 @@ def _tempered(row, c, n_cols, scale):
 
 
 @triton.jit
+def _kept(v, floor, kth, cut):
+    """The tempered values that are candidates (finite, at least ``floor``) whose key is at
+    least ``kth`` (top-k) and above ``cut`` (top-p)."""
+    key = _key(v)
+    return (v >= floor) & (v > NEG_INF) & (key >= kth) & (key > cut)
+
+
+@triton.jit
+def _count(row, n_cols, scale, floor, kth, BLOCK: tl.constexpr):
+    """How many of the row's tempered values ``_kept`` keeps (no top-p cut)."""
+    n = tl.full([], 0, tl.int32)
+    for start in range(0, n_cols, BLOCK):
+        v = _tempered(row, start + tl.arange(0, BLOCK), n_cols, scale)
+        n += tl.sum(_kept(v, floor, kth, 0).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def _mass(row, n_cols, scale, mx, floor, kth, cut, BLOCK: tl.constexpr):
+    """The f64 sum of ``exp(v - mx)`` over the values ``_kept`` keeps, in chunk order."""
+    total = tl.full([], 0.0, tl.float64)
+    for start in range(0, n_cols, BLOCK):
+        v = _tempered(row, start + tl.arange(0, BLOCK), n_cols, scale)
+        p = tl.where(_kept(v, floor, kth, cut), tl.exp(v - mx), 0.0)
+        total += tl.sum(p.to(tl.float64), axis=0)
+    return total
+
+
+@triton.jit
 def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, out_ptr, n_cols,
                 row_stride, BLOCK: tl.constexpr):
     """Grid ``(rows,)``: row ``r`` of ``src`` (edited and masked already) to a token, as
@@ -137,11 +166,7 @@ def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, o
         mx = best
         ln_min_p = tl.load(ln_min_p_ptr + r)
         floor = tl.where(ln_min_p == NEG_INF, NEG_INF, mx + ln_min_p)
-        count = tl.full([], 0, tl.int32)
-        for start in range(0, n_cols, BLOCK):
-            c = start + cols
-            v = _tempered(row, c, n_cols, scale)
-            count += tl.sum(((v >= floor) & (v > NEG_INF)).to(tl.int32), axis=0)
+        count = _count(row, n_cols, scale, floor, 0, BLOCK)
         if count > 0:
             k = tl.load(top_k_ptr + r)
             # Every candidate's key is above 0: a floor of 0 keeps them all.
@@ -149,20 +174,9 @@ def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, o
             if (k > 0) & (k < count):
                 for bit in range(0, 32):
                     trial = kth | (tl.full([], 0x80000000, tl.uint32) >> bit)
-                    n = tl.full([], 0, tl.int32)
-                    for start in range(0, n_cols, BLOCK):
-                        c = start + cols
-                        v = _tempered(row, c, n_cols, scale)
-                        cand = (v >= floor) & (v > NEG_INF) & (_key(v) >= trial)
-                        n += tl.sum(cand.to(tl.int32), axis=0)
+                    n = _count(row, n_cols, scale, floor, trial, BLOCK)
                     kth = tl.where(n >= k, trial, kth)
-            total = tl.full([], 0.0, tl.float64)
-            for start in range(0, n_cols, BLOCK):
-                c = start + cols
-                v = _tempered(row, c, n_cols, scale)
-                cand = (v >= floor) & (v > NEG_INF) & (_key(v) >= kth)
-                p = tl.where(cand, tl.exp(v - mx), 0.0)
-                total += tl.sum(p.to(tl.float64), axis=0)
+            total = _mass(row, n_cols, scale, mx, floor, kth, 0, BLOCK)
             top_p = tl.load(top_p_ptr + r)
             # Kept: candidates of key >= kth and key > cut.
             cut = tl.full([], 0, tl.uint32)
@@ -170,23 +184,9 @@ def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, o
                 target = top_p.to(tl.float64) * total
                 for bit in range(0, 32):
                     trial = cut | (tl.full([], 0x80000000, tl.uint32) >> bit)
-                    above = tl.full([], 0.0, tl.float64)
-                    for start in range(0, n_cols, BLOCK):
-                        c = start + cols
-                        v = _tempered(row, c, n_cols, scale)
-                        key = _key(v)
-                        cand = (v >= floor) & (v > NEG_INF) & (key >= kth) & (key > trial)
-                        p = tl.where(cand, tl.exp(v - mx), 0.0)
-                        above += tl.sum(p.to(tl.float64), axis=0)
+                    above = _mass(row, n_cols, scale, mx, floor, kth, trial, BLOCK)
                     cut = tl.where(above >= target, trial, cut)
-                total = tl.full([], 0.0, tl.float64)
-                for start in range(0, n_cols, BLOCK):
-                    c = start + cols
-                    v = _tempered(row, c, n_cols, scale)
-                    key = _key(v)
-                    cand = (v >= floor) & (v > NEG_INF) & (key >= kth) & (key > cut)
-                    p = tl.where(cand, tl.exp(v - mx), 0.0)
-                    total += tl.sum(p.to(tl.float64), axis=0)
+                total = _mass(row, n_cols, scale, mx, floor, kth, cut, BLOCK)
             x = tl.load(u_ptr + r) * total
             running = tl.full([], 0.0, tl.float64)
             found = tl.full([], n_cols, tl.int32)
@@ -194,8 +194,7 @@ def sample_rows(src_ptr, inv_t_ptr, ln_min_p_ptr, top_k_ptr, top_p_ptr, u_ptr, o
             for start in range(0, n_cols, BLOCK):
                 c = start + cols
                 v = _tempered(row, c, n_cols, scale)
-                key = _key(v)
-                kept = (v >= floor) & (v > NEG_INF) & (key >= kth) & (key > cut)
+                kept = _kept(v, floor, kth, cut)
                 p = tl.where(kept, tl.exp(v - mx), 0.0).to(tl.float64)
                 cum = running + tl.cumsum(p, axis=0)
                 hit = kept & (cum > x)

@@ -611,16 +611,7 @@ impl EngineCore {
                             q.sampler.row_spec(i, guide.map(Guide::mask_words))
                         }
                         // A row nobody reads (its sequence is gone): greedy.
-                        None => RowSampling {
-                            temperature: 0.0,
-                            top_k: 0,
-                            top_p: 1.0,
-                            min_p: 0.0,
-                            uniform: 0.0,
-                            edits: &[],
-                            mask: None,
-                            logprobs: None,
-                        },
+                        None => RowSampling::greedy(),
                     });
                 }
             }

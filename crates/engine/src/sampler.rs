@@ -29,9 +29,7 @@
 
 use crate::guide::Guide;
 use crate::rng::Draws;
-use ferrum_models::sampling::{
-    raw_logprobs, LogitEdit, RowSampler, RowSampling, SampledRow, GREEDY_BELOW,
-};
+use ferrum_models::sampling::{LogitEdit, RowSampler, RowSampling, SampledRow, GREEDY_BELOW};
 use ferrum_types::{SamplingParams, TokenId};
 use std::collections::HashMap;
 
@@ -80,7 +78,6 @@ pub struct Sampler {
     /// Steps 1 and 2 as edits ([`Sampler::prepare`]).
     edits: Vec<LogitEdit>,
     host: RowSampler,
-    scratch: Vec<(f32, TokenId)>,
 }
 
 impl Sampler {
@@ -120,7 +117,6 @@ impl Sampler {
             base_at: HashMap::new(),
             edits: Vec::new(),
             host: RowSampler::default(),
-            scratch: Vec::new(),
         };
         if s.repetition_penalty != 1.0 {
             let mut seen = vec![0u64; vocab_size.div_ceil(64)];
@@ -245,18 +241,7 @@ impl Sampler {
             // Greedy and nothing edited: the best allowed token, without a copy.
             Some(g) if self.temperature == 0.0 && self.edits.is_empty() => {
                 let token = g.argmax(logits).unwrap_or(0);
-                let (logprob, top_logprobs) = match self.logprobs {
-                    Some(n) => {
-                        let (lp, top) = raw_logprobs(logits, token, n, &mut self.scratch);
-                        (Some(lp), top)
-                    }
-                    None => (None, Vec::new()),
-                };
-                SampledRow {
-                    token,
-                    logprob,
-                    top_logprobs,
-                }
+                self.host.with_logprobs(logits, token, self.logprobs)
             }
             _ => {
                 let mut host = std::mem::take(&mut self.host);

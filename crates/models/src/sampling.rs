@@ -83,6 +83,22 @@ pub struct RowSampling<'a> {
     pub logprobs: Option<usize>,
 }
 
+impl RowSampling<'static> {
+    /// Greedy over the raw row, nothing more asked.
+    pub fn greedy() -> RowSampling<'static> {
+        RowSampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            uniform: 0.0,
+            edits: &[],
+            mask: None,
+            logprobs: None,
+        }
+    }
+}
+
 impl RowSampling<'_> {
     /// The argmax of the raw row is the whole answer: greedy, nothing edited or masked, no
     /// logprobs.
@@ -134,7 +150,18 @@ impl RowSampler {
             self.work = work;
             t
         };
-        let (logprob, top_logprobs) = match spec.logprobs {
+        self.with_logprobs(logits, token, spec.logprobs)
+    }
+
+    /// `token` (chosen from `logits` by whatever rule) with the raw logprobs of `logits`: its
+    /// own and the top `logprobs`, when asked for.
+    pub fn with_logprobs(
+        &mut self,
+        logits: &[f32],
+        token: TokenId,
+        logprobs: Option<usize>,
+    ) -> SampledRow {
+        let (logprob, top_logprobs) = match logprobs {
             Some(n) => {
                 let (lp, top) = raw_logprobs(logits, token, n, &mut self.ranked);
                 (Some(lp), top)
@@ -360,13 +387,8 @@ mod tests {
     fn spec(temperature: f32) -> RowSampling<'static> {
         RowSampling {
             temperature,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
             uniform: 0.5,
-            edits: &[],
-            mask: None,
-            logprobs: None,
+            ..RowSampling::greedy()
         }
     }
 

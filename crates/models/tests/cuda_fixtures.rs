@@ -330,13 +330,7 @@ fn device_sampling_follows_the_host_rules() {
         let mask: Vec<u32> = vec![0x5555_5555; vocab.div_ceil(32)];
         let base = RowSampling {
             temperature: 0.8,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            uniform: 0.0,
-            edits: &[],
-            mask: None,
-            logprobs: None,
+            ..RowSampling::greedy()
         };
         let kinds = [
             RowSampling { ..base },

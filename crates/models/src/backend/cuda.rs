@@ -255,6 +255,16 @@ struct UploadedRope {
     mscale: f32,
 }
 
+impl UploadedRope {
+    /// The frequencies of a run of tokens: LongRoPE's long set when `long` and there is one.
+    fn freq(&self, long: bool) -> DevicePtr {
+        match (&self.long, long) {
+            (Some(l), true) => l.0.ptr(),
+            _ => self.short.0.ptr(),
+        }
+    }
+}
+
 fn slot(b: Buf) -> usize {
     match b {
         Buf::X => 0,
@@ -1130,10 +1140,7 @@ impl Backend for CudaBackend {
         let x = self.buf(buf)?;
         let positions = self.index(self.at.positions)?;
         for &(first, n, long) in runs {
-            let freq = match (&u.long, long) {
-                (Some(l), true) => l.0.ptr(),
-                _ => u.short.0.ptr(),
-            };
+            let freq = u.freq(long);
             let args = [
                 p(x.offset(4 * first * width)),
                 p(positions.offset(4 * first)),
@@ -1172,10 +1179,7 @@ impl Backend for CudaBackend {
         let (k, v) = (self.buf(Buf::K)?, self.buf(Buf::V)?);
         let (slots, positions) = (self.index(self.at.slots)?, self.index(self.at.positions)?);
         for &(first, n, long) in runs {
-            let freq = match (&u.long, long) {
-                (Some(l), true) => l.0.ptr(),
-                _ => u.short.0.ptr(),
-            };
+            let freq = u.freq(long);
             let args = [
                 p(k.offset(4 * first * width)),
                 p(v.offset(4 * first * width)),
