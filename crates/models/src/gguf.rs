@@ -1,17 +1,17 @@
 //! GGUF (versions 2 and 3, little-endian) parsing.
 //!
-//! The file is memory-mapped; metadata is decoded into [`GgufValue`]s and tensor data stays in
+//! The file is memory-mapped; metadata is decoded into [`GgufValue`]s (arrays by element type,
+//! [`GgufArray`]: a vocabulary is a few buffers, not an allocation per token) and tensor data stays in
 //! the map (tensors are handed out as mapped [`Tensor`]s in their block format). Every count and
 //! length read from the file is checked against the bytes that remain before anything is
 //! allocated, so a corrupt header cannot make the parser allocate more than the file justifies.
 //! Shapes are returned row-major: GGUF's `ne[0]` (the contiguous dimension) comes last.
 
+use crate::file_map::FileMap;
 use crate::{ModelError, Result};
-use ferrum_runtime::{DType, Storage, Tensor};
-use memmap2::Mmap;
+use ferrum_runtime::{DType, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -30,7 +30,7 @@ pub enum GgufValue {
     F32(f32),
     Bool(bool),
     String(String),
-    Array(Vec<GgufValue>),
+    Array(GgufArray),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -78,7 +78,7 @@ impl GgufValue {
     }
 
     /// The value as an array.
-    pub fn as_array(&self) -> Option<&[GgufValue]> {
+    pub fn as_array(&self) -> Option<&GgufArray> {
         match self {
             GgufValue::Array(a) => Some(a),
             _ => None,
@@ -102,6 +102,139 @@ impl GgufValue {
             GgufValue::I64(_) => "int64",
             GgufValue::F64(_) => "float64",
         }
+    }
+}
+
+/// A metadata array, its elements stored by type: a vocabulary's 262k token strings are one
+/// buffer and its scores one `Vec<f32>`, not 262k values and allocations each.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(GgufStrings),
+    Array(Vec<GgufArray>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+impl GgufArray {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            GgufArray::U8(v) => v.len(),
+            GgufArray::I8(v) => v.len(),
+            GgufArray::U16(v) => v.len(),
+            GgufArray::I16(v) => v.len(),
+            GgufArray::U32(v) => v.len(),
+            GgufArray::I32(v) => v.len(),
+            GgufArray::F32(v) => v.len(),
+            GgufArray::Bool(v) => v.len(),
+            GgufArray::String(v) => v.len(),
+            GgufArray::Array(v) => v.len(),
+            GgufArray::U64(v) => v.len(),
+            GgufArray::I64(v) => v.len(),
+            GgufArray::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a value (a string or array element copied).
+    pub fn get(&self, i: usize) -> Option<GgufValue> {
+        Some(match self {
+            GgufArray::U8(v) => GgufValue::U8(*v.get(i)?),
+            GgufArray::I8(v) => GgufValue::I8(*v.get(i)?),
+            GgufArray::U16(v) => GgufValue::U16(*v.get(i)?),
+            GgufArray::I16(v) => GgufValue::I16(*v.get(i)?),
+            GgufArray::U32(v) => GgufValue::U32(*v.get(i)?),
+            GgufArray::I32(v) => GgufValue::I32(*v.get(i)?),
+            GgufArray::F32(v) => GgufValue::F32(*v.get(i)?),
+            GgufArray::Bool(v) => GgufValue::Bool(*v.get(i)?),
+            GgufArray::String(v) => GgufValue::String(v.get(i)?.to_owned()),
+            GgufArray::Array(v) => GgufValue::Array(v.get(i)?.clone()),
+            GgufArray::U64(v) => GgufValue::U64(*v.get(i)?),
+            GgufArray::I64(v) => GgufValue::I64(*v.get(i)?),
+            GgufArray::F64(v) => GgufValue::F64(*v.get(i)?),
+        })
+    }
+
+    /// The elements as values, in order (see [`GgufArray::get`]).
+    pub fn iter(&self) -> impl Iterator<Item = GgufValue> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// The strings, when the elements are strings.
+    pub fn as_strings(&self) -> Option<&GgufStrings> {
+        match self {
+            GgufArray::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The GGUF type name of the elements, for error messages.
+    pub fn element_type_name(&self) -> &'static str {
+        match self {
+            GgufArray::U8(_) => "uint8",
+            GgufArray::I8(_) => "int8",
+            GgufArray::U16(_) => "uint16",
+            GgufArray::I16(_) => "int16",
+            GgufArray::U32(_) => "uint32",
+            GgufArray::I32(_) => "int32",
+            GgufArray::F32(_) => "float32",
+            GgufArray::Bool(_) => "bool",
+            GgufArray::String(_) => "string",
+            GgufArray::Array(_) => "array",
+            GgufArray::U64(_) => "uint64",
+            GgufArray::I64(_) => "int64",
+            GgufArray::F64(_) => "float64",
+        }
+    }
+}
+
+/// Strings in one buffer. Invariant: `ends` is non-decreasing, each on a character boundary of
+/// `text`, the last at its end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufStrings {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl GgufStrings {
+    /// Number of strings.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// String `i`.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    /// The strings in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
     }
 }
 
@@ -135,7 +268,7 @@ impl GgufTensorInfo {
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: FileMap,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
     meta_index: HashMap<String, usize>,
@@ -143,36 +276,19 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
 }
 
-/// A read-only anonymous map holding a copy of `bytes` (an empty input is an error: a map
-/// cannot be empty, and no model file is).
-pub(crate) fn anonymous_map(name: &Path, bytes: &[u8]) -> Result<Arc<Mmap>> {
-    if bytes.is_empty() {
-        return Err(ModelError::format(name, "file is empty"));
-    }
-    let mut m = memmap2::MmapMut::map_anon(bytes.len()).map_err(|e| ModelError::io(name, e))?;
-    m.copy_from_slice(bytes);
-    Ok(Arc::new(
-        m.make_read_only().map_err(|e| ModelError::io(name, e))?,
-    ))
-}
-
 impl GgufFile {
     /// Maps and parses `path`.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
-        // SAFETY: the map is read-only; a file truncated underneath us by another process is
-        // outside what any mmap-based loader can defend against.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        GgufFile::parse(path, Arc::new(map))
+        GgufFile::parse(path, FileMap::open(path)?)
     }
 
     /// Parses a file's contents held in memory (copied into an anonymous map); `name` stands
     /// for the file in errors. For tests and fuzzing.
     pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<GgufFile> {
-        GgufFile::parse(name, anonymous_map(name, bytes)?)
+        GgufFile::parse(name, FileMap::copy(name, bytes)?)
     }
 
-    fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile> {
+    fn parse(path: &Path, map: FileMap) -> Result<GgufFile> {
         let mut r = Reader {
             buf: &map,
             pos: 0,
@@ -380,7 +496,9 @@ impl GgufFile {
                 ),
             });
         };
-        let storage = Storage::mapped(Arc::clone(&self.map), info.offset, len)
+        let storage = self
+            .map
+            .storage(info.offset, len)
             .ok_or_else(|| too_large(&self.path, name))?;
         Ok(Tensor::new(dtype, info.shape.clone(), storage)?)
     }
@@ -461,6 +579,97 @@ impl<'a> Reader<'a> {
             .map_err(|_| ModelError::format(self.path, format!("{what} is not valid UTF-8")))
     }
 
+    fn bool(&mut self, key: &str) -> Result<bool> {
+        match self.array::<1>(key)?[0] {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(ModelError::format(
+                self.path,
+                format!("metadata `{key}`: bool byte {b} is neither 0 nor 1"),
+            )),
+        }
+    }
+
+    /// An array's element type, count and elements (after the array's type tag).
+    fn array_value(&mut self, key: &str, depth: usize) -> Result<GgufArray> {
+        let elem_ty = self.u32(key)?;
+        let len = self.u64(key)?;
+        let min_size = match elem_ty {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            8 | 10..=12 => 8,
+            9 => 12,
+            t => {
+                return Err(ModelError::format(
+                    self.path,
+                    format!("metadata `{key}`: unknown array element type {t}"),
+                ))
+            }
+        };
+        self.check_count(len, min_size, &format!("array `{key}` length"))?;
+        let len = len as usize;
+        /// `len` fixed-size little-endian numbers of type `$t`.
+        macro_rules! numbers {
+            ($variant:ident, $t:ty) => {{
+                let mut v = Vec::with_capacity(len);
+                for _ in 0..len {
+                    v.push(<$t>::from_le_bytes(self.array(key)?));
+                }
+                GgufArray::$variant(v)
+            }};
+        }
+        Ok(match elem_ty {
+            0 => numbers!(U8, u8),
+            1 => numbers!(I8, i8),
+            2 => numbers!(U16, u16),
+            3 => numbers!(I16, i16),
+            4 => numbers!(U32, u32),
+            5 => numbers!(I32, i32),
+            6 => numbers!(F32, f32),
+            7 => {
+                let mut v = Vec::with_capacity(len);
+                for _ in 0..len {
+                    v.push(self.bool(key)?);
+                }
+                GgufArray::Bool(v)
+            }
+            8 => {
+                let mut v = GgufStrings {
+                    text: String::new(),
+                    ends: Vec::with_capacity(len),
+                };
+                for _ in 0..len {
+                    let n = self.u64(key)?;
+                    self.check_count(n, 1, &format!("{key} length"))?;
+                    let bytes = self.take(n as usize, key)?;
+                    let s = std::str::from_utf8(bytes).map_err(|_| {
+                        ModelError::format(self.path, format!("{key} is not valid UTF-8"))
+                    })?;
+                    v.push(s);
+                }
+                v.text.shrink_to_fit();
+                GgufArray::String(v)
+            }
+            9 => {
+                if depth + 1 >= MAX_ARRAY_NESTING {
+                    return Err(ModelError::format(
+                        self.path,
+                        format!("metadata `{key}`: arrays nested too deeply"),
+                    ));
+                }
+                let mut v = Vec::with_capacity(len);
+                for _ in 0..len {
+                    v.push(self.array_value(key, depth + 1)?);
+                }
+                GgufArray::Array(v)
+            }
+            10 => numbers!(U64, u64),
+            11 => numbers!(I64, i64),
+            _ => numbers!(F64, f64),
+        })
+    }
+
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<GgufValue> {
         Ok(match ty {
             0 => GgufValue::U8(self.array::<1>(key)?[0]),
@@ -470,16 +679,7 @@ impl<'a> Reader<'a> {
             4 => GgufValue::U32(self.u32(key)?),
             5 => GgufValue::I32(i32::from_le_bytes(self.array(key)?)),
             6 => GgufValue::F32(f32::from_le_bytes(self.array(key)?)),
-            7 => match self.array::<1>(key)?[0] {
-                0 => GgufValue::Bool(false),
-                1 => GgufValue::Bool(true),
-                b => {
-                    return Err(ModelError::format(
-                        self.path,
-                        format!("metadata `{key}`: bool byte {b} is neither 0 nor 1"),
-                    ))
-                }
-            },
+            7 => GgufValue::Bool(self.bool(key)?),
             8 => GgufValue::String(self.string(key)?),
             9 => {
                 if depth >= MAX_ARRAY_NESTING {
@@ -488,27 +688,7 @@ impl<'a> Reader<'a> {
                         format!("metadata `{key}`: arrays nested too deeply"),
                     ));
                 }
-                let elem_ty = self.u32(key)?;
-                let len = self.u64(key)?;
-                let min_size = match elem_ty {
-                    0 | 1 | 7 => 1,
-                    2 | 3 => 2,
-                    4..=6 => 4,
-                    8 | 10..=12 => 8,
-                    9 => 12,
-                    t => {
-                        return Err(ModelError::format(
-                            self.path,
-                            format!("metadata `{key}`: unknown array element type {t}"),
-                        ))
-                    }
-                };
-                self.check_count(len, min_size, &format!("array `{key}` length"))?;
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(self.value(elem_ty, key, depth + 1)?);
-                }
-                GgufValue::Array(items)
+                GgufValue::Array(self.array_value(key, depth)?)
             }
             10 => GgufValue::U64(self.u64(key)?),
             11 => GgufValue::I64(i64::from_le_bytes(self.array(key)?)),
@@ -520,5 +700,100 @@ impl<'a> Reader<'a> {
                 ))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 file with no tensors and `kvs` (key, type, value bytes) as its metadata.
+    fn file(kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend((kvs.len() as u64).to_le_bytes());
+        for (key, ty, value) in kvs {
+            b.extend((key.len() as u64).to_le_bytes());
+            b.extend(key.as_bytes());
+            b.extend(ty.to_le_bytes());
+            b.extend(value);
+        }
+        b
+    }
+
+    /// An array value: element type, count, then the elements' bytes.
+    fn array(elem: u32, count: u64, items: &[u8]) -> Vec<u8> {
+        let mut b = elem.to_le_bytes().to_vec();
+        b.extend(count.to_le_bytes());
+        b.extend(items);
+        b
+    }
+
+    fn strings(items: &[&str]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for s in items {
+            b.extend((s.len() as u64).to_le_bytes());
+            b.extend(s.as_bytes());
+        }
+        array(8, items.len() as u64, &b)
+    }
+
+    fn parse(bytes: &[u8]) -> Result<GgufFile> {
+        GgufFile::from_bytes(Path::new("t.gguf"), bytes)
+    }
+
+    #[test]
+    fn arrays_keep_their_element_types() {
+        let floats: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let ints: Vec<u8> = [-3i32, 7].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let nested = {
+            let mut b = strings(&["x"]);
+            b.extend(array(0, 2, &[4, 5]));
+            array(9, 2, &b)
+        };
+        let g = parse(&file(&[
+            ("s", 9, strings(&["▁a", "", "<0x0A>"])),
+            ("f", 9, array(6, 2, &floats)),
+            ("i", 9, array(5, 2, &ints)),
+            ("b", 9, array(7, 3, &[1, 0, 1])),
+            ("n", 9, nested),
+        ]))
+        .expect("parses");
+        let get = |k: &str| g.get(k).and_then(GgufValue::as_array).expect("an array");
+        let s = get("s").as_strings().expect("strings");
+        assert_eq!(s.iter().collect::<Vec<_>>(), ["▁a", "", "<0x0A>"]);
+        assert_eq!(s.get(3), None);
+        assert_eq!(get("f"), &GgufArray::F32(vec![1.5, -2.0]));
+        assert_eq!(get("i").get(0), Some(GgufValue::I32(-3)));
+        assert_eq!(get("b"), &GgufArray::Bool(vec![true, false, true]));
+        let n = get("n");
+        assert_eq!((n.len(), n.element_type_name()), (2, "array"));
+        assert_eq!(n.get(1), Some(GgufValue::Array(GgufArray::U8(vec![4, 5]))));
+        assert_eq!(get("s").iter().count(), 3);
+    }
+
+    #[test]
+    fn bad_arrays_are_named() {
+        let deep = array(9, 1, &array(9, 1, &array(0, 0, &[])));
+        let cases = [
+            (array(7, 1, &[2]), "bool byte 2"),
+            (
+                array(8, 1, &[1, 0, 0, 0, 0, 0, 0, 0, 0xff]),
+                "not valid UTF-8",
+            ),
+            (deep, "nested too deeply"),
+            (array(13, 0, &[]), "unknown array element type 13"),
+            (array(6, 1 << 40, &[]), "cannot fit"),
+        ];
+        for (value, want) in cases {
+            let err = parse(&file(&[("k", 9, value)]))
+                .expect_err(want)
+                .to_string();
+            assert!(err.contains(want), "{err} should say {want}");
+        }
     }
 }

@@ -3,13 +3,12 @@
 //! handed out as views of the map. Offsets, sizes and the header length are all checked against
 //! the file before use.
 
+use crate::file_map::FileMap;
 use crate::{ModelError, Result};
-use ferrum_runtime::{DType, Storage, Tensor};
-use memmap2::Mmap;
+use ferrum_runtime::{DType, Tensor};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// One tensor's header entry.
 #[derive(Debug, Clone)]
@@ -26,7 +25,7 @@ pub struct SafetensorsEntry {
 #[derive(Debug)]
 pub struct SafetensorsFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: FileMap,
     entries: BTreeMap<String, SafetensorsEntry>,
 }
 
@@ -43,19 +42,16 @@ fn element_size(dtype: &str) -> Option<usize> {
 impl SafetensorsFile {
     /// Maps and parses `path`.
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
-        // SAFETY: read-only map; see `GgufFile::open`.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        SafetensorsFile::parse(path, Arc::new(map))
+        SafetensorsFile::parse(path, FileMap::open(path)?)
     }
 
     /// Parses a file's contents held in memory (copied into an anonymous map); `name` stands
     /// for the file in errors. For tests and fuzzing.
     pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<SafetensorsFile> {
-        SafetensorsFile::parse(name, crate::gguf::anonymous_map(name, bytes)?)
+        SafetensorsFile::parse(name, FileMap::copy(name, bytes)?)
     }
 
-    fn parse(path: &Path, map: Arc<Mmap>) -> Result<SafetensorsFile> {
+    fn parse(path: &Path, map: FileMap) -> Result<SafetensorsFile> {
         let fmt = |m: String| ModelError::format(path, m);
         if map.len() < 8 {
             return Err(fmt(format!(
@@ -163,7 +159,8 @@ impl SafetensorsFile {
             }));
         };
         Some(
-            Storage::mapped(Arc::clone(&self.map), e.start, e.end - e.start)
+            self.map
+                .storage(e.start, e.end - e.start)
                 .ok_or_else(|| {
                     ModelError::format(&self.path, format!("tensor `{name}` lies outside the file"))
                 })

@@ -13,21 +13,39 @@ use std::sync::Arc;
 /// Bytes of one tensor. Invariant: for `Mapped`, `offset + len <= map.len()`.
 #[derive(Clone)]
 pub enum Storage {
-    /// A byte range of a memory-mapped file.
+    /// A byte range of a memory map.
     Mapped {
         map: Arc<Mmap>,
         offset: usize,
         len: usize,
+        /// Whether the map is of a file, whose pages can be given back and fault in again
+        /// (false: an anonymous map holding a copy, whose pages are its only copy).
+        file: bool,
     },
     /// Bytes owned by the process.
     Owned(Arc<[u8]>),
 }
 
 impl Storage {
-    /// A range of a map; `None` when the range does not lie inside the map.
+    /// A range of a map of a file; `None` when the range does not lie inside the map.
     pub fn mapped(map: Arc<Mmap>, offset: usize, len: usize) -> Option<Storage> {
+        Storage::mapped_range(map, offset, len, true)
+    }
+
+    /// A range of an anonymous map holding a copy of some bytes (never given back); `None`
+    /// when the range does not lie inside the map.
+    pub fn mapped_copy(map: Arc<Mmap>, offset: usize, len: usize) -> Option<Storage> {
+        Storage::mapped_range(map, offset, len, false)
+    }
+
+    fn mapped_range(map: Arc<Mmap>, offset: usize, len: usize, file: bool) -> Option<Storage> {
         let end = offset.checked_add(len)?;
-        (end <= map.len()).then_some(Storage::Mapped { map, offset, len })
+        (end <= map.len()).then_some(Storage::Mapped {
+            map,
+            offset,
+            len,
+            file,
+        })
     }
 
     /// Owned bytes.
@@ -38,7 +56,9 @@ impl Storage {
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Storage::Mapped {
+                map, offset, len, ..
+            } => &map[*offset..*offset + *len],
             Storage::Owned(b) => b,
         }
     }
@@ -56,19 +76,25 @@ impl Storage {
         self.len() == 0
     }
 
-    /// Drops the resident pages that lie wholly inside a mapped range from this process's
-    /// memory (`madvise(MADV_DONTNEED)`); nothing for owned bytes, or where the system does not
-    /// offer it. The bytes stay readable: a later read faults them back in from the file.
+    /// Drops the resident pages that lie wholly inside a range of a mapped file from this
+    /// process's memory (`madvise(MADV_DONTNEED)`); nothing for owned bytes, an anonymous map's
+    /// copy, or where the system does not offer it. The bytes stay readable: a later read faults them back in from the file.
     /// Pages shared with a neighbouring range are kept.
     pub fn release_pages(&self) {
         #[cfg(unix)]
-        if let Storage::Mapped { map, offset, len } = self {
+        if let Storage::Mapped {
+            map,
+            offset,
+            len,
+            file: true,
+        } = self
+        {
             const PAGE: usize = 4096;
             let base = map.as_ptr() as usize;
             let start = (base + offset).next_multiple_of(PAGE) - base;
             let end = (base + offset + len) / PAGE * PAGE - base;
             if end > start {
-                // SAFETY: `Mmap::map` maps the file shared and read-only, and nothing writes
+                // SAFETY: `Mmap::map` maps the file (`file: true`) read-only, and nothing writes
                 // through it, so dropping pages discards no data: a read after this one faults
                 // the same file bytes back in, and borrows of the map stay valid. The range lies
                 // inside the map (the `Mapped` invariant). A failure only leaves pages resident.
@@ -96,10 +122,13 @@ impl Storage {
             return None;
         }
         Some(match self {
-            Storage::Mapped { map, offset, .. } => Storage::Mapped {
+            Storage::Mapped {
+                map, offset, file, ..
+            } => Storage::Mapped {
                 map: Arc::clone(map),
                 offset: offset + start,
                 len,
+                file: *file,
             },
             Storage::Owned(b) => Storage::owned(b[start..end].to_vec()),
         })

@@ -78,6 +78,19 @@ impl Tensor {
         self.storage.release_pages();
     }
 
+    /// [`Tensor::release_pages`] for rows `first..first + count` only (clamped to the tensor).
+    pub fn release_row_pages(&self, first: usize, count: usize) {
+        if !self.storage.is_mapped() {
+            return;
+        }
+        let rb = self.row_bytes();
+        let first = first.min(self.rows());
+        let count = count.min(self.rows() - first);
+        if let Some(part) = self.storage.slice(first * rb, count * rb) {
+            part.release_pages();
+        }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -206,6 +219,24 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn released_rows_read_back_the_same_bytes() {
+        let path = std::env::temp_dir().join(format!("ferrum-tensor-rows-{}", std::process::id()));
+        let bytes: Vec<u8> = (0..8 * 4096).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write");
+        let file = std::fs::File::open(&path).expect("open");
+        // SAFETY: the test's own file, not changed while mapped.
+        let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.expect("map"));
+        let storage = Storage::mapped(map, 0, bytes.len()).expect("range");
+        // Eight rows of one page each.
+        let t = Tensor::new(DType::F32, vec![8, 1024], storage).expect("tensor");
+        t.release_row_pages(2, 3);
+        t.release_row_pages(7, 100);
+        t.release_row_pages(100, 1);
+        assert_eq!(t.storage().bytes(), &bytes[..]);
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn storage_size_is_checked() {

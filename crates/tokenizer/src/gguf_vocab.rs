@@ -4,22 +4,20 @@
 //! Two vocabulary kinds:
 //! - `gpt2`: byte-level BPE (vocab + merges) with the pre-tokenizer named by
 //!   `tokenizer.ggml.pre` (`gpt2`/`default`, `llama-bpe`, `qwen2`, `smollm`, `starcoder`, ...).
-//! - `llama`: SentencePiece BPE (vocab + scores) with byte fallback. Merges are derived from
-//!   the scores: for each piece, every split into two vocabulary pieces, ranked by the piece's
-//!   score, which reproduces SentencePiece's highest-score-pair-first merging.
+//! - `llama`: SentencePiece BPE (vocab + scores) with byte fallback, on Ferrum's compact
+//!   implementation ([`crate::spm`]): the pair that forms the highest-scored piece merges first,
+//!   as SentencePiece merges.
 //!
 //! Control and user-defined tokens become added tokens, so their text in a prompt maps to their
 //! id; control tokens are special (skipped when decoding for display).
 
+use crate::spm::SentencePiece;
 use crate::{Result, SpecialTokens, Tokenizer, TokenizerError};
 use ferrum_types::TokenId;
+use std::borrow::Cow;
 use std::collections::HashMap;
-use tokenizers::decoders::byte_fallback::ByteFallback;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::{Prepend, Replace, NFC};
+use tokenizers::normalizers::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
@@ -27,10 +25,10 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 /// GGUF token types (`tokenizer.ggml.token_type`).
-const TYPE_UNKNOWN: i32 = 2;
-const TYPE_CONTROL: i32 = 3;
-const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_BYTE: i32 = 6;
+pub(crate) const TYPE_UNKNOWN: i32 = 2;
+pub(crate) const TYPE_CONTROL: i32 = 3;
+pub(crate) const TYPE_USER_DEFINED: i32 = 4;
+pub(crate) const TYPE_BYTE: i32 = 6;
 
 /// Llama 3's pre-tokenizer split (from its tokenizer.json).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -51,20 +49,21 @@ pub const SUPPORTED_PRE: &[&str] = &[
     "refact",
 ];
 
-/// The tokenizer part of a GGUF file's metadata.
+/// The tokenizer part of a GGUF file's metadata. Its strings may borrow from the parsed file
+/// (a vocabulary of 262k tokens is then one vector of references, not 262k allocations).
 #[derive(Debug, Clone, Default)]
-pub struct GgufVocab {
+pub struct GgufVocab<'a> {
     /// `tokenizer.ggml.model`: `gpt2` or `llama`.
     pub model: String,
     /// `tokenizer.ggml.pre`.
     pub pre: Option<String>,
-    pub tokens: Vec<String>,
+    pub tokens: Vec<Cow<'a, str>>,
     /// Empty when absent.
     pub scores: Vec<f32>,
     /// Empty when absent (every token normal).
     pub token_types: Vec<i32>,
     /// `"left right"` pairs, in rank order; empty for `llama` vocabularies.
-    pub merges: Vec<String>,
+    pub merges: Vec<Cow<'a, str>>,
     pub bos_token_id: Option<TokenId>,
     pub eos_token_id: Option<TokenId>,
     /// End-of-turn and end-of-message ids, which also end generation.
@@ -78,7 +77,31 @@ pub struct GgufVocab {
     pub add_space_prefix: Option<bool>,
 }
 
-impl GgufVocab {
+impl GgufVocab<'_> {
+    /// A copy that owns its strings.
+    pub fn into_owned(self) -> GgufVocab<'static> {
+        let own = |v: Vec<Cow<'_, str>>| -> Vec<Cow<'static, str>> {
+            v.into_iter().map(|s| Cow::Owned(s.into_owned())).collect()
+        };
+        GgufVocab {
+            model: self.model,
+            pre: self.pre,
+            tokens: own(self.tokens),
+            scores: self.scores,
+            token_types: self.token_types,
+            merges: own(self.merges),
+            bos_token_id: self.bos_token_id,
+            eos_token_id: self.eos_token_id,
+            eot_token_id: self.eot_token_id,
+            eom_token_id: self.eom_token_id,
+            unknown_token_id: self.unknown_token_id,
+            padding_token_id: self.padding_token_id,
+            add_bos_token: self.add_bos_token,
+            add_eos_token: self.add_eos_token,
+            add_space_prefix: self.add_space_prefix,
+        }
+    }
+
     /// Builds the tokenizer this metadata describes.
     pub fn build(&self) -> Result<Tokenizer> {
         if self.tokens.is_empty() {
@@ -112,17 +135,16 @@ impl GgufVocab {
                 )));
             }
         }
-        let (mut inner, default_add_bos) = match self.model.as_str() {
-            "gpt2" => (self.build_bpe()?, false),
-            "llama" => (self.build_spm()?, true),
+        let default_add_bos = match self.model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
             other => {
                 return Err(TokenizerError::Gguf(format!(
                     "tokenizer.ggml.model '{other}' is not supported (supported: gpt2, llama)"
                 )))
             }
         };
-        self.add_added_tokens(&mut inner);
-        let name = |id: Option<TokenId>| id.map(|i| self.tokens[i as usize].clone());
+        let name = |id: Option<TokenId>| id.map(|i| self.tokens[i as usize].to_string());
         let mut special = SpecialTokens {
             bos_token: name(self.bos_token_id),
             bos_token_id: self.bos_token_id,
@@ -144,6 +166,11 @@ impl GgufVocab {
         if special.add_bos_token && special.bos_token_id.is_none() {
             special.add_bos_token = false;
         }
+        if self.model == "llama" {
+            return Tokenizer::from_sentencepiece(SentencePiece::new(self)?, special);
+        }
+        let mut inner = self.build_bpe()?;
+        self.add_added_tokens(&mut inner);
         Tokenizer::from_parts(inner, special)
     }
 
@@ -154,7 +181,7 @@ impl GgufVocab {
     fn vocab_map(&self) -> HashMap<String, u32> {
         let mut vocab = HashMap::with_capacity(self.tokens.len());
         for (i, t) in self.tokens.iter().enumerate() {
-            vocab.entry(t.clone()).or_insert(i as u32);
+            vocab.entry(t.to_string()).or_insert(i as u32);
         }
         vocab
     }
@@ -221,90 +248,20 @@ impl GgufVocab {
         Ok(t)
     }
 
-    fn build_spm(&self) -> Result<tokenizers::Tokenizer> {
-        let vocab = self.vocab_map();
-        let score = |i: usize| self.scores.get(i).copied().unwrap_or(0.0);
-        // Every split of a piece into two vocabulary pieces is a merge ranked by the piece's
-        // score (higher first; ties keep vocabulary order, then the halves' ids).
-        let mut merges: Vec<(String, String, f32)> = Vec::new();
-        for (id, piece) in self.tokens.iter().enumerate() {
-            if matches!(self.token_type(id), TYPE_CONTROL | TYPE_BYTE | TYPE_UNKNOWN) {
-                continue;
-            }
-            let mut local: Vec<(u32, u32, &str, &str)> = Vec::new();
-            for (cut, _) in piece.char_indices().skip(1) {
-                let (l, r) = piece.split_at(cut);
-                if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
-                    local.push((li, ri, l, r));
-                }
-            }
-            local.sort_unstable_by_key(|&(li, ri, _, _)| (li, ri));
-            merges.extend(
-                local
-                    .into_iter()
-                    .map(|(_, _, l, r)| (l.to_owned(), r.to_owned(), score(id))),
-            );
-        }
-        merges.sort_by(|a, b| b.2.total_cmp(&a.2));
-        let merges = merges.into_iter().map(|(l, r, _)| (l, r)).collect();
-        let unk = self
-            .unknown_token_id
-            .or_else(|| {
-                (0..self.tokens.len())
-                    .find(|&i| self.token_type(i) == TYPE_UNKNOWN)
-                    .map(|i| i as TokenId)
-            })
-            .map(|i| self.tokens[i as usize].clone());
-        let mut builder = BPE::builder()
-            .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
-            .byte_fallback(true)
-            .fuse_unk(true);
-        if let Some(unk) = unk {
-            builder = builder.unk_token(unk);
-        }
-        let bpe = builder
-            .build()
-            .map_err(|e| TokenizerError::Gguf(format!("invalid SentencePiece vocabulary: {e}")))?;
-        let mut t = tokenizers::Tokenizer::new(bpe);
-        let space = Replace::new(" ", "\u{2581}").map_err(TokenizerError::backend)?;
-        let prefix = self.add_space_prefix.unwrap_or(true);
-        let normalizer: NormalizerWrapper = if prefix {
-            tokenizers::normalizers::Sequence::new(vec![
-                Prepend::new("\u{2581}".into()).into(),
-                space.into(),
-            ])
-            .into()
-        } else {
-            space.into()
-        };
-        t.with_normalizer(Some(normalizer));
-        let mut decoders = vec![
-            Replace::new("\u{2581}", " ")
-                .map_err(TokenizerError::backend)?
-                .into(),
-            ByteFallback::new().into(),
-            Fuse::new().into(),
-        ];
-        if prefix {
-            decoders.push(Strip::new(' ', 1, 0).into());
-        }
-        t.with_decoder(Some(DecoderSequence::new(decoders)));
-        Ok(t)
-    }
-
-    /// Control, unknown and user-defined tokens are matched whole in input text.
+    /// Control, unknown and user-defined tokens are matched whole in input text (byte-level
+    /// BPE vocabularies; [`SentencePiece`] does the same for its own).
     fn add_added_tokens(&self, t: &mut tokenizers::Tokenizer) {
         let mut special = Vec::new();
         let mut user = Vec::new();
         for (id, tok) in self.tokens.iter().enumerate() {
             match self.token_type(id) {
-                TYPE_CONTROL | TYPE_UNKNOWN => special.push(AddedToken::from(tok.clone(), true)),
+                TYPE_CONTROL | TYPE_UNKNOWN => {
+                    special.push(AddedToken::from(tok.to_string(), true))
+                }
                 // Only tokens whose text is their vocabulary string can be added without
                 // giving them a new id (byte-level strings with Ġ and the like are left to BPE).
-                TYPE_USER_DEFINED
-                    if self.model == "llama" || tok.is_ascii() && !tok.contains(' ') =>
-                {
-                    user.push(AddedToken::from(tok.clone(), false).normalized(false))
+                TYPE_USER_DEFINED if tok.is_ascii() && !tok.contains(' ') => {
+                    user.push(AddedToken::from(tok.to_string(), false).normalized(false))
                 }
                 _ => {}
             }

@@ -10,6 +10,7 @@ mod gguf_vocab;
 mod message;
 pub mod sandbox;
 mod special;
+mod spm;
 mod stop;
 mod template_fns;
 mod token_bytes;

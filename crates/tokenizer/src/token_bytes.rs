@@ -98,17 +98,21 @@ fn name_bytes(form: Form, chars: &HashMap<char, u8>, name: &str) -> Result<Vec<u
                 })
             })
             .collect(),
-        Form::SentencePiece { space } => {
-            let hex = name
-                .strip_prefix("<0x")
-                .and_then(|h| h.strip_suffix('>'))
-                .filter(|h| h.len() == 2);
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                return Ok(vec![b]);
-            }
-            Ok(name.replace(space, " ").into_bytes())
-        }
+        Form::SentencePiece { space } => Ok(sentencepiece_bytes(space, name)),
     }
+}
+
+/// The bytes of a SentencePiece-style piece: `<0xNN>` is the byte `NN`; otherwise the name with
+/// `space` written as a space.
+pub(crate) fn sentencepiece_bytes(space: char, name: &str) -> Vec<u8> {
+    let hex = name
+        .strip_prefix("<0x")
+        .and_then(|h| h.strip_suffix('>'))
+        .filter(|h| h.len() == 2);
+    if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+        return vec![b];
+    }
+    name.replace(space, " ").into_bytes()
 }
 
 /// The bytes of every id below `vocab_size`; see the module docs.

@@ -1,11 +1,13 @@
-//! [`Tokenizer`]: text to ids and back, over the Hugging Face `tokenizers` crate, built from a
-//! `tokenizer.json` or from GGUF metadata (see [`crate::GgufVocab`]), plus the model's special
-//! tokens.
+//! [`Tokenizer`]: text to ids and back, plus the model's special tokens. A `tokenizer.json` and
+//! a GGUF byte-level BPE vocabulary run on the Hugging Face `tokenizers` crate; a GGUF
+//! SentencePiece vocabulary on Ferrum's compact implementation ([`crate::spm`]). See
+//! [`crate::GgufVocab`].
 //!
 //! Invariants: `special.bos_token_id`/`eos_token_id`/`pad_token_id` and every stop id are
 //! inside the vocabulary; `vocab_size` counts added tokens.
 
 use crate::special::{token_content, token_ids};
+use crate::spm::SentencePiece;
 use crate::{Result, SpecialTokens, TokenizerError};
 use ferrum_types::TokenId;
 use serde_json::Value;
@@ -13,11 +15,36 @@ use std::path::Path;
 
 /// A loaded tokenizer with its special tokens.
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    model: Model,
     special: SpecialTokens,
     vocab_size: usize,
     /// `is_special[id]`: an added token marked special (skipped when decoding for display).
     is_special: Vec<bool>,
+}
+
+/// What turns text into ids and back.
+enum Model {
+    /// The `tokenizers` crate's pipeline: `tokenizer.json`, and GGUF byte-level BPE
+    /// vocabularies.
+    Hf(Box<tokenizers::Tokenizer>),
+    /// SentencePiece BPE of a GGUF `llama` vocabulary, in a compact form of its own.
+    Spm(Box<SentencePiece>),
+}
+
+impl Model {
+    fn token_to_id(&self, token: &str) -> Option<TokenId> {
+        match self {
+            Model::Hf(t) => t.token_to_id(token),
+            Model::Spm(s) => s.token_to_id(token),
+        }
+    }
+
+    fn id_to_token(&self, id: TokenId) -> Option<String> {
+        match self {
+            Model::Hf(t) => t.id_to_token(id),
+            Model::Spm(s) => s.id_to_token(id).map(str::to_owned),
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -30,23 +57,51 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// Wraps a built tokenizer; resolves special token strings to ids and checks every id.
+    /// Wraps a built `tokenizers` pipeline; see [`Tokenizer::from_model`].
     pub(crate) fn from_parts(
         inner: tokenizers::Tokenizer,
-        mut special: SpecialTokens,
+        special: SpecialTokens,
     ) -> Result<Tokenizer> {
         let vocab_size = inner.get_vocab_size(true);
+        let mut is_special = vec![false; vocab_size];
+        for (id, tok) in inner.get_added_tokens_decoder() {
+            if tok.special && (id as usize) < vocab_size {
+                is_special[id as usize] = true;
+            }
+        }
+        Tokenizer::from_model(Model::Hf(Box::new(inner)), special, vocab_size, is_special)
+    }
+
+    /// Wraps a SentencePiece vocabulary; see [`Tokenizer::from_model`].
+    pub(crate) fn from_sentencepiece(
+        spm: SentencePiece,
+        special: SpecialTokens,
+    ) -> Result<Tokenizer> {
+        let vocab_size = spm.len();
+        let is_special = (0..vocab_size as TokenId)
+            .map(|id| spm.is_special(id))
+            .collect();
+        Tokenizer::from_model(Model::Spm(Box::new(spm)), special, vocab_size, is_special)
+    }
+
+    /// Resolves special token strings to ids and checks every id.
+    fn from_model(
+        model: Model,
+        mut special: SpecialTokens,
+        vocab_size: usize,
+        is_special: Vec<bool>,
+    ) -> Result<Tokenizer> {
         let resolve = |name: &Option<String>, id: &mut Option<TokenId>| {
             if id.is_none() {
                 if let Some(n) = name {
-                    *id = inner.token_to_id(n);
+                    *id = model.token_to_id(n);
                 }
             }
         };
         resolve(&special.bos_token, &mut special.bos_token_id);
         resolve(&special.eos_token, &mut special.eos_token_id);
         resolve(&special.pad_token, &mut special.pad_token_id);
-        let name_of = |id: TokenId| inner.id_to_token(id);
+        let name_of = |id: TokenId| model.id_to_token(id);
         if special.bos_token.is_none() {
             special.bos_token = special.bos_token_id.and_then(name_of);
         }
@@ -75,14 +130,8 @@ impl Tokenizer {
                 "the tokenizer config asks to add a BOS token but names none".into(),
             ));
         }
-        let mut is_special = vec![false; vocab_size];
-        for (id, tok) in inner.get_added_tokens_decoder() {
-            if tok.special && (id as usize) < vocab_size {
-                is_special[id as usize] = true;
-            }
-        }
         Ok(Tokenizer {
-            inner,
+            model,
             special,
             vocab_size,
             is_special,
@@ -110,7 +159,7 @@ impl Tokenizer {
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<TokenId> {
-        self.inner.token_to_id(token)
+        self.model.token_to_id(token)
     }
 
     /// Whether `id` is a special added token (BOS, EOS, chat markers, ...).
@@ -122,11 +171,14 @@ impl Tokenizer {
     /// BOS/EOS are added as the model's config asks; chat prompts pass `false` because the
     /// template writes them. Special-token strings in `text` become their ids.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(TokenizerError::backend)?;
-        let mut ids = enc.get_ids().to_vec();
+        let mut ids = match &self.model {
+            Model::Hf(t) => t
+                .encode_fast(text, add_special_tokens)
+                .map_err(TokenizerError::backend)?
+                .get_ids()
+                .to_vec(),
+            Model::Spm(s) => s.encode(text),
+        };
         if add_special_tokens {
             if let (true, Some(bos)) = (self.special.add_bos_token, self.special.bos_token_id) {
                 if ids.first() != Some(&bos) {
@@ -150,9 +202,12 @@ impl Tokenizer {
                 vocab_size: self.vocab_size,
             });
         }
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(TokenizerError::backend)
+        match &self.model {
+            Model::Hf(t) => t
+                .decode(ids, skip_special_tokens)
+                .map_err(TokenizerError::backend),
+            Model::Spm(s) => Ok(s.decode(ids, skip_special_tokens)),
+        }
     }
 
     /// The bytes every id stands for (`vocab_size` entries; special tokens as their content,
@@ -160,7 +215,10 @@ impl Tokenizer {
     /// Errors when the vocabulary is of a form whose bytes are unknown (not byte-level or
     /// SentencePiece style) or a byte-level name has a character outside the alphabet.
     pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
-        crate::token_bytes::token_bytes(&self.inner, self.vocab_size)
+        match &self.model {
+            Model::Hf(t) => crate::token_bytes::token_bytes(t, self.vocab_size),
+            Model::Spm(s) => Ok(s.token_bytes()),
+        }
     }
 
     /// The text of one token as a client would see it (special tokens included).

@@ -177,9 +177,13 @@ pub struct PackedWeight {
     data: Aligned<u8>,
 }
 
+/// Source bytes packed between two releases of their pages (see [`PackedWeight::pack`]).
+const RELEASE_BYTES: usize = 8 << 20;
+
 impl PackedWeight {
     /// Repacks `t` (`[rows, cols]`, a format with [`PackFormat::of`]); tiles are split over
-    /// `pool`.
+    /// `pool`. A mapped `t`'s pages are given back as it is packed (they fault back in if its
+    /// stored bytes are read again).
     pub fn pack(t: &Tensor, pool: &ThreadPool) -> Result<PackedWeight> {
         let dtype = t.dtype();
         let format = PackFormat::of(dtype).ok_or_else(|| {
@@ -196,22 +200,31 @@ impl PackedWeight {
         let tb = cols / group * format.group_bytes();
         let mut data = Aligned::<u8>::zeroed(tiles * tb);
         let tiles_mut = super::DisjointMut::new(&mut data[..]);
-        pool.parallel_ranges(tiles, 1, |range| {
-            let mut parts: Vec<RowParts> = (0..TILE).map(|_| RowParts::new(cols)).collect();
-            for tile in range {
-                let live = (rows - tile * TILE).min(TILE);
-                for (l, p) in parts.iter_mut().enumerate() {
-                    if l < live {
-                        p.decode(dtype, t.row(tile * TILE + l));
-                    } else {
-                        p.clear();
+        // Tiles in slices of about `RELEASE_BYTES` of the source: each slice's source pages are
+        // given back as soon as it is packed, so a large weight (a tied embedding packed for the
+        // LM head) is never resident twice over, in the file's pages and in its packed copy.
+        let slice_tiles = (RELEASE_BYTES / (TILE * t.row_bytes()).max(1)).max(1);
+        for first in (0..tiles).step_by(slice_tiles) {
+            let end = (first + slice_tiles).min(tiles);
+            pool.parallel_ranges(end - first, 1, |range| {
+                let mut parts: Vec<RowParts> = (0..TILE).map(|_| RowParts::new(cols)).collect();
+                for tile in range.start + first..range.end + first {
+                    let live = (rows - tile * TILE).min(TILE);
+                    for (l, p) in parts.iter_mut().enumerate() {
+                        if l < live {
+                            p.decode(dtype, t.row(tile * TILE + l));
+                        } else {
+                            p.clear();
+                        }
                     }
+                    // SAFETY: each tile's bytes belong to this task alone.
+                    let dst = unsafe { tiles_mut.slice(tile * tb, tb) };
+                    write_tile(format, &parts, dst);
                 }
-                // SAFETY: each tile's bytes belong to this task alone.
-                let dst = unsafe { tiles_mut.slice(tile * tb, tb) };
-                write_tile(format, &parts, dst);
-            }
-        });
+            });
+            let (row0, row1) = (first * TILE, (end * TILE).min(rows));
+            t.release_row_pages(row0, row1 - row0);
+        }
         Ok(PackedWeight {
             dtype,
             format,

@@ -1,0 +1,120 @@
+//! Ferrum's SentencePiece tokenizer (GGUF `llama` vocabularies) against the `tokenizers`
+//! pipeline it replaced ([`spm_reference`]), on real vocabularies: llama.cpp's Llama 2 and
+//! Phi-3 test vocabularies, and Gemma 3's 262k-token vocabulary when the model file is present
+//! (`$FERRUM_GEMMA3_GGUF`, else `models/gemma-3-270m-q4_k_m.gguf`; required under CI). Every
+//! text's ids, the decoding of those ids and of random id runs, each id's bytes, the special
+//! flags and the vocabulary size must be the same.
+
+mod common;
+mod spm_reference;
+
+use ferrum_models::GgufFile;
+use ferrum_tokenizer::{GgufVocab, SpecialTokens, Tokenizer};
+use std::path::{Path, PathBuf};
+
+fn compare(name: &str, v: &GgufVocab<'_>, texts: usize) {
+    let ours = v.build().expect("builds");
+    let reference = spm_reference::build(v).expect("reference builds");
+    for text in spm_reference::texts(v, texts, 0x5eed) {
+        let ids = ours.encode(&text, false).expect("encodes");
+        let want = reference
+            .encode_fast(text.as_str(), false)
+            .expect("reference encodes")
+            .get_ids()
+            .to_vec();
+        assert_eq!(ids, want, "{name}: the ids of {text:?}");
+        for skip in [false, true] {
+            assert_eq!(
+                ours.decode(&ids, skip).expect("decodes"),
+                reference.decode(&ids, skip).expect("reference decodes"),
+                "{name}: decoding {ids:?} (skip special: {skip})"
+            );
+        }
+    }
+    // Random runs of ids: byte pieces that do and do not make UTF-8, specials, spaces.
+    let n = v.tokens.len() as u64;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..texts {
+        let ids: Vec<u32> = (0..1 + state % 12)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % n) as u32
+            })
+            .collect();
+        for skip in [false, true] {
+            assert_eq!(
+                ours.decode(&ids, skip).expect("decodes"),
+                reference.decode(&ids, skip).expect("reference decodes"),
+                "{name}: decoding {ids:?} (skip special: {skip})"
+            );
+        }
+    }
+    // The rest of the API, through the reference saved as tokenizer.json and loaded back.
+    let path = std::env::temp_dir().join(format!("ferrum-spm-{name}-{}.json", std::process::id()));
+    std::fs::write(&path, reference.to_string(false).expect("serializes")).expect("writes");
+    let via = Tokenizer::from_json_file(&path, SpecialTokens::default());
+    let _ = std::fs::remove_file(&path);
+    let via = via.expect("loads");
+    assert_eq!(
+        ours.vocab_size(),
+        via.vocab_size(),
+        "{name}: vocabulary size"
+    );
+    assert_eq!(
+        ours.token_bytes().expect("bytes"),
+        via.token_bytes().expect("bytes"),
+        "{name}"
+    );
+    for id in 0..ours.vocab_size() as u32 {
+        assert_eq!(
+            ours.is_special(id),
+            via.is_special(id),
+            "{name}: special flag of {id}"
+        );
+    }
+}
+
+fn fixture(rel: &str) -> GgufFile {
+    GgufFile::from_bytes(Path::new(rel), &common::read(rel)).expect("fixture parses")
+}
+
+#[test]
+fn llama2_vocabulary_matches_the_reference() {
+    let g = fixture("vocab/ggml-vocab-llama-spm.gguf");
+    compare(
+        "llama-spm",
+        &ferrum_models::gguf_vocab(&g).expect("vocab"),
+        400,
+    );
+}
+
+#[test]
+fn phi3_vocabulary_matches_the_reference() {
+    let g = fixture("vocab/ggml-vocab-phi-3.gguf");
+    compare("phi-3", &ferrum_models::gguf_vocab(&g).expect("vocab"), 400);
+}
+
+#[test]
+fn gemma3_vocabulary_matches_the_reference() {
+    let path = std::env::var_os("FERRUM_GEMMA3_GGUF").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf"),
+        PathBuf::from,
+    );
+    if !path.exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is missing (bash scripts/fetch-model.sh gemma3-270m)",
+            path.display()
+        );
+        eprintln!("skipped: {} is missing", path.display());
+        return;
+    }
+    let g = GgufFile::open(&path).expect("opens");
+    compare(
+        "gemma3",
+        &ferrum_models::gguf_vocab(&g).expect("vocab"),
+        300,
+    );
+}
