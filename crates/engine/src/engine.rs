@@ -590,34 +590,44 @@ impl EngineCore {
         let rows_out = if greedy {
             Rows::Tokens(self.model.forward_argmax(&self.batch, &mut self.kv)?)
         } else if on_device {
-            // The masks are inputs of the device's sampling: computed first.
-            if needs_masks {
-                let (f, c) = compute_masks(&mut self.seqs);
-                self.failed.extend(f);
-                self.mask_step = c;
-            }
-            for s in &out.seqs {
-                if let Some(q) = self.seqs.get_mut(&s.id).filter(|_| s.num_logits() > 0) {
-                    q.sampler.prepare();
+            // The masks are inputs of the device's sampling: the model asks for the rows'
+            // specs once the forward pass is enqueued, so they are computed while it runs.
+            let (seqs, failed, mask_step) = (&mut self.seqs, &mut self.failed, &mut self.mask_step);
+            let scheduled = &out.seqs;
+            let num_rows = self.batch.logits_indices.len();
+            let specs = move || {
+                // Moved in, so the specs can borrow the sequences for as long as they live.
+                let seqs = { seqs };
+                if needs_masks {
+                    let (f, c) = compute_masks(seqs);
+                    failed.extend(f);
+                    *mask_step = c;
                 }
-            }
-            let mut specs = Vec::with_capacity(self.batch.logits_indices.len());
-            for s in &out.seqs {
-                let q = self.seqs.get(&s.id);
-                for i in 0..s.num_logits() {
-                    specs.push(match q {
-                        Some(q) => {
-                            let guide = q.guide.as_ref().filter(|g| g.is_active());
-                            q.sampler.row_spec(i, guide.map(Guide::mask_words))
-                        }
-                        // A row nobody reads (its sequence is gone): greedy.
-                        None => RowSampling::greedy(),
-                    });
+                for s in scheduled {
+                    if let Some(q) = seqs.get_mut(&s.id).filter(|_| s.num_logits() > 0) {
+                        q.sampler.prepare();
+                    }
                 }
-            }
+                let seqs = &*seqs;
+                let mut specs = Vec::with_capacity(num_rows);
+                for s in scheduled {
+                    let q = seqs.get(&s.id);
+                    for i in 0..s.num_logits() {
+                        specs.push(match q {
+                            Some(q) => {
+                                let guide = q.guide.as_ref().filter(|g| g.is_active());
+                                q.sampler.row_spec(i, guide.map(Guide::mask_words))
+                            }
+                            // A row nobody reads (its sequence is gone): greedy.
+                            None => RowSampling::greedy(),
+                        });
+                    }
+                }
+                specs
+            };
             Rows::Sampled(
                 self.model
-                    .forward_sample(&self.batch, &mut self.kv, &specs)?,
+                    .forward_sample(&self.batch, &mut self.kv, specs)?,
             )
         } else if needs_masks {
             // The guides' masks on a helper thread while the forward pass runs.

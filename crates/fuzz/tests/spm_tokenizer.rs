@@ -10,6 +10,7 @@ mod spm_reference;
 
 use ferrum_models::GgufFile;
 use ferrum_tokenizer::{GgufVocab, SpecialTokens, Tokenizer};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 fn compare(name: &str, v: &GgufVocab<'_>, texts: usize) {
@@ -117,4 +118,109 @@ fn gemma3_vocabulary_matches_the_reference() {
         &ferrum_models::gguf_vocab(&g).expect("vocab"),
         300,
     );
+}
+
+/// A small vocabulary with the odd cases real ones lack: byte pieces missing (so some
+/// characters fall to the unknown piece, between others that fall back to bytes), a text
+/// repeated with different scores, tied and NaN scores, and a user-defined copy of a control
+/// token.
+fn odd_vocab(add_prefix: bool) -> GgufVocab<'static> {
+    const NORMAL: i32 = 1;
+    const UNKNOWN: i32 = 2;
+    const CONTROL: i32 = 3;
+    const USER: i32 = 4;
+    const BYTE: i32 = 6;
+    let mut v: Vec<(String, f32, i32)> = vec![
+        ("<unk>".into(), 0.0, UNKNOWN),
+        ("<s>".into(), 0.0, CONTROL),
+        ("</s>".into(), 0.0, CONTROL),
+    ];
+    // No byte piece for 0xE4: CJK characters from U+4E00 fall to the unknown piece.
+    for b in (0..=255u8).filter(|&b| b != 0xE4) {
+        v.push((format!("<{b:#04X}>"), 0.0, BYTE));
+    }
+    for (t, score) in [
+        ("▁", -1.0),
+        ("a", -2.0),
+        ("b", -2.0),
+        ("c", -2.0),
+        ("x", -3.0),
+        ("y", -3.0),
+        ("ab", 5.0),
+        ("bc", 0.0),
+        ("abc", 1.0),
+        ("▁a", f32::NAN),
+        ("▁ab", 2.0),
+        ("xy", 2.0),
+        ("yx", 2.0),
+        ("xyx", f32::NAN),
+        ("ca", 0.0),
+        ("cab", 0.0),
+        // A repeat of "ab" that ranks below "bc": the merge forming "ab" ranks as it does.
+        ("ab", -5.0),
+        // So does "pq"'s: "pqr" is "p", "qr", not "pq", "r".
+        ("p", -2.0),
+        ("q", -2.0),
+        ("r", -2.0),
+        ("pq", 5.0),
+        ("qr", 0.0),
+        ("pq", -5.0),
+    ] {
+        v.push((t.into(), score, NORMAL));
+    }
+    v.push(("<s>".into(), 0.0, USER));
+    v.push(("<tool>".into(), 0.0, USER));
+    let tokens = v.iter().map(|t| Cow::Owned(t.0.clone())).collect();
+    GgufVocab {
+        model: "llama".into(),
+        tokens,
+        scores: v.iter().map(|t| t.1).collect(),
+        token_types: v.iter().map(|t| t.2).collect(),
+        unknown_token_id: Some(0),
+        add_space_prefix: Some(add_prefix),
+        ..GgufVocab::default()
+    }
+}
+
+#[test]
+fn odd_vocabularies_match_the_reference() {
+    let texts = [
+        "pqr",
+        "rpqrpq pqr",
+        "abc",
+        "ab c abc cab",
+        "xyxyx yx",
+        "x\u{e9}\u{4e00}\u{4e01}y\u{e9}",
+        "\u{4e00}\u{e9}\u{4e01}z",
+        "<s>abc<tool>ab</s>",
+        "<s><s> a",
+        " ",
+        "",
+    ];
+    for prefix in [true, false] {
+        let v = odd_vocab(prefix);
+        let ours = v.build().expect("builds");
+        let reference = spm_reference::build(&v).expect("reference builds");
+        for text in texts {
+            let ids = ours.encode(text, false).expect("encodes");
+            let want = reference.encode_fast(text, false).expect("encodes");
+            assert_eq!(ids, want.get_ids(), "the ids of {text:?} (prefix {prefix})");
+            for skip in [false, true] {
+                assert_eq!(
+                    ours.decode(&ids, skip).expect("decodes"),
+                    reference.decode(&ids, skip).expect("decodes"),
+                    "decoding {ids:?}"
+                );
+            }
+        }
+        // The repeat of "ab" (the last id of that text) decodes as its text and is counted,
+        // where the reference knew only the first.
+        let repeat = v.tokens.iter().rposition(|t| t == "ab").expect("there") as u32;
+        assert_eq!(ours.decode(&[repeat], false).expect("decodes"), "ab");
+        assert_eq!(ours.vocab_size(), v.tokens.len());
+        // A user-defined copy of a control token's text is special as the text is.
+        let copy = v.tokens.iter().rposition(|t| t == "<s>").expect("there") as u32;
+        assert!(ours.is_special(copy) && ours.is_special(1));
+        assert_eq!(ours.decode(&[copy, 1], true).expect("decodes"), "");
+    }
 }

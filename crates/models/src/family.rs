@@ -114,11 +114,11 @@ impl<B: Backend> FamilyModel<B> {
     }
 
     /// See [`LlamaModel::forward_sample`].
-    pub fn forward_sample(
+    pub fn forward_sample<'s>(
         &mut self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        specs: &[crate::sampling::RowSampling<'_>],
+        specs: impl FnOnce() -> Vec<crate::sampling::RowSampling<'s>>,
     ) -> Result<&[crate::sampling::SampledRow]> {
         match self {
             FamilyModel::Llama(m) => m.forward_sample(batch, kv, specs),

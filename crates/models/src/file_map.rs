@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A model file's bytes: a map of the file, or an anonymous map holding a copy of them (for
-/// tests and fuzzing), whose pages must never be given back.
+/// tests and fuzzing), whose pages must never be given back. Invariant: `file` is true exactly
+/// when `map` maps a file (made by [`FileMap::open`]).
 #[derive(Debug)]
 pub(crate) struct FileMap {
     map: Arc<Mmap>,
@@ -48,7 +49,8 @@ impl FileMap {
     pub(crate) fn storage(&self, offset: usize, len: usize) -> Option<Storage> {
         let map = Arc::clone(&self.map);
         if self.file {
-            Storage::mapped(map, offset, len)
+            // SAFETY: `file` is set only by `FileMap::open`, whose map is of a file.
+            unsafe { Storage::mapped(map, offset, len) }
         } else {
             Storage::mapped_copy(map, offset, len)
         }

@@ -320,14 +320,15 @@ impl<B: Backend> GemmaModel<B> {
     /// [`Self::forward`] with each logits row sampled under its spec instead of the row
     /// ([`crate::sampling`]): on a GPU, only the tokens (and requested logprobs) come back. A
     /// whole model in one process only.
-    pub fn forward_sample(
+    pub fn forward_sample<'s>(
         &mut self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        specs: &[RowSampling<'_>],
+        specs: impl FnOnce() -> Vec<RowSampling<'s>>,
     ) -> Result<&[SampledRow]> {
         self.place.check_whole("forward_sample")?;
         self.run(batch, kv)?;
+        let specs = specs();
         let (b, head, softcap) = (
             &mut self.backend,
             self.head.as_ref(),
@@ -336,7 +337,7 @@ impl<B: Backend> GemmaModel<B> {
         let eps = self.config.rms_norm_eps;
         let out = &mut self.sampled;
         self.place
-            .finish_sample(b, head, eps, batch, softcap, specs, out)?;
+            .finish_sample(b, head, eps, batch, softcap, &specs, out)?;
         Ok(&self.sampled.rows)
     }
 

@@ -1,8 +1,8 @@
 //! GGUF (versions 2 and 3, little-endian) parsing.
 //!
-//! The file is memory-mapped; metadata is decoded into [`GgufValue`]s (arrays by element type,
-//! [`GgufArray`]: a vocabulary is a few buffers, not an allocation per token) and tensor data stays in
-//! the map (tensors are handed out as mapped [`Tensor`]s in their block format). Every count and
+//! The file is memory-mapped; metadata is decoded into [`GgufValue`]s (arrays by element
+//! type, [`GgufArray`]: a vocabulary is a few buffers, not an allocation per token) and tensor
+//! data stays in the map (tensors are handed out as mapped [`Tensor`]s in their block format). Every count and
 //! length read from the file is checked against the bytes that remain before anything is
 //! allocated, so a corrupt header cannot make the parser allocate more than the file justifies.
 //! Shapes are returned row-major: GGUF's `ne[0]` (the contiguous dimension) comes last.
@@ -652,7 +652,8 @@ impl<'a> Reader<'a> {
                 GgufArray::String(v)
             }
             9 => {
-                if depth + 1 >= MAX_ARRAY_NESTING {
+                // (Checked per element: an empty array of arrays nests nothing.)
+                if len > 0 && depth + 1 >= MAX_ARRAY_NESTING {
                     return Err(ModelError::format(
                         self.path,
                         format!("metadata `{key}`: arrays nested too deeply"),
@@ -779,6 +780,9 @@ mod tests {
     #[test]
     fn bad_arrays_are_named() {
         let deep = array(9, 1, &array(9, 1, &array(0, 0, &[])));
+        // An empty array of arrays two deep nests nothing: accepted, as it always was.
+        let empty = array(9, 1, &array(9, 0, &[]));
+        assert!(parse(&file(&[("k", 9, empty)])).is_ok());
         let cases = [
             (array(7, 1, &[2]), "bool byte 2"),
             (

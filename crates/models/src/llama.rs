@@ -542,20 +542,23 @@ impl<B: Backend> LlamaModel<B> {
 
     /// [`Self::forward`] with each logits row sampled under its spec instead of the row
     /// ([`crate::sampling`]): on a GPU, only the tokens (and requested logprobs) come back. A
-    /// whole model in one process only.
-    pub fn forward_sample(
+    /// whole model in one process only. `specs` makes the specs, one per logits row; it is
+    /// called once the pass is under way (on a GPU, enqueued), so the host's work in it (a
+    /// constrained request's mask) overlaps the device's.
+    pub fn forward_sample<'s>(
         &mut self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        specs: &[RowSampling<'_>],
+        specs: impl FnOnce() -> Vec<RowSampling<'s>>,
     ) -> Result<&[SampledRow]> {
         self.place.check_whole("forward_sample")?;
         self.run(batch, kv)?;
+        let specs = specs();
         let (b, head, softcap) = (&mut self.backend, self.head.as_ref(), None);
         let eps = self.config.rms_norm_eps;
         let out = &mut self.sampled;
         self.place
-            .finish_sample(b, head, eps, batch, softcap, specs, out)?;
+            .finish_sample(b, head, eps, batch, softcap, &specs, out)?;
         Ok(&self.sampled.rows)
     }
 

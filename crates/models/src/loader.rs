@@ -262,19 +262,20 @@ impl Model {
     /// Each row [`Model::forward`] would return, sampled under its spec (one per row, by the
     /// rules of [`crate::sampling`]). On a GPU the rows are sampled there and only the tokens
     /// (and requested logprobs) come back; in a parallel run, on rank 0 over the gathered
-    /// logits.
-    pub fn forward_sample(
+    /// logits. `specs` makes the specs; on a GPU it is called while the device runs the pass
+    /// (see [`crate::LlamaModel::forward_sample`]).
+    pub fn forward_sample<'s>(
         &mut self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        specs: &[crate::sampling::RowSampling<'_>],
+        specs: impl FnOnce() -> Vec<crate::sampling::RowSampling<'s>>,
     ) -> Result<&[crate::sampling::SampledRow]> {
         if self.run.is_none() {
             return on_device!(&mut self.device, m => m.forward_sample(batch, kv, specs));
         }
         let mut sampled = std::mem::take(&mut self.sampled);
         let logits = self.forward(batch, kv);
-        let done = logits.and_then(|l| sampled.sample_logits(l, specs));
+        let done = logits.and_then(|l| sampled.sample_logits(l, &specs()));
         self.sampled = sampled;
         done?;
         Ok(&self.sampled.rows)

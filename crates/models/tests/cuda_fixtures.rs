@@ -373,7 +373,7 @@ fn device_sampling_follows_the_host_rules() {
                 .collect();
             let logits = plain.forward(&b, &mut kv_p).unwrap().to_vec();
             let got = sampled
-                .forward_sample(&b, &mut kv_s, &specs)
+                .forward_sample(&b, &mut kv_s, || specs.clone())
                 .unwrap()
                 .to_vec();
             for (s, (row, spec)) in logits.chunks_exact(vocab).zip(&specs).enumerate() {

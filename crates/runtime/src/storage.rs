@@ -28,7 +28,11 @@ pub enum Storage {
 
 impl Storage {
     /// A range of a map of a file; `None` when the range does not lie inside the map.
-    pub fn mapped(map: Arc<Mmap>, offset: usize, len: usize) -> Option<Storage> {
+    ///
+    /// # Safety
+    /// `map` is a read-only map of a file (not an anonymous map): [`Storage::release_pages`]
+    /// gives its pages back, which only a file can fault in again unchanged.
+    pub unsafe fn mapped(map: Arc<Mmap>, offset: usize, len: usize) -> Option<Storage> {
         Storage::mapped_range(map, offset, len, true)
     }
 
@@ -77,8 +81,8 @@ impl Storage {
     }
 
     /// Drops the resident pages that lie wholly inside a range of a mapped file from this
-    /// process's memory (`madvise(MADV_DONTNEED)`); nothing for owned bytes, an anonymous map's
-    /// copy, or where the system does not offer it. The bytes stay readable: a later read faults them back in from the file.
+    /// process's memory (`madvise(MADV_DONTNEED)`); nothing for owned bytes, an anonymous
+    /// map's copy, or where the system does not offer it. The bytes stay readable: a later read faults them back in from the file.
     /// Pages shared with a neighbouring range are kept.
     pub fn release_pages(&self) {
         #[cfg(unix)]
@@ -94,9 +98,10 @@ impl Storage {
             let start = (base + offset).next_multiple_of(PAGE) - base;
             let end = (base + offset + len) / PAGE * PAGE - base;
             if end > start {
-                // SAFETY: `Mmap::map` maps the file (`file: true`) read-only, and nothing writes
-                // through it, so dropping pages discards no data: a read after this one faults
-                // the same file bytes back in, and borrows of the map stay valid. The range lies
+                // SAFETY: the map is a read-only map of a file (`file: true`: the contract of
+                // `Storage::mapped`), and nothing writes through it, so dropping pages discards
+                // no data: a read after this one faults the same file bytes back in, and
+                // borrows of the map stay valid. The range lies
                 // inside the map (the `Mapped` invariant). A failure only leaves pages resident.
                 let _ = unsafe {
                     map.unchecked_advise_range(
@@ -159,12 +164,14 @@ mod tests {
         let file = std::fs::File::open(&path).expect("open");
         // SAFETY: the test's own file, not changed while mapped.
         let map = Arc::new(unsafe { Mmap::map(&file) }.expect("map"));
-        let s = Storage::mapped(map.clone(), 1000, 2 * 4096 + 500).expect("range");
+        // SAFETY: a map of the test's file.
+        let s = unsafe { Storage::mapped(map.clone(), 1000, 2 * 4096 + 500) }.expect("range");
         assert_eq!(s.bytes(), &bytes[1000..1000 + 2 * 4096 + 500]);
         s.release_pages();
         assert_eq!(s.bytes(), &bytes[1000..1000 + 2 * 4096 + 500]);
         // The whole map, and an owned buffer (nothing to give back).
-        Storage::mapped(map.clone(), 0, bytes.len())
+        // SAFETY: as above.
+        unsafe { Storage::mapped(map.clone(), 0, bytes.len()) }
             .expect("all")
             .release_pages();
         assert_eq!(&map[..], &bytes[..]);

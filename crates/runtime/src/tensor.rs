@@ -228,7 +228,8 @@ mod tests {
         let file = std::fs::File::open(&path).expect("open");
         // SAFETY: the test's own file, not changed while mapped.
         let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.expect("map"));
-        let storage = Storage::mapped(map, 0, bytes.len()).expect("range");
+        // SAFETY: a map of the test's file.
+        let storage = unsafe { Storage::mapped(map, 0, bytes.len()) }.expect("range");
         // Eight rows of one page each.
         let t = Tensor::new(DType::F32, vec![8, 1024], storage).expect("tensor");
         t.release_row_pages(2, 3);

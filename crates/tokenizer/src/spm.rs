@@ -15,14 +15,17 @@
 //!   pieces, else the unknown piece (consecutive unknown characters fused into one).
 //! - **Merges**: the adjacent pair whose concatenation is the best-ranked piece merges first
 //!   (leftmost on ties), until no pair concatenates to a piece. Pieces rank by score, higher
-//!   first, then by id; a pair of the same piece by its halves' ids. Control, byte and unknown
-//!   pieces are never formed by merging, and neither half may be empty.
+//!   first, then by id; a pair of the same piece by its halves' ids. Only the texts of pieces
+//!   other than control, byte and unknown pieces are formed by merging, and neither half may be
+//!   empty.
 //! - **Decoding**: `▁` is a space; runs of `<0xNN>` pieces are their bytes (a run that is not
 //!   UTF-8 becomes one U+FFFD per byte); one leading space is dropped when the vocabulary adds a
 //!   space prefix.
 //!
 //! Where a vocabulary repeats a piece's text, lookups by text give the first id (as
-//! `tokenizers` does), and the merge that forms it ranks as the repeat that ranks last.
+//! `tokenizers` does), and the merge that forms it ranks as the repeat that ranks last. Unlike
+//! the `tokenizers` pipeline, which knew only a text's first id, every repeat keeps its own
+//! text, bytes and place in the vocabulary size, and is special (or added) when its text is.
 //!
 //! Invariants: `ends` is non-decreasing with `ends.len()` = the piece count; every id in the
 //! hash table, in `merge_rank`'s index and in the added-token list is below the piece count.
@@ -33,6 +36,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::hash::{BuildHasher, RandomState};
 
 /// `merge_rank` of a piece no merge forms.
 const NO_MERGE: u32 = u32::MAX;
@@ -51,16 +55,9 @@ struct Pieces {
     ends: Vec<u32>,
     /// Open addressing by the text's hash: `id + 1` of the first piece with a text, 0 empty.
     slots: Vec<u32>,
-}
-
-/// FNV-1a, enough for a fixed table of short keys (the table is built from the vocabulary,
-/// never from input, so input cannot lengthen its probe chains).
-fn hash(s: &[u8]) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in s {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h ^ (h >> 32)) as usize
+    /// The hash, keyed per process: a crafted vocabulary cannot pile its texts into one probe
+    /// chain.
+    hasher: RandomState,
 }
 
 impl Pieces {
@@ -83,18 +80,19 @@ impl Pieces {
             text,
             ends,
             slots: vec![0; (tokens.len() * 2).next_power_of_two().max(2)],
+            hasher: RandomState::new(),
         };
         let mask = pieces.slots.len() - 1;
         for id in 0..tokens.len() {
-            let key = pieces.get(id as u32).as_bytes();
-            let mut at = hash(key) & mask;
+            let key = pieces.get(id as u32);
+            let mut at = pieces.hash(key) & mask;
             loop {
                 match pieces.slots[at] {
                     0 => {
                         pieces.slots[at] = id as u32 + 1;
                         break;
                     }
-                    s if pieces.get(s - 1).as_bytes() == key => break,
+                    s if pieces.get(s - 1) == key => break,
                     _ => at = (at + 1) & mask,
                 }
             }
@@ -104,6 +102,10 @@ impl Pieces {
 
     fn len(&self) -> usize {
         self.ends.len()
+    }
+
+    fn hash(&self, s: &str) -> usize {
+        self.hasher.hash_one(s) as usize
     }
 
     /// The text of `id` (which must be below [`Pieces::len`]).
@@ -120,7 +122,7 @@ impl Pieces {
     /// The first id whose text is `s`.
     fn find(&self, s: &str) -> Option<u32> {
         let mask = self.slots.len() - 1;
-        let mut at = hash(s.as_bytes()) & mask;
+        let mut at = self.hash(s) & mask;
         loop {
             match self.slots[at] {
                 0 => return None,
@@ -213,6 +215,12 @@ impl SentencePiece {
                     patterns.push(text);
                     ids.push(first);
                 }
+            }
+        }
+        // A repeat of an added token's text is special (and added) as the text is.
+        for id in 0..n {
+            if let Some(first) = pieces.find(pieces.get(id as u32)) {
+                flags[id] |= flags[first as usize];
             }
         }
         let added = if patterns.is_empty() {

@@ -203,7 +203,9 @@ impl PackedWeight {
         // Tiles in slices of about `RELEASE_BYTES` of the source: each slice's source pages are
         // given back as soon as it is packed, so a large weight (a tied embedding packed for the
         // LM head) is never resident twice over, in the file's pages and in its packed copy.
-        let slice_tiles = (RELEASE_BYTES / (TILE * t.row_bytes()).max(1)).max(1);
+        // (Enough tiles a slice to keep every thread busy, however wide the rows.)
+        let slice_tiles =
+            (RELEASE_BYTES / (TILE * t.row_bytes()).max(1)).max(4 * pool.num_threads());
         for first in (0..tiles).step_by(slice_tiles) {
             let end = (first + slice_tiles).min(tiles);
             pool.parallel_ranges(end - first, 1, |range| {
