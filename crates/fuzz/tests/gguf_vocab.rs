@@ -159,41 +159,14 @@ fn same_as_reference(v: &GgufVocab<'_>, tok: &ferrum_tokenizer::Tokenizer) -> Re
                 want.get_ids()
             ));
         }
-        for skip in [false, true] {
-            let (ours, theirs) = (tok.decode(&ids, skip), reference.decode(&ids, skip));
-            if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
-                if ours != theirs {
-                    return Err(format!(
-                        "decoding {ids:?}: {ours:?}, the reference {theirs:?}"
-                    ));
-                }
-            }
-        }
+        spm_reference::same_decodes(tok, &reference, &ids)?;
     }
     // Runs of ids, where every text names one id (the reference knew only a text's first id).
     let distinct: std::collections::HashSet<&str> = v.tokens.iter().map(|t| t.as_ref()).collect();
     if distinct.len() == v.tokens.len() {
-        let n = v.tokens.len() as u64;
-        let mut state = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        for _ in 0..8 {
-            let ids: Vec<u32> = (0..6)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state % n) as u32
-                })
-                .collect();
-            for skip in [false, true] {
-                let (ours, theirs) = (tok.decode(&ids, skip), reference.decode(&ids, skip));
-                if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
-                    if ours != theirs {
-                        return Err(format!(
-                            "decoding {ids:?}: {ours:?}, the reference {theirs:?}"
-                        ));
-                    }
-                }
-            }
+        let n = v.tokens.len() as u32;
+        for ids in spm_reference::id_runs(n, 8, u64::from(n).wrapping_mul(0x9e37_79b9)) {
+            spm_reference::same_decodes(tok, &reference, &ids)?;
         }
     }
     Ok(())

@@ -107,13 +107,7 @@ pub fn build(v: &GgufVocab<'_>) -> Result<tokenizers::Tokenizer, String> {
 /// Texts to compare the two on: pieces of the vocabulary run together (with spaces, as text
 /// would hold them), added tokens among them, characters without a piece, and edge cases.
 pub fn texts(v: &GgufVocab<'_>, count: usize, seed: u64) -> Vec<String> {
-    let mut state = seed | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(seed);
     let odd = [
         " ",
         "  ",
@@ -162,4 +156,53 @@ pub fn texts(v: &GgufVocab<'_>, count: usize, seed: u64) -> Vec<String> {
         out.push(s);
     }
     out
+}
+
+/// `count` runs of 1 to 12 ids below `n`, from `seed`: byte pieces that do and do not make
+/// UTF-8, specials, spaces.
+pub fn id_runs(n: u32, count: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut next = xorshift(seed);
+    (0..count)
+        .map(|_| {
+            let len = 1 + next() % 12;
+            (0..len)
+                .map(|_| (next() % u64::from(n.max(1))) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether `ours` decodes `ids` as `reference` does, with special tokens kept and skipped (the
+/// difference, if not; where the reference fails, nothing is compared).
+pub fn same_decodes(
+    ours: &ferrum_tokenizer::Tokenizer,
+    reference: &tokenizers::Tokenizer,
+    ids: &[u32],
+) -> Result<(), String> {
+    for skip in [false, true] {
+        let Ok(b) = reference.decode(ids, skip) else {
+            continue;
+        };
+        match ours.decode(ids, skip) {
+            Ok(a) if a == b => {}
+            Ok(a) => {
+                return Err(format!(
+                    "decoding {ids:?} (skip special: {skip}): {a:?}, the reference {b:?}"
+                ))
+            }
+            Err(e) => return Err(format!("decoding {ids:?}: {e}; the reference gives {b:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// A xorshift64 stream from `seed`.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
 }
