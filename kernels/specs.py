@@ -123,6 +123,15 @@ def all_specs():
             f"qgemm_{name}_decode", "qgemm", "qgemm", params,
             {"FORMAT": fmt, "BLOCK_M": DECODE_M, "BLOCK_N": 16, "BLOCK_K": 256},
             num_stages=DECODE_STAGES))
+        for gated, suffix in ((0, ""), (1, "_silu"), (2, "_gelu")):
+            specs.append(_spec(
+                f"qgemm_{name}_split{suffix}", "qgemm", "qgemm_split",
+                [("x_ptr", "*fp32"), ("up_ptr", "*fp32"), ("w_ptr", "*u8"),
+                 ("part_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
+                 ("row_bytes", "i32"), ("x_stride", "i32"), ("k_per_split", "i32")],
+                {"FORMAT": fmt, "GATED": gated, "BLOCK_M": DECODE_M, "BLOCK_N": 16,
+                 "BLOCK_K": 256},
+                num_stages=DECODE_STAGES))
         specs.append(_spec(
             f"qgather_rows_{name}", "qgemm", "qgather_rows",
             [("table_ptr", "*u8"), ("ids_ptr", "*u32"), ("out_ptr", "*fp32"),

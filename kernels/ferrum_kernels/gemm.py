@@ -41,6 +41,23 @@ def gemm(x_ptr, w_ptr, bias_ptr, y_ptr, m, n, k, x_stride, y_stride,
 
 
 @triton.jit
+def gated_left(x_ptr, up_ptr, rm, kk, mask, x_stride, GATED: tl.constexpr):
+    """A split product's left tile, rows ``rm`` and columns ``kk`` of ``x``; with ``GATED``
+    1 (SiLU) or 2 (GELU, tanh form), ``act(x) * up`` (``up`` at ``x``'s stride), computed as
+    ``gated_act`` computes it."""
+    a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=mask, other=0.0)
+    if GATED != 0:
+        u = tl.load(up_ptr + rm[:, None] * x_stride + kk[None, :], mask=mask, other=0.0)
+        if GATED == 1:
+            a = a / (1.0 + tl.exp(-a))
+        else:
+            zz = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+            a = a / (1.0 + tl.exp(-2.0 * zz))
+        a = a * u
+    return a
+
+
+@triton.jit
 def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr):
@@ -64,15 +81,7 @@ def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
         amask = (rm[:, None] < m) & (kk[None, :] < k_hi)
-        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=amask, other=0.0)
-        if GATED != 0:
-            u = tl.load(up_ptr + rm[:, None] * x_stride + kk[None, :], mask=amask, other=0.0)
-            if GATED == 1:
-                a = a / (1.0 + tl.exp(-a))
-            else:
-                zz = 0.7978845608028654 * (a + 0.044715 * a * a * a)
-                a = a / (1.0 + tl.exp(-2.0 * zz))
-            a = a * u
+        a = gated_left(x_ptr, up_ptr, rm, kk, amask, x_stride, GATED)
         b = tl.load(w_ptr + rn[None, :] * k + kk[:, None],
                     mask=(rn[None, :] < n) & (kk[:, None] < k_hi), other=0.0)
         if w_ptr.dtype.element_ty == tl.float32:

@@ -13,12 +13,15 @@ accumulation). ``FORMAT`` picks the layout:
     6 Q5_0  (32, 22)                      7 Q5_1 (32, 24)
 
 Grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N))``; ``k`` is a whole number of blocks.
-``qgather_rows`` decodes whole rows instead (a quantized embedding table), grid
+``qgemm_split`` is the split-K form for few rows (``gemm.gemm_split``'s). ``qgather_rows``
+decodes whole rows instead (a quantized embedding table), grid
 ``(num_tokens, cdiv(n_cols, BLOCK))``.
 """
 
 import triton
 import triton.language as tl
+
+from .gemm import gated_left
 
 
 @triton.jit
@@ -122,6 +125,37 @@ def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
         acc += tl.dot(a, b, input_precision="tf32")
     tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc,
              mask=(rm[:, None] < m) & (rn[None, :] < n))
+
+
+@triton.jit
+def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, row_bytes, x_stride, k_per_split,
+                FORMAT: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``gemm_split`` (grid, ranges, partials, ``GATED``) for a block-format weight, with
+    ``qgemm``'s tile arithmetic: program ``(i, j, z)`` multiplies the columns
+    ``z * k_per_split ..`` and writes its partial to ``part[z, m, n]``. ``k_per_split`` is a
+    multiple of the format's block, so a range decodes whole blocks (indices past the range are
+    clamped and their values zeroed, as ``qgemm`` does past ``k``); with one range the result
+    is ``qgemm``'s at the same tiles, bit for bit."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    z = tl.program_id(2)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    rows = w_ptr + tl.where(rn < n, rn, 0)[None, :] * row_bytes
+    k_lo = z * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, k)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + rk
+        a = gated_left(x_ptr, up_ptr, rm, kk, (rm[:, None] < m) & (kk[None, :] < k_hi),
+                       x_stride, GATED)
+        kc = tl.where(kk < k_hi, kk, 0)[:, None]
+        b = tl.where(kk[:, None] < k_hi, _decode(rows, kc, FORMAT), 0.0)
+        acc += tl.dot(a, b, input_precision="tf32")
+    base = part_ptr + z.to(tl.int64) * m * n
+    tl.store(base + rm[:, None] * n + rn[None, :], acc, mask=(rm[:, None] < m) & (rn[None, :] < n))
 
 
 @triton.jit

@@ -326,6 +326,55 @@ class Kernels(unittest.TestCase):
                       raw.shape[1], k, 2.0])
             assert_close(self, gname, r.host(out), deq[ids].astype(np.float64) * 2.0, 1e-7)
 
+    def test_qgemm_split_k(self):
+        """Split-K decode products of every block format: ranges of whole blocks (whole
+        256-column tiles or not), partials summed in order, against the gguf-py dequantization; one range equals the
+        unsplit decode product bit for bit, and the gated forms equal gated_act then the plain
+        form."""
+        r = self.r
+        blocks = read_safetensors(os.path.join(QUANT_DIR, "blocks.safetensors"))
+        for fmt in QUANTS:
+            raw = blocks[f"{fmt.upper()}.raw"]
+            deq = blocks[f"{fmt.upper()}.dequant"]
+            order = self.rng.integers(0, raw.shape[0], 40)
+            raw, deq = np.ascontiguousarray(raw[order]), deq[order]
+            n, k = deq.shape
+            dw = r.dev(raw, "u8")
+            name = f"qgemm_{fmt}_split"
+            c = SPECS[name]["constexprs"]
+            block = 256 if fmt.endswith("_k") else 32
+            for m, kps in ((1, 256), (5, 512), (2, 3 * block), (3, k)):
+                splits = cdiv(k, kps)
+                xs = k + 3
+                x, up = self.rand(m, xs), self.rand(m, xs)
+                dx, dup = r.dev(x), r.dev(up)
+                grid = (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits)
+                part = self.nan(splits * m * n)
+                r.launch(name, grid, [r.ptr(dx), r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k,
+                                      raw.shape[1], xs, kps])
+                y = self.nan(m, n)
+                r.launch("split_sum", (m, cdiv(n, SPECS["split_sum"]["constexprs"]["BLOCK"])),
+                         [r.ptr(part), r.ptr(y), m, n, splits, n])
+                want = x[:, :k].astype(np.float64) @ deq.astype(np.float64).T
+                assert_close(self, f"{name} m={m} by {kps}", r.host(y), want, QTOL)
+                for act, suffix in ((0, "_silu"), (1, "_gelu")):
+                    gated = self.nan(m, xs)
+                    r.launch(f"gated_{'silu' if act == 0 else 'gelu_tanh'}", (m, cdiv(xs, 1024)),
+                             [r.ptr(dx), r.ptr(dup), r.ptr(gated), xs, xs, xs, xs])
+                    want_g = self.nan(splits * m * n)
+                    r.launch(name, grid, [r.ptr(gated), r.ptr(gated), r.ptr(dw), r.ptr(want_g),
+                                          m, n, k, raw.shape[1], xs, kps])
+                    got_g = self.nan(splits * m * n)
+                    r.launch(name + suffix, grid, [r.ptr(dx), r.ptr(dup), r.ptr(dw),
+                                                   r.ptr(got_g), m, n, k, raw.shape[1], xs, kps])
+                    np.testing.assert_array_equal(r.host(got_g), r.host(want_g), name + suffix)
+                if splits == 1:
+                    d = SPECS[f"qgemm_{fmt}_decode"]["constexprs"]
+                    y1 = self.nan(m, n)
+                    r.launch(f"qgemm_{fmt}_decode", (cdiv(m, d["BLOCK_M"]), cdiv(n, d["BLOCK_N"])),
+                             [r.ptr(dx), r.ptr(dw), r.ptr(y1), m, n, k, raw.shape[1], xs, n])
+                    np.testing.assert_array_equal(r.host(part).reshape(m, n), r.host(y1))
+
     def attention_case(self, short, d_block, hd, group, block_size, window, softcap,
                        fine_splits=False):
         """Three sequences (prefill with prior context, decode, fresh prefill) over scattered

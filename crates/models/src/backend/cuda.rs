@@ -58,9 +58,10 @@ pub const SPLIT_KEYS: usize = 512;
 /// the partials' buffer (`tokens x heads x 16 x (head_dim + 2)` f32) and the grid.
 pub const ATTENTION_RANGES: usize = 16;
 
-/// Split-K decode products (`gemm_*_split`): a float product of at most 16 rows (`DECODE_M`)
-/// whose output tiles make fewer than `programs` programs is cut along `k` into enough ranges
-/// to make about that many, each at least `min_k` columns deep. How many ranges depends on
+/// Split-K decode products (`gemm_*_split`, `qgemm_*_split`): a product of at most 16 rows
+/// (`DECODE_M`) whose output tiles make fewer than `programs` programs is cut along `k` into
+/// enough ranges to make about that many, each at least `min_k` columns deep and of whole
+/// blocks of a block format. How many ranges depends on
 /// the weight's shape only, never on the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeSplit {
@@ -560,19 +561,31 @@ impl CudaBackend {
         if splits < 2 {
             return Ok(None);
         }
-        let per = w.cols.div_ceil(splits).next_multiple_of(s.min_k.min(256));
+        // Ranges of whole decode tiles (256 columns) where `min_k` allows, and always of whole
+        // blocks of a block format.
+        let align = s.min_k.min(256).max(w.dtype.block_size());
+        let per = w.cols.div_ceil(splits).next_multiple_of(align);
         Ok((w.cols.div_ceil(per) >= 2).then_some(per))
+    }
+
+    /// The split-K product kernel of `w`'s type (without the gated suffix).
+    fn split_name(w: &GpuWeight) -> Result<String> {
+        Ok(match form(w.dtype)? {
+            Form::Float(f) => format!("gemm_{f}_split"),
+            Form::Blocks(q) => format!("qgemm_{q}_split"),
+        })
     }
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns: partials, then their
     /// sum in range order (one range writes `y` itself). With `gated`, the left operand is
-    /// `act(x) * up` (the MLP's down product, from `Gate` and `Up`).
+    /// `act(x) * up` (the MLP's down product, from `Gate` and `Up`). Float and block-format
+    /// weights alike; a block format's ranges are whole blocks ([`Self::split_columns`]).
     fn gemm_split(
         &mut self,
         (x, y): (DevicePtr, DevicePtr),
         w: &GpuWeight,
         m: usize,
-        (f, per): (&str, usize),
+        per: usize,
         gated: Option<(DevicePtr, GatedAct)>,
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
@@ -587,20 +600,14 @@ impl CudaBackend {
             Some((up, GatedAct::Silu)) => (up, "_silu"),
             Some((up, GatedAct::GeluTanh)) => (up, "_gelu"),
         };
-        let name = format!("gemm_{f}_split{suffix}");
+        let name = format!("{}{suffix}", Self::split_name(w)?);
         let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
         let kk = i32_arg(k, "weight columns")?;
-        let args = [
-            p(x),
-            p(up),
-            p(w.buf.ptr()),
-            p(part),
-            mm,
-            nn,
-            kk,
-            kk,
-            i32_arg(per, "columns per range")?,
-        ];
+        let mut args = vec![p(x), p(up), p(w.buf.ptr()), p(part), mm, nn, kk];
+        if let Form::Blocks(_) = form(w.dtype)? {
+            args.push(i32_arg(w.row_bytes, "row bytes")?);
+        }
+        args.extend([kk, i32_arg(per, "columns per range")?]);
         let grid = [
             cdiv(m, self.block(&name, "BLOCK_M")?),
             cdiv(n, self.block(&name, "BLOCK_N")?),
@@ -617,9 +624,9 @@ impl CudaBackend {
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T`.
     fn gemm(&mut self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
-        if let (Form::Float(f), true) = (form(w.dtype)?, m <= DECODE_M) {
-            if let Some(per) = self.split_columns(&format!("gemm_{f}_split"), w)? {
-                return self.gemm_split((x, y), w, m, (f, per), None);
+        if m <= DECODE_M {
+            if let Some(per) = self.split_columns(&Self::split_name(w)?, w)? {
+                return self.gemm_split((x, y), w, m, per, None);
             }
         }
         let (mm, n, k) = (
@@ -1299,13 +1306,13 @@ impl Backend for CudaBackend {
             GatedAct::GeluTanh => "gated_gelu_tanh",
         };
         let (gate, up) = (self.buf(Buf::Gate)?, self.buf(Buf::Up)?);
-        // Few rows of a float weight: the activation inside the (split-K) down product.
-        if let (Form::Float(f), true) = (form(w.dtype)?, self.tokens <= DECODE_M) {
+        // Few rows: the activation inside the (split-K) down product.
+        if self.tokens <= DECODE_M {
             let per = self
-                .split_columns(&format!("gemm_{f}_split"), w)?
+                .split_columns(&Self::split_name(w)?, w)?
                 .unwrap_or(w.cols);
             let (t, y) = (self.tokens, self.buf(out)?);
-            return self.gemm_split((gate, y), w, t, (f, per), Some((up, act)));
+            return self.gemm_split((gate, y), w, t, per, Some((up, act)));
         }
         let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
         // In place: Gate = act(Gate) * Up.
