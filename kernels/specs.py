@@ -142,6 +142,10 @@ def all_specs():
         [("logits_ptr", "*fp32"), ("out_ptr", "*u32"), ("n_cols", "i32"), ("row_stride", "i32")],
         {"BLOCK": 2048}, num_warps=8))
     specs.append(_spec(
+        "resolve_ids", "embedding", "resolve_ids",
+        [("ids_ptr", "*u32"), ("pending_ptr", "*u32"), ("prev_ptr", "*u32"), ("n", "i32")],
+        {"BLOCK": 256}))
+    specs.append(_spec(
         "sample_prepare", "sampling", "sample_prepare",
         [("logits_ptr", "*fp32"), ("work_ptr", "*fp32"), ("mask_ptr", "*u32"),
          ("mask_off_ptr", "*i32"), ("n_cols", "i32"), ("row_stride", "i32")],

@@ -109,6 +109,21 @@ def main(res):
                   f"{k['ms_per_step']:.4f} | "
                   f"{100 * k['ms_per_step'] / pr['device_ms_per_step']:.1f}% |")
             p("")
+    thr = {k: load(os.path.join(res, f"ferrum-1b-throughput-{k}.jsonl")) for k in ("overlap", "sync")}
+    if thr["overlap"] or thr["sync"]:
+        p("## Engine throughput, 1B-shaped, 256 requests of 128 + 128 tokens\n")
+        p("Steps overlapped (the next scheduled and enqueued while one runs) against steps "
+          "finished one at a time (`--no-overlap`).\n")
+        p("| steps | output tok/s | total tok/s | steps overlapped |")
+        p("| --- | --- | --- | --- |")
+        for k, name in (("overlap", "overlapped"), ("sync", "one at a time")):
+            for r in thr[k]:
+                p(f"| {name} | {r['output_tok_s']:.0f} | {r['total_tok_s']:.0f} | "
+                  f"{r.get('steps_overlapped', 0)} of {r.get('steps', 0)} |")
+        if thr["overlap"] and thr["sync"]:
+            ratio = thr["overlap"][0]["output_tok_s"] / thr["sync"][0]["output_tok_s"]
+            p(f"\nOverlapped against one at a time: {ratio:.2f}x output tok/s.")
+        p("")
     pre = load(os.path.join(res, "ferrum-8b-prefill.jsonl"))
     cfg_path = os.path.join(res, "config-8b.json")
     if pre and os.path.exists(cfg_path):

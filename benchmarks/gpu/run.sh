@@ -62,6 +62,12 @@ step ferrum-1b-graph 90 ferrum-1b-graph.jsonl "${lat[@]}" --model "$models/llama
     --batch-size 1,64 --num-iters 3 --num-iters-warmup 1 --profile-kernels
 step ferrum-1b-plain 90 ferrum-1b-plain.jsonl "${lat[@]}" --model "$models/llama-1b" --no-cuda-graph \
     --batch-size 1,64 --num-iters 3 --num-iters-warmup 1 --profile-kernels
+# The engine: 256 requests of 128 + 128 tokens through continuous batching, with steps
+# overlapped (the default) and finished one at a time.
+thr=("$ferrum" bench throughput --device cuda --json --num-prompts 256 --input-len 128 --output-len 128 \
+    --max-num-seqs 256)
+step ferrum-1b-throughput-overlap 120 ferrum-1b-throughput-overlap.jsonl "${thr[@]}" --model "$models/llama-1b"
+step ferrum-1b-throughput-sync 120 ferrum-1b-throughput-sync.jsonl "${thr[@]}" --model "$models/llama-1b" --no-overlap
 [[ -s "$res/hf-8b.jsonl" ]] || step hf-8b 150 hf-8b.jsonl python3 "$here/hf_peer.py" "$models/llama-8b" --batch-size 1,64 \
     --input-len 128 --output-len 32 --prefill-len 2048
 [[ -s "$res/hf-1b.jsonl" ]] || step hf-1b 90 hf-1b.jsonl python3 "$here/hf_peer.py" "$models/llama-1b" --batch-size 1,64 \

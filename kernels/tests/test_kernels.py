@@ -85,6 +85,28 @@ class Kernels(unittest.TestCase):
                 want = 0 if v.max() == -np.inf else int(np.argmax(v))
                 self.assertEqual(int(got[i]), want, f"argmax_rows n={n} row {i}")
 
+    def test_resolve_ids(self):
+        """Each pending input takes its row of the previous step's tokens; the other inputs
+        and everything past ``n`` are left alone; more pending inputs than one block."""
+        r = self.r
+        block = SPECS["resolve_ids"]["constexprs"]["BLOCK"]
+        for n in (0, 1, 5, block + 7):
+            size = n + 9
+            ids = np.arange(1000, 1000 + size, dtype=np.uint32)
+            prev = self.rng.integers(0, 50000, n + 3).astype(np.uint32)
+            at = self.rng.permutation(size)[:n].astype(np.uint32)
+            rows = self.rng.integers(0, n + 3, n).astype(np.uint32)
+            pairs = np.stack([at, rows], axis=1).reshape(-1) if n else np.zeros(2, np.uint32)
+            # A pair past n (a stale one) must not be applied.
+            pairs = np.concatenate([pairs, np.array([size - 1, 0], np.uint32)])
+            dids = r.dev(ids, "u32")
+            grid = (max(1, -(-n // block)),)
+            r.launch("resolve_ids", grid,
+                     [r.ptr(dids), r.ptr(r.dev(pairs, "u32")), r.ptr(r.dev(prev, "u32")), n])
+            want = ids.copy()
+            want[at] = prev[rows]
+            np.testing.assert_array_equal(r.host(dids), want, f"resolve_ids n={n}")
+
     def test_rms_norm(self):
         r = self.r
         for has_res in (0, 1):

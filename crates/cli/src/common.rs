@@ -60,6 +60,10 @@ pub struct ModelArgs {
     /// 128, 160, 192, 224, 256).
     #[arg(long)]
     pub no_cuda_graph: bool,
+    /// On a GPU, finish each step (its tokens back on the host) before scheduling the next,
+    /// instead of scheduling and enqueueing it while the previous one runs.
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Ranks that split every layer (by attention heads and MLP rows), inside one node. A
     /// parallel run is launched with `mpirun -n T*P` and needs a build with `--features mpi`.
     #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
@@ -348,6 +352,7 @@ pub fn single_engine(
         max_waiting: 0,
         prefault_kv_cache: false,
         speculative: speculative.config(),
+        overlap_steps: !model_args.no_overlap,
     };
     start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
@@ -502,6 +507,10 @@ pub fn start_engine(
     spec: &SpeculativeArgs,
     model_args: &ModelArgs,
 ) -> Result<EngineHandle> {
+    let cfg = &EngineConfig {
+        overlap_steps: !model_args.no_overlap,
+        ..cfg.clone()
+    };
     let draft = match (spec.method(), &spec.speculative_model) {
         (Some(SpeculativeMethod::Draft), Some(m)) => m,
         (Some(SpeculativeMethod::Draft), None) => {
@@ -583,6 +592,7 @@ impl EngineArgs {
             max_waiting,
             prefault_kv_cache: false,
             speculative: self.speculative.config(),
+            overlap_steps: true,
         })
     }
 }

@@ -34,6 +34,10 @@ pub struct EngineConfig {
     pub prefault_kv_cache: bool,
     /// Speculative decoding; `None` is off.
     pub speculative: Option<crate::SpeculativeConfig>,
+    /// On a GPU, schedule and enqueue each step while the previous one runs, whose tokens
+    /// come back by an asynchronous copy (stop conditions are then seen one step late); off,
+    /// each step's tokens are on the host before the next step is scheduled.
+    pub overlap_steps: bool,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +52,7 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             prefault_kv_cache: false,
             speculative: None,
+            overlap_steps: true,
         }
     }
 }

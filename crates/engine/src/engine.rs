@@ -10,20 +10,27 @@
 //!   computed, so they reuse its full prompt blocks from the prefix cache;
 //! - a constrained sequence's guide has consumed exactly its output tokens; the masks a step
 //!   needs are computed on a helper thread while the forward pass runs, and a token is
-//!   sampled only under the mask of the guide's current state.
+//!   sampled only under the mask of the guide's current state;
+//! - on a GPU, at most one step is in flight beyond the one being built ([`crate::overlap`]):
+//!   its sequences carry a placeholder token in the scheduler until its results are
+//!   processed, which happens once the next step is enqueued and before that step's results
+//!   are recorded; every step's results are processed exactly once, in order.
 
 use crate::guide::Guide;
 use crate::metrics::{Metrics, SpecCounters};
 use crate::output::OutputProcessor;
+use crate::overlap::{pending_inputs, InFlight, PLACEHOLDER};
 use crate::request::{Event, GenerateRequest, Usage};
+use crate::requests::{
+    compute_masks, Latency, MaskCounters, Processed, ReqState, Requests, Rows, SeqState,
+};
 use crate::sampler::Sampler;
 use crate::spec::{DraftModel, Proposer, SpeculativeConfig};
 use crate::{EngineError, Result};
-use ferrum_models::sampling::{RowSampling, SampledRow};
-use ferrum_models::{ForwardBatch, KvCache, Model};
-use ferrum_scheduler::Scheduler;
+use ferrum_models::{ForwardBatch, KvCache, Model, StepRows};
+use ferrum_scheduler::{Scheduler, SchedulerOutput};
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::{FinishReason, RequestId, TokenId};
+use ferrum_types::{RequestId, TokenId};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,64 +55,28 @@ pub(crate) enum Command {
     Shutdown,
 }
 
-/// A latency observed during a step, recorded into the histograms once per step.
-enum Latency {
-    FirstToken(std::time::Duration),
-    InterToken(std::time::Duration),
-}
-
-struct SeqState {
-    request: RequestId,
-    index: usize,
-    sampler: Sampler,
-    output: OutputProcessor,
-    last_token_at: Option<Instant>,
-    /// The constraint of a constrained request.
-    guide: Option<Guide>,
-}
-
-struct ReqState {
-    request: GenerateRequest,
-    seed: u64,
-    tx: UnboundedSender<Event>,
-    arrived: Instant,
-    /// Sequence ids of the samples started so far.
-    seqs: Vec<RequestId>,
-    unfinished: usize,
-    children_started: bool,
-    usage: Usage,
-    /// The constraint in its initial state; each sample follows a fork of it.
-    guide: Option<Box<Guide>>,
-}
-
 pub(crate) struct EngineCore {
     model: Model,
     kv: KvCache,
-    sched: Scheduler,
-    tokenizer: Option<Arc<Tokenizer>>,
+    st: Requests,
     eos: Vec<TokenId>,
     max_model_len: usize,
     metrics: Arc<Mutex<Metrics>>,
     /// Requests accepted and not yet done (shared with handles for the queue limit).
     in_flight: Arc<AtomicUsize>,
     batch: ForwardBatch,
-    sampled: Vec<(RequestId, TokenId)>,
-    finished: Vec<RequestId>,
-    latencies: Vec<Latency>,
-    reqs: HashMap<RequestId, ReqState>,
-    seqs: HashMap<RequestId, SeqState>,
+    /// The batch of the step in flight, while the next one is built in `batch`.
+    prev_batch: ForwardBatch,
     next_seq: RequestId,
     shutting_down: bool,
-    /// Requests whose output failed during this step, with the reason.
-    failed: Vec<(RequestId, String)>,
     /// Steps run so far.
     steps: u64,
     /// Speculative decoding, when on.
     spec: Option<SpeculativeConfig>,
-    /// This step's speculative counters, added to the metrics once per step.
-    spec_step: SpecCounters,
-    /// This step's structured-output counters, likewise.
-    mask_step: MaskCounters,
+    /// Whether steps may overlap on a GPU ([`crate::EngineConfig::overlap`]).
+    overlap: bool,
+    /// The step whose results are still on their way from the device (overlapped steps).
+    pending: Option<InFlight>,
     /// Scratch for one sequence's proposals.
     proposal: Vec<TokenId>,
     /// The draft model, with `Proposer::Draft`.
@@ -117,53 +88,6 @@ pub(crate) struct EngineCore {
     populate_at: Option<usize>,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
-}
-
-/// Structured output's counters of one step.
-#[derive(Debug, Default)]
-struct MaskCounters {
-    masks: u64,
-    seconds: f64,
-    wait_seconds: f64,
-}
-
-/// Computes a guide's mask unless it has one, counting it.
-fn compute_mask(g: &mut Guide, c: &mut MaskCounters) -> std::result::Result<(), String> {
-    if !g.needs_mask() {
-        return Ok(());
-    }
-    let t = Instant::now();
-    let r = g.compute_mask();
-    c.masks += 1;
-    c.seconds += t.elapsed().as_secs_f64();
-    r
-}
-
-/// What a step's forward returned: every sampled row's logits (`[rows, vocab]`); when all
-/// of them were plain greedy choices, each row's token decided by the model; or each row
-/// sampled by the model's device under its request's spec.
-#[derive(Debug, Clone, Copy)]
-enum Rows<'a> {
-    Logits(&'a [f32]),
-    Tokens(&'a [u32]),
-    Sampled(&'a [SampledRow]),
-}
-
-/// Computes the mask of every guide that lacks one (on the mask thread, during the forward
-/// pass). Returns the requests whose constraint failed, with the reason.
-fn compute_masks(
-    seqs: &mut HashMap<RequestId, SeqState>,
-) -> (Vec<(RequestId, String)>, MaskCounters) {
-    let mut failed = Vec::new();
-    let mut c = MaskCounters::default();
-    for seq in seqs.values_mut() {
-        if let Some(g) = seq.guide.as_mut() {
-            if let Err(e) = compute_mask(g, &mut c) {
-                failed.push((seq.request, format!("request failed: {e}")));
-            }
-        }
-    }
-    (failed, c)
 }
 
 /// Marks the engine unhealthy when dropped: at the end of the loop, or while a panic unwinds.
@@ -186,14 +110,6 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     format!("panicked: {what}")
 }
 
-impl std::fmt::Debug for ReqState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReqState")
-            .field("seqs", &self.seqs)
-            .finish_non_exhaustive()
-    }
-}
-
 impl EngineCore {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -209,25 +125,30 @@ impl EngineCore {
         EngineCore {
             model,
             kv,
-            sched,
-            tokenizer,
+            st: Requests {
+                sched,
+                tokenizer,
+                reqs: HashMap::new(),
+                seqs: HashMap::new(),
+                sampled: Vec::new(),
+                finished: Vec::new(),
+                latencies: Vec::new(),
+                failed: Vec::new(),
+                spec_step: SpecCounters::default(),
+                mask_step: MaskCounters::default(),
+            },
             eos,
             max_model_len,
             metrics,
             in_flight,
             batch: ForwardBatch::new(),
-            sampled: Vec::new(),
-            finished: Vec::new(),
-            latencies: Vec::new(),
-            reqs: HashMap::new(),
-            seqs: HashMap::new(),
+            prev_batch: ForwardBatch::new(),
             next_seq: 0,
             shutting_down: false,
-            failed: Vec::new(),
             steps: 0,
             spec: None,
-            spec_step: SpecCounters::default(),
-            mask_step: MaskCounters::default(),
+            overlap: true,
+            pending: None,
             proposal: Vec::new(),
             draft: None,
             proposing: Vec::new(),
@@ -244,7 +165,7 @@ impl EngineCore {
         // reports unhealthy, so `generate` and `/health` fail fast.
         let _health = HealthGuard(self.metrics.clone());
         loop {
-            if !self.sched.has_unfinished() && self.reqs.is_empty() {
+            if !self.st.sched.has_unfinished() && self.st.reqs.is_empty() {
                 if self.shutting_down {
                     break;
                 }
@@ -256,7 +177,13 @@ impl EngineCore {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
-            if !self.sched.has_unfinished() {
+            if !self.st.sched.has_unfinished() {
+                // A step left in flight whose sequences all left (aborted): its results are
+                // collected, so the next step's are the next to come back.
+                if let Err(e) = self.finish_pending() {
+                    self.fail_all(&format!("engine step failed: {e}"));
+                    return;
+                }
                 // Aborts may have emptied the pool: show it before waiting for work.
                 self.publish_metrics();
                 continue;
@@ -266,16 +193,7 @@ impl EngineCore {
             let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()))
                 .unwrap_or_else(|p| Err(EngineError::Invalid(panic_message(p.as_ref()))));
             if let Err(e) = stepped {
-                let msg = format!("engine step failed: {e}");
-                // Unhealthy before any client hears of the failure: one that reads its error
-                // and then asks `/health` must not be told all is well.
-                if let Ok(mut m) = self.metrics.lock() {
-                    m.healthy = false;
-                }
-                for (_, r) in self.reqs.drain() {
-                    let _ = r.tx.send(Event::Error(msg.clone()));
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
+                self.fail_all(&format!("engine step failed: {e}"));
                 return;
             }
             self.publish_metrics();
@@ -284,6 +202,25 @@ impl EngineCore {
         if let Ok(mut m) = self.metrics.lock() {
             m.healthy = false;
         }
+    }
+
+    /// Ends the engine after a failed step: every request gets the error.
+    fn fail_all(&mut self, msg: &str) {
+        // Unhealthy before any client hears of the failure: one that reads its error and
+        // then asks `/health` must not be told all is well.
+        if let Ok(mut m) = self.metrics.lock() {
+            m.healthy = false;
+        }
+        for (_, r) in self.st.reqs.drain() {
+            let _ = r.tx.send(Event::Error(msg.to_owned()));
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Lets steps overlap on a GPU (on by default); off, each step's tokens are back on the
+    /// host before the next is scheduled.
+    pub(crate) fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
     }
 
     /// Turns speculative decoding on; `Proposer::Draft` needs the draft model.
@@ -297,7 +234,7 @@ impl EngineCore {
                 model,
                 self.model.config().vocab_size,
                 self.kv.num_blocks(),
-                self.sched.config().block_size,
+                self.st.sched.config().block_size,
             )?),
             (Proposer::Draft, None) => {
                 return Err(EngineError::Invalid(
@@ -328,8 +265,8 @@ impl EngineCore {
     /// more sequences decode than `disable_by_batch_size`.
     fn collect_proposing(&mut self, spec: &SpeculativeConfig) {
         self.proposing.clear();
-        for (&id, seq) in &self.seqs {
-            if Self::is_decoding(&self.sched, id) && !self.finished.contains(&id) {
+        for (&id, seq) in &self.st.seqs {
+            if Self::is_decoding(&self.st.sched, id) && !self.st.finished.contains(&id) {
                 let k = spec
                     .num_speculative_tokens
                     .min(seq.output.remaining().saturating_sub(1));
@@ -352,7 +289,7 @@ impl EngineCore {
         self.collect_proposing(&spec);
         let proposing = std::mem::take(&mut self.proposing);
         let result = match self.draft.as_mut() {
-            Some(d) => d.propose(&mut self.sched, &proposing),
+            Some(d) => d.propose(&mut self.st.sched, &proposing),
             None => Ok(()),
         };
         self.proposing = proposing;
@@ -370,7 +307,7 @@ impl EngineCore {
         for &(id, k) in &self.proposing {
             match (&spec.proposer, self.draft.as_mut()) {
                 (Proposer::Ngram(p), _) => {
-                    let tokens = self.sched.tokens(id).unwrap_or(&[]);
+                    let tokens = self.st.sched.tokens(id).unwrap_or(&[]);
                     p.propose(tokens, k, &mut self.proposal);
                 }
                 (Proposer::Draft, Some(d)) => {
@@ -380,18 +317,20 @@ impl EngineCore {
                 (Proposer::Draft, None) => self.proposal.clear(),
             }
             // A constrained sequence proposes only what its constraint accepts.
-            if let Some(g) = self.seqs.get_mut(&id).and_then(|q| q.guide.as_mut()) {
+            if let Some(g) = self.st.seqs.get_mut(&id).and_then(|q| q.guide.as_mut()) {
                 let n = g.valid_prefix(&self.proposal);
                 self.proposal.truncate(n);
             }
-            self.sched
+            self.st
+                .sched
                 .propose(id, &self.proposal)
                 .map_err(|e| EngineError::Invalid(e.to_string()))?;
         }
         // Everyone else proposes nothing this step.
-        for &id in self.seqs.keys() {
+        for &id in self.st.seqs.keys() {
             if !self.proposing.iter().any(|&(p, _)| p == id) {
-                self.sched
+                self.st
+                    .sched
                     .propose(id, &[])
                     .map_err(|e| EngineError::Invalid(e.to_string()))?;
             }
@@ -466,7 +405,7 @@ impl EngineCore {
                 if let Ok(mut m) = self.metrics.lock() {
                     m.prompt_tokens += r.request.prompt.len() as u64;
                 }
-                self.reqs.insert(id, r);
+                self.st.reqs.insert(id, r);
             }
             Command::Abort(id) => self.abort(id),
             Command::Shutdown => self.shutting_down = true,
@@ -481,7 +420,7 @@ impl EngineCore {
             seed: Some(seed),
             ..p.clone()
         };
-        let tok = self.tokenizer.as_deref();
+        let tok = self.st.tokenizer.as_deref();
         let output = OutputProcessor::new(
             &params,
             &r.request.prompt,
@@ -494,10 +433,11 @@ impl EngineCore {
         let guide = r.guide.as_deref().map(Guide::fork);
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.sched
+        self.st
+            .sched
             .add(seq, &r.request.prompt, r.request.priority)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        self.seqs.insert(
+        self.st.seqs.insert(
             seq,
             SeqState {
                 request: id,
@@ -513,13 +453,13 @@ impl EngineCore {
     }
 
     fn abort(&mut self, id: RequestId) {
-        let Some(r) = self.reqs.remove(&id) else {
+        let Some(r) = self.st.reqs.remove(&id) else {
             return;
         };
-        let tok = self.tokenizer.clone();
+        let tok = self.st.tokenizer.clone();
         for seq in &r.seqs {
-            self.sched.remove(*seq);
-            if let Some(mut s) = self.seqs.remove(seq) {
+            self.st.sched.remove(*seq);
+            if let Some(mut s) = self.st.seqs.remove(seq) {
                 if let Ok(o) = s.output.abort(tok.as_deref()) {
                     let _ = r.tx.send(Event::Finished {
                         index: s.index,
@@ -549,16 +489,27 @@ impl EngineCore {
         if self.faults.panic_at_step == Some(self.steps) {
             panic!("injected fault: panic at step {}", self.steps);
         }
+        let overlap = self.can_overlap();
+        if !overlap {
+            // The step in flight must be known before this one is scheduled (a request that
+            // arrived needs what only the host can do, say a constraint's mask).
+            self.finish_pending()?;
+        }
         self.propose()?;
-        let out = self.sched.schedule();
+        let out = self.st.sched.schedule();
         if out.seqs.is_empty() {
+            if self.pending.is_some() {
+                // Every sequence waits on the step in flight (its blocks, say).
+                return self.finish_pending();
+            }
             return Err(EngineError::Invalid(
                 "the scheduler could not schedule any of the pending sequences".into(),
             ));
         }
-        self.sched.fill_batch(&out, &mut self.batch)?;
+        self.st.sched.fill_batch(&out, &mut self.batch)?;
         let vocab = self.model.config().vocab_size;
         let needs_masks = self
+            .st
             .seqs
             .values()
             .any(|q| q.guide.as_ref().is_some_and(Guide::needs_mask));
@@ -570,10 +521,40 @@ impl EngineCore {
                 s.num_logits() == 0
                     || (s.num_proposed == 0
                         && self
+                            .st
                             .seqs
                             .get(&s.id)
                             .is_some_and(|q| q.guide.is_none() && q.sampler.is_plain_greedy()))
             });
+        if overlap {
+            // Issued before the step in flight has been seen: its tokens are this step's
+            // inputs on the device, and each sampler is one draw behind for them.
+            let pending = self.pending.as_ref().map(|p| &p.rows);
+            let inputs = pending_inputs(&out, &self.batch, pending);
+            if greedy {
+                self.model
+                    .submit_argmax(&self.batch, &mut self.kv, &inputs)?;
+            } else {
+                let (st, batch, scheduled) = (&mut self.st, &self.batch, &out.seqs);
+                let ahead = |id| usize::from(pending.is_some_and(|p| p.contains_key(&id)));
+                let specs = move || {
+                    // Moved in, so the specs can borrow the sequences for as long as they live.
+                    let st = { st };
+                    st.row_specs(scheduled, batch, false, &ahead)
+                };
+                self.model
+                    .submit_sample(&self.batch, &mut self.kv, &inputs, specs)?;
+            }
+            // The step in flight has finished on the device by now, or soon: its results
+            // are processed while this one runs.
+            self.finish_pending()?;
+            // This step stays in flight while the next is built. A sequence that ends in it
+            // (its stop seen when its results are processed) has one more row in the next
+            // step, dropped there: its placeholder sits at most at the last position its
+            // length limit allows, since that limit counts the placeholder's own token.
+            self.defer(out);
+            return Ok(());
+        }
         // On a GPU, rows are sampled there (only tokens and requested logprobs come back),
         // unless a row after a proposal depends on the proposal's fate: a constrained
         // request's (its mask follows its tokens) or a penalized one's.
@@ -583,6 +564,7 @@ impl EngineCore {
                 s.num_logits() == 0
                     || s.num_proposed == 0
                     || self
+                        .st
                         .seqs
                         .get(&s.id)
                         .is_some_and(|q| q.guide.is_none() && !q.sampler.edits_follow_output())
@@ -592,38 +574,10 @@ impl EngineCore {
         } else if on_device {
             // The masks are inputs of the device's sampling: the model asks for the rows'
             // specs once the forward pass is enqueued, so they are computed while it runs.
-            let (seqs, failed, mask_step) = (&mut self.seqs, &mut self.failed, &mut self.mask_step);
-            let scheduled = &out.seqs;
-            let num_rows = self.batch.logits_indices.len();
+            let (st, batch, scheduled) = (&mut self.st, &self.batch, &out.seqs);
             let specs = move || {
-                // Moved in, so the specs can borrow the sequences for as long as they live.
-                let seqs = { seqs };
-                if needs_masks {
-                    let (f, c) = compute_masks(seqs);
-                    failed.extend(f);
-                    *mask_step = c;
-                }
-                for s in scheduled {
-                    if let Some(q) = seqs.get_mut(&s.id).filter(|_| s.num_logits() > 0) {
-                        q.sampler.prepare();
-                    }
-                }
-                let seqs = &*seqs;
-                let mut specs = Vec::with_capacity(num_rows);
-                for s in scheduled {
-                    let q = seqs.get(&s.id);
-                    for i in 0..s.num_logits() {
-                        specs.push(match q {
-                            Some(q) => {
-                                let guide = q.guide.as_ref().filter(|g| g.is_active());
-                                q.sampler.row_spec(i, guide.map(Guide::mask_words))
-                            }
-                            // A row nobody reads (its sequence is gone): greedy.
-                            None => RowSampling::greedy(),
-                        });
-                    }
-                }
-                specs
+                let st = { st };
+                st.row_specs(scheduled, batch, needs_masks, &|_| 0)
             };
             Rows::Sampled(
                 self.model
@@ -631,7 +585,7 @@ impl EngineCore {
             )
         } else if needs_masks {
             // The guides' masks on a helper thread while the forward pass runs.
-            let (seqs, failed) = (&mut self.seqs, &mut self.failed);
+            let (seqs, failed) = (&mut self.st.seqs, &mut self.st.failed);
             let (model, kv, batch) = (&mut self.model, &mut self.kv, &self.batch);
             let (logits, masks) = std::thread::scope(|scope| {
                 let masks = std::thread::Builder::new()
@@ -651,165 +605,120 @@ impl EngineCore {
             });
             let (f, c) = masks.map_err(EngineError::Invalid)?;
             failed.extend(f);
-            self.mask_step = c;
+            self.st.mask_step = c;
             Rows::Logits(logits?)
         } else {
             Rows::Logits(self.model.forward(&self.batch, &mut self.kv)?)
         };
         if let Some(d) = self.draft.as_mut() {
             // Before any rollback frees a block the batch wrote.
-            let bs = self.sched.config().block_size;
+            let bs = self.st.sched.config().block_size;
             d.follow(&self.batch, out.seqs.iter().map(|s| s.id), bs)?;
         }
         let now = Instant::now();
-        self.sampled.clear();
-        self.finished.clear();
-        self.latencies.clear();
-        let tok = self.tokenizer.as_deref();
-        let mut new_tokens = 0u64;
-        let mut child_starts: Vec<RequestId> = Vec::new();
-        let mut rows = 0;
-        for (s, slice) in out.seqs.iter().zip(&self.batch.seqs) {
-            // A sequence's logits rows are consecutive: its last final token's, then one per
-            // proposal.
-            let num_rows = s.num_logits();
-            if num_rows == 0 {
+        let done = self.st.process(&out, &self.batch, rows_out, vocab, now);
+        self.after_step(&out, done, now, false)
+    }
+
+    /// Whether the next step may be issued before the one in flight is seen: on a GPU that
+    /// samples, with overlap on, no speculation, and no request whose next row depends on its
+    /// last token on the host (a constraint's mask, penalties).
+    fn can_overlap(&self) -> bool {
+        self.overlap
+            && self.spec.is_none()
+            && self.model.can_overlap()
+            && self
+                .st
+                .seqs
+                .values()
+                .all(|q| q.guide.is_none() && !q.sampler.edits_follow_output())
+    }
+
+    /// Leaves step `out` in flight: each sampled sequence gets a placeholder token in the
+    /// scheduler, which the step's own token replaces once it is collected.
+    fn defer(&mut self, out: SchedulerOutput) {
+        let mut rows = HashMap::with_capacity(out.seqs.len());
+        self.st.sampled.clear();
+        let mut row = 0u32;
+        for s in &out.seqs {
+            if s.num_logits() == 0 {
                 continue;
             }
-            let first_row = rows;
-            rows += num_rows;
-            let Some(seq) = self.seqs.get_mut(&s.id) else {
-                continue;
-            };
-            let Some(r) = self.reqs.get_mut(&seq.request) else {
-                continue;
-            };
-            if self.failed.iter().any(|(id, _)| *id == seq.request) {
-                continue;
+            if self.st.seqs.contains_key(&s.id) {
+                self.st.sampled.push((s.id, PLACEHOLDER));
+                // The token the step samples lands after the run's last final token.
+                rows.insert(s.id, (row, s.start + s.num_tokens));
             }
-            let run_end = slice.query_start + slice.query_len;
-            let proposals = &self.batch.token_ids[run_end - s.num_proposed..run_end];
-            match seq.last_token_at {
-                None if seq.index == 0 => self.latencies.push(Latency::FirstToken(now - r.arrived)),
-                Some(t) => self.latencies.push(Latency::InterToken(now - t)),
-                None => {}
-            }
-            if seq.index == 0 && seq.last_token_at.is_none() {
-                r.usage.cached_tokens = self.sched.prefix_hits(s.id).unwrap_or(0);
-                if r.request.params.n > 1 && !r.children_started {
-                    child_starts.push(seq.request);
-                }
-            }
-            seq.last_token_at = Some(now);
-            let (mut verified, mut accepted) = (0, 0);
-            for i in 0..num_rows {
-                let row = first_row + i;
-                let l = match rows_out {
-                    Rows::Logits(logits) => &logits[row * vocab..(row + 1) * vocab],
-                    Rows::Tokens(_) | Rows::Sampled(_) => &[],
-                };
-                let counters = &mut self.mask_step;
-                if let Some(Err(e)) = seq.guide.as_mut().map(|g| compute_mask(g, counters)) {
-                    self.failed
-                        .push((seq.request, format!("request failed: {e}")));
-                    break;
-                }
-                let guide = seq.guide.as_ref().filter(|g| g.is_active());
-                let (sample, is_proposal) = match (rows_out, proposals.get(i)) {
-                    (Rows::Tokens(ids), _) => (seq.sampler.take(ids[row]), false),
-                    (Rows::Sampled(sampled), p) => {
-                        let out = seq.sampler.accept(&sampled[row]);
-                        verified += usize::from(p.is_some());
-                        let accepted = p.is_some_and(|&p| p == out.token);
-                        (out, accepted)
-                    }
-                    (Rows::Logits(_), Some(&p)) => {
-                        verified += 1;
-                        seq.sampler.verify(l, p, guide)
-                    }
-                    (Rows::Logits(_), None) => (seq.sampler.sample(l, guide), false),
-                };
-                if let Some(Err(e)) = seq.guide.as_mut().map(|g| g.consume(sample.token)) {
-                    self.failed
-                        .push((seq.request, format!("request failed: {e}")));
-                    break;
-                }
-                accepted += usize::from(is_proposal);
-                self.sampled.push((s.id, sample.token));
-                new_tokens += 1;
-                r.usage.completion_tokens += 1;
-                let pushed = seq.output.push(tok, sample.token).and_then(|mut step| {
-                    // A complete constraint that allows nothing more ends the sequence.
-                    if step.finish.is_none() && seq.guide.as_ref().is_some_and(Guide::is_stopped) {
-                        let end = seq.output.end(tok, FinishReason::ConstraintEnd)?;
-                        step.text.push_str(&end.text);
-                        step.finish = end.finish;
-                    }
-                    Ok(step)
-                });
-                let step = match pushed {
-                    Ok(step) => step,
-                    Err(e) => {
-                        // This request's output cannot go on (say the model sampled an id the
-                        // tokenizer does not have); the others in the batch are unaffected.
-                        self.failed
-                            .push((seq.request, format!("request failed: {e}")));
-                        break;
-                    }
-                };
-                let send_ok =
-                    r.tx.send(Event::Token {
-                        index: seq.index,
-                        token: sample.token,
-                        text: step.text,
-                        logprob: sample.logprob,
-                        top_logprobs: sample.top_logprobs,
-                    })
-                    .is_ok();
-                if let Some(reason) = step.finish {
-                    let _ = r.tx.send(Event::Finished {
-                        index: seq.index,
-                        reason,
-                        text: String::new(),
-                    });
-                    self.finished.push(s.id);
-                    break;
-                } else if !send_ok {
-                    // The caller is gone; its stream's drop sends an abort as well.
-                    self.finished.push(s.id);
-                    break;
-                }
-                if !is_proposal {
-                    // The target's own token ends the run.
-                    break;
-                }
-            }
-            // Proposals after a stop were never verified: they count neither way.
-            if verified > 0 {
-                r.usage.spec_drafts += 1;
-                r.usage.spec_draft_tokens += verified;
-                r.usage.spec_accepted_tokens += accepted;
-                self.spec_step.record(verified, accepted);
-            }
+            row += s.num_logits() as u32;
         }
-        self.sched.update(&out, &self.sampled);
+        self.st.sched.update(&out, &self.st.sampled);
+        std::mem::swap(&mut self.batch, &mut self.prev_batch);
+        self.pending = Some(InFlight { out, rows });
+        if let Ok(mut m) = self.metrics.lock() {
+            m.steps_overlapped += 1;
+        }
+    }
+
+    /// Collects and processes the step in flight, if any.
+    fn finish_pending(&mut self) -> Result<()> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let vocab = self.model.config().vocab_size;
+        let rows_out = match self.model.collect()? {
+            StepRows::Tokens(ids) => Rows::Tokens(ids),
+            StepRows::Sampled(rows) => Rows::Sampled(rows),
+        };
+        let now = Instant::now();
+        let done = self
+            .st
+            .process(&p.out, &self.prev_batch, rows_out, vocab, now);
+        self.after_step(&p.out, done, now, true)
+    }
+
+    /// The end of a step once its rows are processed: the scheduler learns the tokens (or, for
+    /// a deferred step, `resolve`, has its placeholders replaced), the metrics the step's
+    /// counts; `n > 1` samples start, failed requests end, the draft proposes, finished
+    /// sequences leave.
+    fn after_step(
+        &mut self,
+        out: &SchedulerOutput,
+        done: Processed,
+        now: Instant,
+        resolve: bool,
+    ) -> Result<()> {
+        if resolve {
+            for &(id, token) in &self.st.sampled {
+                // The placeholder is the sequence's last final token until then.
+                if !self.st.seqs.contains_key(&id) {
+                    continue;
+                }
+                self.st
+                    .sched
+                    .set_last_token(id, token)
+                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            }
+        } else {
+            self.st.sched.update(out, &self.st.sampled);
+        }
         // One lock per step, not per token.
         if let Ok(mut m) = self.metrics.lock() {
-            m.generation_tokens += new_tokens;
-            self.spec_step.drain_into(&mut m.spec);
-            let c = std::mem::take(&mut self.mask_step);
+            m.steps += 1;
+            m.generation_tokens += done.new_tokens;
+            self.st.spec_step.drain_into(&mut m.spec);
+            let c = std::mem::take(&mut self.st.mask_step);
             m.structured_masks += c.masks;
             m.structured_mask_seconds += c.seconds;
             m.structured_mask_wait_seconds += c.wait_seconds;
-            for l in &self.latencies {
+            for l in &self.st.latencies {
                 match l {
                     Latency::FirstToken(d) => m.time_to_first_token.observe(d.as_secs_f64()),
                     Latency::InterToken(d) => m.inter_token_latency.observe(d.as_secs_f64()),
                 }
             }
         }
-        for id in child_starts {
-            if let Some(mut r) = self.reqs.remove(&id) {
+        for id in done.child_starts {
+            if let Some(mut r) = self.st.reqs.remove(&id) {
                 r.children_started = true;
                 let mut failed = None;
                 for i in 1..r.request.params.n {
@@ -818,13 +727,13 @@ impl EngineCore {
                         break;
                     }
                 }
-                self.reqs.insert(id, r);
+                self.st.reqs.insert(id, r);
                 if let Some(e) = failed {
                     self.fail(id, &e.to_string());
                 }
             }
         }
-        for (id, msg) in std::mem::take(&mut self.failed) {
+        for (id, msg) in std::mem::take(&mut self.st.failed) {
             self.fail(id, &msg);
         }
         // Before finished sequences leave: the draft's held-back positions of their last run
@@ -835,22 +744,22 @@ impl EngineCore {
                 m.spec.draft_forwards += d.take_forwards();
             }
         }
-        let finished = std::mem::take(&mut self.finished);
+        let finished = std::mem::take(&mut self.st.finished);
         for &seq in &finished {
             self.finish_seq(seq, now);
         }
-        self.finished = finished;
+        self.st.finished = finished;
         proposed
     }
 
     /// Ends a request with an error: its sequences and blocks are released.
     fn fail(&mut self, id: RequestId, msg: &str) {
-        let Some(r) = self.reqs.remove(&id) else {
+        let Some(r) = self.st.reqs.remove(&id) else {
             return;
         };
         for seq in &r.seqs {
-            self.sched.remove(*seq);
-            self.seqs.remove(seq);
+            self.st.sched.remove(*seq);
+            self.st.seqs.remove(seq);
         }
         self.count_finished(r.arrived, Instant::now());
         let _ = r.tx.send(Event::Error(msg.to_owned()));
@@ -858,16 +767,16 @@ impl EngineCore {
     }
 
     fn finish_seq(&mut self, seq: RequestId, now: Instant) {
-        self.sched.remove(seq);
-        let Some(s) = self.seqs.remove(&seq) else {
+        self.st.sched.remove(seq);
+        let Some(s) = self.st.seqs.remove(&seq) else {
             return;
         };
-        let Some(r) = self.reqs.get_mut(&s.request) else {
+        let Some(r) = self.st.reqs.get_mut(&s.request) else {
             return;
         };
         r.unfinished -= 1;
         if r.unfinished == 0 {
-            if let Some(r) = self.reqs.remove(&s.request) {
+            if let Some(r) = self.st.reqs.remove(&s.request) {
                 // Metrics and the in-flight count first: a caller that has seen `Done` sees
                 // them updated.
                 self.count_finished(r.arrived, now);
@@ -878,7 +787,7 @@ impl EngineCore {
     }
 
     fn publish_metrics(&self) {
-        let st = self.sched.stats();
+        let st = self.st.sched.stats();
         if let Ok(mut m) = self.metrics.lock() {
             m.num_running = st.num_running;
             m.num_waiting = st.num_waiting;

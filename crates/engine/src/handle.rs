@@ -224,6 +224,7 @@ impl EngineHandle {
         if cfg.prefault_kv_cache {
             core.prefault_kv_cache();
         }
+        core.set_overlap(cfg.overlap_steps);
         if let Some(spec) = cfg.speculative {
             core.set_speculative(spec, draft)?;
         } else if draft.is_some() {

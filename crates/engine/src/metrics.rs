@@ -128,6 +128,10 @@ pub struct Metrics {
     pub structured_masks: u64,
     pub structured_mask_seconds: f64,
     pub structured_mask_wait_seconds: f64,
+    /// Steps left in flight on a GPU while the next was scheduled and enqueued (overlapped
+    /// steps), and steps run in all.
+    pub steps_overlapped: u64,
+    pub steps: u64,
     /// False once the engine loop has stopped (after an error or a shutdown).
     pub healthy: bool,
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
@@ -152,6 +156,8 @@ impl Default for Metrics {
             structured_masks: 0,
             structured_mask_seconds: 0.0,
             structured_mask_wait_seconds: 0.0,
+            steps_overlapped: 0,
+            steps: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
             requests_finished: 0,

@@ -247,3 +247,138 @@ fn constrained_sampling_on_the_device_matches_the_cpu() {
     );
     assert!(choices.contains(&text(&cpu[1])), "{:?}", text(&cpu[1]));
 }
+
+/// One request's events: `(sample index, token, logprob)` in arrival order, grouped by sample.
+fn collect_samples(
+    e: &EngineHandle,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> Vec<(usize, u32, Option<f32>)> {
+    let mut s = e.generate(GenerateRequest::new(prompt, params)).unwrap();
+    let mut out = Vec::new();
+    loop {
+        match s.blocking_next() {
+            Some(Event::Token {
+                index,
+                token,
+                logprob,
+                ..
+            }) => out.push((index, token, logprob)),
+            Some(Event::Finished { .. }) => {}
+            Some(Event::Done { .. }) | None => break,
+            Some(Event::Error(e)) => panic!("{e}"),
+        }
+    }
+    out.sort_by_key(|t| t.0);
+    out
+}
+
+/// Overlapped steps (each step scheduled and enqueued while the previous one runs, its inputs
+/// taken from that step's tokens on the device, stop conditions seen a step late) give the
+/// tokens of steps finished one at a time and of the CPU engine: greedy requests that end at
+/// different steps (after one token, at a stop id met mid-run, at their length), a prompt
+/// prefilled in chunks beside decodes, seeded sampling with logprobs, and two samples of one
+/// request, all batched; the pool is whole afterwards and steps did overlap.
+#[test]
+fn overlapped_steps_give_the_tokens_of_steps_finished_one_at_a_time() {
+    if !interpreted_available() {
+        return;
+    }
+    let dir = fixture("tiny-llama");
+    let cfg = |overlap_steps| EngineConfig {
+        max_num_batched_tokens: 24,
+        kv_cache: KvCacheSize::Bytes(4 << 20),
+        overlap_steps,
+        ..EngineConfig::default()
+    };
+    let greedy = |max_tokens| SamplingParams {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let prompt = vec![1, 5, 9, 200];
+    // A stop id the greedy run meets at its fourth token or later, not before.
+    let cpu_model = load_model_on(&dir, &LoadOptions::default(), Device::Cpu).unwrap();
+    let e = EngineHandle::start(cpu_model, None, &cfg(false)).unwrap();
+    let plain = collect(&e, prompt.clone(), 9);
+    e.shutdown();
+    let stop_at = (3..plain.len())
+        .find(|&i| !plain[..i].contains(&plain[i]))
+        .unwrap();
+    let requests = [
+        (prompt.clone(), greedy(1)),
+        (
+            prompt.clone(),
+            SamplingParams {
+                stop_token_ids: vec![plain[stop_at]],
+                ..greedy(9)
+            },
+        ),
+        (vec![7; 19], greedy(9)),
+        (
+            vec![3, 300, 40, 5, 6],
+            SamplingParams {
+                max_tokens: Some(8),
+                ignore_eos: true,
+                temperature: 0.8,
+                top_k: Some(30),
+                top_p: 0.9,
+                logprobs: Some(2),
+                seed: Some(11),
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            vec![2, 4, 8],
+            SamplingParams {
+                n: 2,
+                max_tokens: Some(6),
+                ignore_eos: true,
+                temperature: 1.0,
+                seed: Some(5),
+                ..SamplingParams::default()
+            },
+        ),
+    ];
+    type Out = Vec<Vec<(usize, u32, Option<f32>)>>;
+    let run = |device, overlap| -> (Out, u64) {
+        let model = load_model_on(&dir, &LoadOptions::default(), device).unwrap();
+        let e = EngineHandle::start(model, None, &cfg(overlap)).unwrap();
+        let outs = std::thread::scope(|s| {
+            let handles: Vec<_> = requests
+                .iter()
+                .map(|(p, params)| {
+                    let e = &e;
+                    s.spawn(move || collect_samples(e, p.clone(), params.clone()))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        wait_for_idle(&e);
+        let overlapped = e.metrics().steps_overlapped;
+        e.shutdown();
+        (outs, overlapped)
+    };
+    let (cpu, _) = run(Device::Cpu, true);
+    let (one_at_a_time, none) = run(Device::Interpreted, false);
+    let (overlapped, steps) = run(Device::Interpreted, true);
+    assert_eq!(none, 0, "no step overlaps with overlap off");
+    assert!(steps > 0, "steps overlapped");
+    let ids = |v: &[(usize, u32, Option<f32>)]| v.iter().map(|t| (t.0, t.1)).collect::<Vec<_>>();
+    assert_eq!(cpu[0].len(), 1, "one token");
+    assert_eq!(cpu[1].len(), stop_at + 1, "ends at its stop id");
+    assert_eq!(cpu[4].len(), 12, "two samples of six");
+    for (i, ((c, a), o)) in cpu.iter().zip(&one_at_a_time).zip(&overlapped).enumerate() {
+        assert_eq!(
+            ids(a),
+            ids(c),
+            "request {i}: the device's tokens, one step at a time"
+        );
+        assert_eq!(ids(o), ids(a), "request {i}: overlapped steps");
+        for (x, y) in a.iter().zip(o) {
+            if let (Some(x), Some(y)) = (x.2, y.2) {
+                assert!((x - y).abs() < 1e-4, "request {i}: logprob {y} against {x}");
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Opening a model path and building the right family for it.
 
-use crate::backend::{CpuBackend, CudaBackend};
+use crate::backend::{Collected, CpuBackend, CudaBackend};
 use crate::parallel::driver::{Driver, Stage};
 use crate::parallel::{Comms, Layout, Placement, Shard};
 use crate::source::WeightSource;
@@ -75,6 +75,15 @@ pub fn resolve_kv_dtype(src: &WeightSource, config: &ModelConfig, opts: &LoadOpt
 enum OnDevice {
     Cpu(FamilyModel<CpuBackend>),
     Gpu(FamilyModel<CudaBackend>),
+}
+
+/// What a submitted step returned ([`Model::collect`]).
+#[derive(Debug, Clone, Copy)]
+pub enum StepRows<'a> {
+    /// Each logits row's greedy token.
+    Tokens(&'a [u32]),
+    /// Each logits row sampled under its spec.
+    Sampled(&'a [crate::sampling::SampledRow]),
 }
 
 /// Runs `$body` with `$m` bound to the family model, whatever its device.
@@ -279,6 +288,75 @@ impl Model {
         self.sampled = sampled;
         done?;
         Ok(&self.sampled.rows)
+    }
+
+    /// Whether a step can be issued before the previous one's tokens are on the host
+    /// ([`Model::submit_argmax`], [`Model::submit_sample`]): a whole model on a GPU.
+    pub fn can_overlap(&self) -> bool {
+        self.samples_on_device()
+    }
+
+    /// [`Model::forward_argmax`] without waiting for the tokens: they come back by an
+    /// asynchronous copy, collected by [`Model::collect`] in the order steps were submitted.
+    /// `pending` names the batch's inputs that are the previous step's tokens, still on the
+    /// device: `(token index, that step's logits row)` (the batch holds placeholders there).
+    pub fn submit_argmax(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        pending: &[(u32, u32)],
+    ) -> Result<()> {
+        let m = self.overlapping("submit_argmax")?;
+        m.backend_mut().set_pending_inputs(pending);
+        m.backend_mut().set_deferred(true);
+        let done = m.forward_argmax(batch, kv).map(drop);
+        m.backend_mut().set_deferred(false);
+        m.backend_mut().set_pending_inputs(&[]);
+        done
+    }
+
+    /// [`Model::forward_sample`] without waiting for the rows (see [`Model::submit_argmax`]).
+    pub fn submit_sample<'s>(
+        &mut self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        pending: &[(u32, u32)],
+        specs: impl FnOnce() -> Vec<crate::sampling::RowSampling<'s>>,
+    ) -> Result<()> {
+        let m = self.overlapping("submit_sample")?;
+        m.backend_mut().set_pending_inputs(pending);
+        m.backend_mut().set_deferred(true);
+        let done = m.forward_sample(batch, kv, specs).map(drop);
+        m.backend_mut().set_deferred(false);
+        m.backend_mut().set_pending_inputs(&[]);
+        done
+    }
+
+    /// Waits for the oldest submitted step's tokens (or sampled rows).
+    pub fn collect(&mut self) -> Result<StepRows<'_>> {
+        let (argmax, sampled) = (&mut self.argmax, &mut self.sampled);
+        let m = match (&mut self.device, &self.run) {
+            (OnDevice::Gpu(m), None) => m,
+            _ => {
+                return Err(ModelError::Invalid(
+                    "no step was submitted to collect".into(),
+                ))
+            }
+        };
+        Ok(match m.backend_mut().collect(argmax, sampled)? {
+            Collected::Tokens => StepRows::Tokens(argmax),
+            Collected::Sampled => StepRows::Sampled(&sampled.rows),
+        })
+    }
+
+    /// The model on its GPU, for a step that overlaps the previous one.
+    fn overlapping(&mut self, what: &str) -> Result<&mut FamilyModel<CudaBackend>> {
+        match (&mut self.device, &self.run) {
+            (OnDevice::Gpu(m), None) => Ok(m),
+            _ => Err(ModelError::Invalid(format!(
+                "{what}: overlapped steps need a whole model on a GPU"
+            ))),
+        }
     }
 
     /// Whether [`Model::forward_sample`] samples where the logits are, so only tokens cross

@@ -470,6 +470,20 @@ impl Scheduler {
         Some((n, k))
     }
 
+    /// Replaces sequence `id`'s last final token (a placeholder [`Scheduler::update`] was
+    /// given for a step whose token was not known yet) with `token`. The placeholder must not
+    /// be computed yet, so no block hash has seen it.
+    pub fn set_last_token(&mut self, id: RequestId, token: TokenId) -> Result<()> {
+        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
+        match seq.num_final.checked_sub(1) {
+            Some(last) if seq.num_computed <= last => {
+                seq.tokens[last] = token;
+                Ok(())
+            }
+            _ => Err(SchedulerError::Computed(id)),
+        }
+    }
+
     /// Records a step's results. `sampled` holds, per scheduled sequence with `samples` set
     /// and in the step's order, the tokens it keeps: the accepted proposals (a prefix of those
     /// scheduled) and then one token of the model's own; a sequence without proposals has one.

@@ -239,8 +239,129 @@ fn simulate(
     Ok(())
 }
 
+/// The engine's overlapped steps on a GPU, simulated: each step is scheduled while the
+/// previous one is still in flight; the previous step's sampled tokens stand in the scheduler
+/// as placeholders, the simulated device writes the real tokens' K/V where a run ends at one,
+/// and the host then replaces them (`set_last_token`) and sees stop conditions a step late
+/// before recording the new step with placeholders of its own. Every K/V a sequence's computed
+/// prefix holds (reused blocks included) is its own real token's; outputs are what the model
+/// sampled; nothing leaks; everything finishes.
+fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestCaseError> {
+    const PLACEHOLDER: TokenId = 0;
+    let bs = cfg.block_size;
+    let mut prompt_len: HashMap<RequestId, usize> = HashMap::new();
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut kv: Vec<Option<(TokenId, usize)>> = vec![None; cfg.num_blocks * bs];
+    let mut out_count: HashMap<RequestId, usize> = HashMap::new();
+    let mut done: HashMap<RequestId, bool> = HashMap::new();
+    let mut batch = ForwardBatch::new();
+    // The step in flight: per sampled sequence, the placeholder's position and its token.
+    let mut in_flight: HashMap<RequestId, (usize, TokenId)> = HashMap::new();
+    let mut step = 0;
+    while step < 5000 {
+        for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
+            let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
+            prompt.extend(&r.tail);
+            s.add(i as RequestId, &prompt, r.priority).unwrap();
+            done.insert(i as RequestId, false);
+            prompt_len.insert(i as RequestId, prompt.len());
+        }
+        if step > 40 && !s.has_unfinished() && in_flight.is_empty() {
+            break;
+        }
+        let out = s.schedule();
+        s.check().map_err(TestCaseError::fail)?;
+        s.fill_batch(&out, &mut batch).unwrap();
+        // The device runs the step: a run ending at a placeholder takes the token in flight.
+        for (x, slice) in out.seqs.iter().zip(&batch.seqs) {
+            let toks = s.tokens(x.id).unwrap();
+            let mut run =
+                batch.token_ids[slice.query_start..slice.query_start + slice.query_len].to_vec();
+            let end = x.start + x.num_tokens;
+            if let Some(&(at, t)) = in_flight.get(&x.id) {
+                if at + 1 == end {
+                    prop_assert_eq!(run[run.len() - 1], PLACEHOLDER);
+                    *run.last_mut().unwrap() = t;
+                }
+            }
+            let table = s.block_table(x.id).unwrap();
+            for p in 0..end {
+                let slot = table[p / bs] as usize * bs + p % bs;
+                if p < x.start {
+                    prop_assert_eq!(
+                        kv[slot],
+                        Some((toks[p], p)),
+                        "seq {} pos {}: stale K/V",
+                        x.id,
+                        p
+                    );
+                } else {
+                    prop_assert_eq!(
+                        s.pool().ref_count(table[p / bs]),
+                        1,
+                        "write into a shared block"
+                    );
+                    prop_assert!(run[p - x.start] != PLACEHOLDER || p < prompt_len[&x.id]);
+                    kv[slot] = Some((run[p - x.start], p));
+                }
+            }
+        }
+        // The host processes the step in flight: its tokens replace the placeholders, and a
+        // sequence that reached its length ends (its row in this step is dropped).
+        for (id, (_, t)) in std::mem::take(&mut in_flight) {
+            if done[&id] {
+                continue;
+            }
+            s.set_last_token(id, t).unwrap();
+            let c = out_count.entry(id).or_insert(0);
+            *c += 1;
+            if *c == reqs[id as usize].max_out {
+                s.remove(id);
+                done.insert(id, true);
+            }
+        }
+        for (i, r) in reqs.iter().enumerate() {
+            if r.abort_at == Some(step) && done.get(&(i as RequestId)) == Some(&false) {
+                s.remove(i as RequestId);
+                done.insert(i as RequestId, true);
+            }
+        }
+        // This step goes in flight: a placeholder for each sampling sequence still running.
+        let mut samples = Vec::new();
+        for x in out.seqs.iter().filter(|x| x.samples && !done[&x.id]) {
+            let at = x.start + x.num_tokens;
+            samples.push((x.id, PLACEHOLDER));
+            in_flight.insert(x.id, (at, sampled(x.id, at)));
+        }
+        s.update(&out, &samples);
+        for x in out.seqs.iter().filter(|x| !done[&x.id]) {
+            let toks = s.tokens(x.id).unwrap();
+            let pending = in_flight.get(&x.id).map(|&(at, _)| at);
+            for (p, &t) in toks.iter().enumerate().skip(prompt_len[&x.id]) {
+                if Some(p) != pending {
+                    prop_assert_eq!(t, sampled(x.id, p), "seq {} pos {}", x.id, p);
+                }
+            }
+        }
+        s.check().map_err(TestCaseError::fail)?;
+        step += 1;
+    }
+    prop_assert!(!s.has_unfinished(), "requests left after {} steps", step);
+    prop_assert!(done.values().all(|&d| d));
+    prop_assert_eq!(s.pool().num_free(), cfg.num_blocks, "blocks leaked");
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn overlapped_steps_keep_every_sequence_its_own_tokens(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..24),
+    ) {
+        simulate_overlapped(cfg, reqs)?;
+    }
 
     #[test]
     fn budgets_hold_nothing_leaks_everything_finishes(cfg in config(), reqs in prop::collection::vec(req(), 1..24)) {

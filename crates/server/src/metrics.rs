@@ -164,6 +164,18 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         o.metric(name, "counter", help, v as f64);
     }
     o.metric(
+        "ferrum_engine_steps_total",
+        "counter",
+        "Engine steps run.",
+        m.steps as f64,
+    );
+    o.metric(
+        "ferrum_engine_steps_overlapped_total",
+        "counter",
+        "Steps left running on the GPU while the next step was scheduled and enqueued.",
+        m.steps_overlapped as f64,
+    );
+    o.metric(
         "ferrum_structured_output_masks_total",
         "counter",
         "Structured output: token masks computed.",

@@ -28,7 +28,10 @@ use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, GraphId, KernelArg, SharedGp
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
 
+mod overlap;
 mod sample;
+
+pub use overlap::Collected;
 
 use super::{Backend, Buf, Dims, GraphStep, MoeWeights};
 use crate::sampling::{RowSampling, SampledRows};
@@ -163,8 +166,9 @@ struct Indices {
     tiles: Option<(usize, usize)>,
     /// The tokens that attend one at a time, and how many (see [`Backend::begin`]).
     toks: (usize, usize),
-    /// Room for each logits row's argmax ([`Backend::argmax_rows`]), written on the device.
-    argmax: usize,
+    /// The step's pending inputs ([`CudaBackend::set_pending_inputs`]) and the padding's
+    /// copies of them: pairs of a token index and the previous step's row, and how many.
+    pending: (usize, usize),
 }
 
 /// What a graph was captured for: the padded batch size, each rope's frequency set (LongRoPE's
@@ -245,6 +249,10 @@ pub struct CudaBackend {
     /// Split-K decode products, and their partial results.
     decode_split: DecodeSplit,
     gemm_part: Grown,
+    /// The batch's tokens before padding.
+    num_real_tokens: usize,
+    /// Deferred results and the inputs that refer to the previous step's tokens.
+    overlap: overlap::Overlap,
 }
 
 /// One rope's frequencies on the device.
@@ -356,6 +364,8 @@ impl CudaBackend {
             attn_part: Grown::default(),
             decode_split: DECODE_SPLIT,
             gemm_part: Grown::default(),
+            num_real_tokens: 0,
+            overlap: overlap::Overlap::default(),
         }
     }
 
@@ -853,6 +863,7 @@ impl Backend for CudaBackend {
         }
         self.dims = dims;
         let real = batch.num_tokens();
+        self.num_real_tokens = real;
         self.graphs.bucket = self.bucket(batch).filter(|_| graphs);
         // Padded decode batches repeat their last token.
         let t = self.graphs.bucket.unwrap_or(real);
@@ -953,8 +964,16 @@ impl Backend for CudaBackend {
         } else {
             None
         };
-        let argmax = h.len();
-        h.extend(std::iter::repeat_n(0, self.num_logits));
+        // Pending inputs, and the padding's copies of a pending last token: the padding
+        // writes its K/V into the last token's slot, so it must be the same token.
+        let pending = h.len();
+        for pair in self.overlap.pending.chunks_exact(2) {
+            h.extend_from_slice(pair);
+            if pair[0] as usize + 1 == real {
+                h.extend((real..t).flat_map(|j| [j as u32, pair[1]]));
+            }
+        }
+        let pending = (pending, (h.len() - pending) / 2);
         self.at = Indices {
             ids,
             positions,
@@ -964,13 +983,14 @@ impl Backend for CudaBackend {
             block_tables,
             tiles,
             toks: (toks, singles),
-            argmax,
+            pending,
         };
         let bytes = &mut self.host_bytes;
         bytes.clear();
         bytes.extend(h.iter().flat_map(|v| v.to_le_bytes()));
         let ptr = self.indices.ensure(&self.gpu, bytes.len())?;
         self.gpu.lock().write(ptr, bytes)?;
+        self.resolve_pending()?;
         self.inv_freq.truncate(ropes.len());
         for (i, rope) in ropes.iter().enumerate() {
             let same = self.inv_freq.get(i).is_some_and(|u| {
@@ -1383,6 +1403,8 @@ impl Backend for CudaBackend {
         softcap: Option<f32>,
     ) -> Result<&[f32]> {
         let n = rows.len();
+        // The host decides this step's tokens: none lie on the device.
+        self.overlap.last_ids = None;
         self.step_logits(norm, eps, head, n)?;
         if n == 0 {
             self.host_logits.clear();
@@ -1422,15 +1444,15 @@ impl Backend for CudaBackend {
             // host decides over the capped rows, as the sampler would.
             let logits = self.logits(norm, eps, head, rows, softcap)?;
             super::host_argmax(logits, n, out);
-            return Ok(());
+            return self.host_ids(out);
         }
         self.step_logits(norm, eps, head, n)?;
         out.clear();
         if n == 0 {
-            return Ok(());
+            return self.host_ids(&[]);
         }
         // [n]: each row's argmax, decided on the device; 4 bytes a row come back.
-        let ids = self.indices.ptr()?.offset(4 * self.at.argmax);
+        let ids = self.overlap.ids_out.ensure(&self.gpu, 4 * n)?;
         let args = [
             p(self.logits.ptr()?),
             p(ids),
@@ -1438,16 +1460,7 @@ impl Backend for CudaBackend {
             i32_arg(head.rows, "row stride")?,
         ];
         self.launch("argmax_rows", [n as u32, 1, 1], &args)?;
-        let what = "reading the greedy tokens back";
-        read_words(
-            &self.gpu,
-            ids,
-            n,
-            &mut self.host_bytes,
-            out,
-            u32::from_le_bytes,
-            what,
-        )
+        self.finish_ids(ids, n, out)
     }
 
     fn sample_rows(

@@ -24,8 +24,8 @@ mod cuda;
 
 pub use cpu::{CpuBackend, MoeStats};
 pub use cuda::{
-    CudaBackend, DecodeSplit, GpuVector, GpuWeight, ATTENTION_RANGES, DECODE_SPLIT, GRAPH_BUCKETS,
-    SPLIT_KEYS,
+    Collected, CudaBackend, DecodeSplit, GpuVector, GpuWeight, ATTENTION_RANGES, DECODE_SPLIT,
+    GRAPH_BUCKETS, SPLIT_KEYS,
 };
 
 use crate::sampling::{RowSampling, SampledRows};

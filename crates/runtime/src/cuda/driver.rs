@@ -5,8 +5,10 @@
 //! that `libcuda` can be opened, then initializes the driver and checks the device before any
 //! other call. All work (launches, copies, graph replays) goes to one stream of the primary
 //! context, in issue order: a stream of its own, because the legacy default stream cannot be
-//! captured into a graph. Copies to the host wait for that stream; a free waits for it too, so
-//! no launch still in flight reads freed memory.
+//! captured into a graph. Copies to the host wait for that stream, except a started read
+//! (`read_start`), which copies into a page-locked staging area behind the stream's work and
+//! records an event that `read_finish` waits for; a free waits for the stream too, so no
+//! launch still in flight reads freed memory.
 //!
 //! Profiling brackets each launch (and each graph replay) with two events on the stream; their
 //! elapsed times are summed per kernel when the stream is next waited for.
@@ -50,6 +52,29 @@ pub(crate) struct CudaDriver {
     graphs: Vec<Option<sys::CUgraphExec>>,
     capturing: bool,
     profiler: Option<Profiler>,
+    /// Pinned staging areas of reads that do not wait ([`Driver::read_start`]), by slot.
+    reads: Vec<StagedRead>,
+    /// Pinned staging areas of small writes, used in turn, and the next one's index.
+    writes: Vec<StagedRead>,
+    next_write: usize,
+}
+
+/// Writes up to this size go through a pinned staging area, so they never wait for the
+/// stream (a copy from pageable memory may): a step's inputs are uploaded while the previous
+/// step runs. Larger ones (weights, at load) copy from the caller's memory.
+const STAGED_WRITE_MAX: usize = 4 << 20;
+
+/// Staging areas for writes, used round-robin: one is reused only after its last copy ended.
+const STAGED_WRITES: usize = 4;
+
+/// A page-locked host area a copy goes through asynchronously, and the event recorded after
+/// the copy; for a read, `busy` from `read_start` until `read_finish`.
+#[derive(Debug)]
+struct StagedRead {
+    host: *mut u8,
+    capacity: usize,
+    event: sys::CUevent,
+    busy: bool,
 }
 
 /// Per-launch timing: event pairs in flight, and the totals of those already read.
@@ -133,6 +158,9 @@ impl CudaDriver {
             graphs: Vec::new(),
             capturing: false,
             profiler: None,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            next_write: 0,
         };
         driver.bind()?;
         driver.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
@@ -247,11 +275,36 @@ impl Driver for CudaDriver {
 
     fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD). From
-        // pageable memory the copy is staged before the call returns, so `src` may change
-        // afterwards; it lands in stream order.
-        unsafe { result::memcpy_htod_async(dst.0, src, self.stream) }
-            .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))
+        if src.is_empty() {
+            return Ok(());
+        }
+        if src.len() > STAGED_WRITE_MAX || self.capturing {
+            // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD).
+            // From pageable memory the copy is staged before the call returns, so `src` may
+            // change afterwards; it lands in stream order.
+            return unsafe { result::memcpy_htod_async(dst.0, src, self.stream) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e));
+        }
+        if self.writes.len() < STAGED_WRITES {
+            self.writes.push(staging_area()?);
+        }
+        let i = self.next_write % self.writes.len();
+        self.next_write = self.next_write.wrapping_add(1);
+        let w = &mut self.writes[i];
+        // SAFETY: the event is live; a never-recorded one is complete. After it, the area's
+        // last copy has ended, so its bytes may be replaced.
+        unsafe { result::event::synchronize(w.event) }
+            .map_err(|e| cuda_err("cuEventSynchronize (a kernel failed)", e))?;
+        ensure_capacity(w, src.len())?;
+        // SAFETY: `host` holds `capacity >= src.len()` page-locked bytes no copy is using
+        // (the event above); `dst` has room for them (the caller's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), w.host, src.len());
+            let staged = std::slice::from_raw_parts(w.host, src.len());
+            result::memcpy_htod_async(dst.0, staged, self.stream)
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            result::event::record(w.event, self.stream).map_err(|e| cuda_err("cuEventRecord", e))
+        }
     }
 
     fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
@@ -262,6 +315,58 @@ impl Driver for CudaDriver {
             .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
         self.sync_stream()?;
         self.harvest()
+    }
+
+    fn read_start(&mut self, src: DevicePtr, bytes: usize) -> Result<usize> {
+        self.bind()?;
+        let slot = match self.reads.iter().position(|r| !r.busy) {
+            Some(i) => i,
+            None => {
+                self.reads.push(staging_area()?);
+                self.reads.len() - 1
+            }
+        };
+        let r = &mut self.reads[slot];
+        // The slot is not busy: its last read was finished, so its area is free.
+        ensure_capacity(r, bytes)?;
+        if bytes > 0 {
+            // SAFETY: `host` holds `capacity >= bytes` page-locked bytes that nothing else
+            // touches until `read_finish` has waited for the event recorded after this copy;
+            // `src` holds `bytes` (the caller's contract, as with `read`).
+            let dst = unsafe { std::slice::from_raw_parts_mut(r.host, bytes) };
+            unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream) }
+                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+        }
+        // SAFETY: the event and the stream are live.
+        unsafe { result::event::record(r.event, self.stream) }
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
+        r.busy = true;
+        Ok(slot)
+    }
+
+    fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        let r =
+            self.reads.get_mut(slot).filter(|r| r.busy).ok_or_else(|| {
+                RuntimeError::Kernels(format!("no read in flight in slot {slot}"))
+            })?;
+        // SAFETY: the event was recorded by `read_start` on the live stream.
+        unsafe { result::event::synchronize(r.event) }
+            .map_err(|e| cuda_err("cuEventSynchronize (a kernel failed)", e))?;
+        r.busy = false;
+        if dst.len() > r.capacity {
+            return Err(RuntimeError::Kernels(format!(
+                "a read of {} bytes finished from a {}-byte staging area",
+                dst.len(),
+                r.capacity
+            )));
+        }
+        if !dst.is_empty() {
+            // SAFETY: the copy into `host` finished (the event); `dst.len() <= capacity`.
+            let staged = unsafe { std::slice::from_raw_parts(r.host, dst.len()) };
+            dst.copy_from_slice(staged);
+        }
+        Ok(())
     }
 
     fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle> {
@@ -447,12 +552,54 @@ impl Driver for CudaDriver {
     }
 }
 
+/// An empty staging area with its event.
+fn staging_area() -> Result<StagedRead> {
+    let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        .map_err(|e| cuda_err("cuEventCreate", e))?;
+    Ok(StagedRead {
+        host: std::ptr::null_mut(),
+        capacity: 0,
+        event,
+        busy: false,
+    })
+}
+
+/// Grows `area` to at least `bytes`; the caller knows no copy uses it.
+fn ensure_capacity(area: &mut StagedRead, bytes: usize) -> Result<()> {
+    if area.capacity >= bytes {
+        return Ok(());
+    }
+    if !area.host.is_null() {
+        // SAFETY: the area came from cuMemHostAlloc and no copy uses it (the caller's word).
+        unsafe { result::free_host(area.host.cast()) }.map_err(|e| cuda_err("cuMemFreeHost", e))?;
+        area.host = std::ptr::null_mut();
+        area.capacity = 0;
+    }
+    let capacity = bytes.next_power_of_two().max(4096);
+    // SAFETY: a fresh page-locked allocation; its bytes are read only after a copy into it.
+    let host =
+        unsafe { result::malloc_host(capacity, 0) }.map_err(|e| cuda_err("cuMemHostAlloc", e))?;
+    area.host = host.cast();
+    area.capacity = capacity;
+    Ok(())
+}
+
 impl Drop for CudaDriver {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             self.capture_abort();
             let _ = self.sync_stream();
             self.drop_profiler();
+            for r in self.reads.drain(..).chain(self.writes.drain(..)) {
+                // SAFETY: the stream is idle, so no copy into the area is pending; each area
+                // and event is freed once.
+                unsafe {
+                    if !r.host.is_null() {
+                        let _ = result::free_host(r.host.cast());
+                    }
+                    let _ = result::event::destroy(r.event);
+                }
+            }
             for exec in self.graphs.drain(..).flatten() {
                 // SAFETY: each graph is destroyed once, after the stream finished.
                 let _ = unsafe { result::graph::exec_destroy(exec) };

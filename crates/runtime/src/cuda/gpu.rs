@@ -80,6 +80,12 @@ pub(crate) trait Driver: fmt::Debug + Send {
     fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Copies device bytes to the host, after all earlier work.
     fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
+    /// Starts copying `bytes` device bytes at `src` to the host behind all earlier work,
+    /// without waiting; returns the read's slot for [`Driver::read_finish`].
+    fn read_start(&mut self, src: DevicePtr, bytes: usize) -> Result<usize>;
+    /// Waits for read `slot` ([`Driver::read_start`]) and copies its bytes into `dst`, which
+    /// is as long as the read; the slot is free again.
+    fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()>;
     /// Loads one kernel (its cubin for [`Driver::arch`], or its spec for the interpreter).
     fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle>;
     /// Launches a loaded kernel.
@@ -119,6 +125,23 @@ struct Loaded {
     block: u32,
     shared: u32,
     global_scratch: u64,
+}
+
+/// A copy to the host in flight ([`Gpu::start_read`]), to be finished by [`Gpu::finish_read`]
+/// on the same [`Gpu`]. Dropping it unfinished leaves its staging area held until the [`Gpu`]
+/// is dropped.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a pending read holds its staging area until it is finished"]
+pub struct PendingRead {
+    slot: usize,
+    bytes: usize,
+}
+
+impl PendingRead {
+    /// The read's size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 /// A captured sequence of launches on one [`Gpu`] ([`Gpu::begin_capture`]): a CUDA graph on a
@@ -274,6 +297,28 @@ impl Gpu {
     pub fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         self.not_capturing("a copy to the host")?;
         self.driver.read(src, dst)
+    }
+
+    /// Starts copying `bytes` device bytes at `src` to the host once all earlier work has
+    /// finished, and returns at once: the device goes on with later work while the copy waits
+    /// its turn, and [`Gpu::finish_read`] collects the bytes. Reads may be in flight several
+    /// at a time; each holds a staging area until it is finished.
+    pub fn start_read(&mut self, src: DevicePtr, bytes: usize) -> Result<PendingRead> {
+        self.not_capturing("a copy to the host")?;
+        let slot = self.driver.read_start(src, bytes)?;
+        Ok(PendingRead { slot, bytes })
+    }
+
+    /// Waits for `read` and copies its bytes into `dst` (`dst.len()` is the read's size).
+    pub fn finish_read(&mut self, read: PendingRead, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != read.bytes {
+            return Err(RuntimeError::Kernels(format!(
+                "a pending read of {} bytes finished into {} bytes",
+                read.bytes,
+                dst.len()
+            )));
+        }
+        self.driver.read_finish(read.slot, dst)
     }
 
     /// Allocates and fills a buffer of f32.

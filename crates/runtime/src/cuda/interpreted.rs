@@ -59,6 +59,9 @@ pub(crate) struct InterpretedDriver {
     recording: Option<Vec<Recorded>>,
     /// Captured graphs by id: their launch lists, replayed in order; `None` once freed.
     graphs: Vec<Option<Vec<Recorded>>>,
+    /// Reads started and not finished, by slot: the worker runs every operation in order
+    /// at once, so a started read's bytes are already here; `None` once finished.
+    reads: Vec<Option<Vec<u8>>>,
 }
 
 /// One recorded launch: what [`Driver::launch`] was given.
@@ -110,6 +113,7 @@ impl InterpretedDriver {
             stdout: BufReader::new(stdout),
             recording: None,
             graphs: Vec::new(),
+            reads: Vec::new(),
         };
         driver.call("hello", &json!({"op": "hello"}), None)?;
         Ok(driver)
@@ -174,6 +178,36 @@ impl Driver for InterpretedDriver {
         self.stdout
             .read_exact(dst)
             .map_err(|e| worker_err("read", e))
+    }
+
+    fn read_start(&mut self, src: DevicePtr, bytes: usize) -> Result<usize> {
+        let mut staged = vec![0u8; bytes];
+        self.read(src, &mut staged)?;
+        let slot = match self.reads.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.reads.push(None);
+                self.reads.len() - 1
+            }
+        };
+        self.reads[slot] = Some(staged);
+        Ok(slot)
+    }
+
+    fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()> {
+        let staged = self
+            .reads
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or_else(|| worker_err("finishing a read", format!("no read in slot {slot}")))?;
+        if staged.len() != dst.len() {
+            return Err(worker_err(
+                "finishing a read",
+                format!("{} bytes staged, {} asked for", staged.len(), dst.len()),
+            ));
+        }
+        dst.copy_from_slice(&staged);
+        Ok(())
     }
 
     fn load(&mut self, spec: &KernelSpec, _image: Option<&'static [u8]>) -> Result<KernelHandle> {

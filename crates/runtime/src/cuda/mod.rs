@@ -24,7 +24,8 @@
 //!
 //! Invariants: a [`DevicePtr`] is only meaningful on the [`Gpu`] that allocated it; operations
 //! on one [`Gpu`] run in issue order (one stream), and [`Gpu::read`] returns after everything
-//! issued before it has finished; while a capture is open only launches are allowed (no
+//! issued before it has finished ([`Gpu::start_read`] does not wait: the bytes are collected later
+//! by [`Gpu::finish_read`], so the host can go on issuing work meanwhile); while a capture is open only launches are allowed (no
 //! allocation, free, copy or wait), and a graph replays the addresses and arguments it was
 //! captured with.
 
@@ -35,6 +36,6 @@ mod interpreted;
 pub mod manifest;
 
 pub use buffer::{DeviceBuffer, SharedGpu};
-pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime};
+pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, PendingRead};
 pub use interpreted::InterpreterConfig;
 pub use manifest::{KernelBinary, KernelSpec, Manifest};

@@ -154,7 +154,8 @@ impl CudaBackend {
     ) -> Result<()> {
         if softcap.is_some() {
             let logits = self.logits(norm, eps, head, rows, softcap)?;
-            return out.sample_logits(logits, specs);
+            out.sample_logits(logits, specs)?;
+            return self.host_sampled(&out.rows);
         }
         let n = rows.len();
         if specs.len() != n {
@@ -166,7 +167,7 @@ impl CudaBackend {
         self.step_logits(norm, eps, head, n)?;
         out.rows.clear();
         if n == 0 {
-            return Ok(());
+            return self.host_sampled(&[]);
         }
         let vocab = head.rows;
         let s = &mut self.sampling;
@@ -247,6 +248,10 @@ impl CudaBackend {
         } else {
             n
         };
+        let logprobs: Vec<Option<usize>> = specs.iter().map(|s| s.logprobs).collect();
+        if self.defer_sampled(results, words, &logprobs, max_n, vocab)? {
+            return Ok(());
+        }
         let s = &mut self.sampling;
         let what = "reading the sampled tokens back";
         read_words(
@@ -258,22 +263,37 @@ impl CudaBackend {
             u32::from_le_bytes,
             what,
         )?;
-        for (r, spec) in specs.iter().enumerate() {
-            let mut row = SampledRow {
-                token: s.read[r],
-                ..SampledRow::default()
-            };
-            if let Some(k) = spec.logprobs {
-                row.logprob = Some(f32::from_bits(s.read[n + r]));
-                let ids = 2 * n + r * max_n;
-                let vals = 2 * n + n * max_n + r * max_n;
-                row.top_logprobs = (0..k.min(vocab))
-                    .map(|j| (s.read[ids + j], f32::from_bits(s.read[vals + j])))
-                    .collect();
-            }
-            out.rows.push(row);
-        }
+        decode_rows(&s.read, &logprobs, max_n, vocab, &mut out.rows);
         Ok(())
+    }
+}
+
+/// The rows of a sampling step's results (`words`: tokens `[n]`, logprobs `[n]`, top ids
+/// `[n, max_n]`, top values `[n, max_n]`; only the tokens when no row asked for logprobs),
+/// for rows asking for `logprobs` (one entry per row) of a `vocab`-token vocabulary.
+pub(super) fn decode_rows(
+    words: &[u32],
+    logprobs: &[Option<usize>],
+    max_n: usize,
+    vocab: usize,
+    out: &mut Vec<SampledRow>,
+) {
+    let n = logprobs.len();
+    out.clear();
+    for (r, k) in logprobs.iter().enumerate() {
+        let mut row = SampledRow {
+            token: words[r],
+            ..SampledRow::default()
+        };
+        if let Some(k) = *k {
+            row.logprob = Some(f32::from_bits(words[n + r]));
+            let ids = 2 * n + r * max_n;
+            let vals = 2 * n + n * max_n + r * max_n;
+            row.top_logprobs = (0..k.min(vocab))
+                .map(|j| (words[ids + j], f32::from_bits(words[vals + j])))
+                .collect();
+        }
+        out.push(row);
     }
 }
 
