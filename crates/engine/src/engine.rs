@@ -90,6 +90,22 @@ pub(crate) struct EngineCore {
     pub(crate) faults: crate::config::FaultInjection,
 }
 
+/// Checks that a step's returned rows are as many as it sampled (`vocab` logits each).
+fn check_rows(out: &SchedulerOutput, rows: Rows<'_>, vocab: usize) -> Result<()> {
+    let want: usize = out.seqs.iter().map(|s| s.num_logits()).sum();
+    let got = match rows {
+        Rows::Logits(l) => l.len() / vocab.max(1),
+        Rows::Tokens(t) => t.len(),
+        Rows::Sampled(r) => r.len(),
+    };
+    if got != want {
+        return Err(EngineError::Invalid(format!(
+            "the model returned {got} rows for a step that samples {want}"
+        )));
+    }
+    Ok(())
+}
+
 /// Marks the engine unhealthy when dropped: at the end of the loop, or while a panic unwinds.
 struct HealthGuard(Arc<Mutex<Metrics>>);
 
@@ -166,6 +182,12 @@ impl EngineCore {
         let _health = HealthGuard(self.metrics.clone());
         loop {
             if !self.st.sched.has_unfinished() && self.st.reqs.is_empty() {
+                // A step left in flight whose sequences all left: collected before the engine
+                // waits, so a failure in it is this step's, not the next request's.
+                if let Err(e) = self.finish_pending() {
+                    self.fail_all(&format!("engine step failed: {e}"));
+                    return;
+                }
                 if self.shutting_down {
                     break;
                 }
@@ -178,8 +200,7 @@ impl EngineCore {
                 self.handle(cmd);
             }
             if !self.st.sched.has_unfinished() {
-                // A step left in flight whose sequences all left (aborted): its results are
-                // collected, so the next step's are the next to come back.
+                // Likewise with requests still here but nothing to schedule.
                 if let Err(e) = self.finish_pending() {
                     self.fail_all(&format!("engine step failed: {e}"));
                     return;
@@ -530,7 +551,7 @@ impl EngineCore {
             // Issued before the step in flight has been seen: its tokens are this step's
             // inputs on the device, and each sampler is one draw behind for them.
             let pending = self.pending.as_ref().map(|p| &p.rows);
-            let inputs = pending_inputs(&out, &self.batch, pending);
+            let inputs = pending_inputs(&out, &self.batch, pending)?;
             if greedy {
                 self.model
                     .submit_argmax(&self.batch, &mut self.kv, &inputs)?;
@@ -549,11 +570,9 @@ impl EngineCore {
             // are processed while this one runs.
             self.finish_pending()?;
             // This step stays in flight while the next is built. A sequence that ends in it
-            // (its stop seen when its results are processed) has one more row in the next
-            // step, dropped there: its placeholder sits at most at the last position its
-            // length limit allows, since that limit counts the placeholder's own token.
-            self.defer(out);
-            return Ok(());
+            // by a stop (seen when its results are processed) has one more row in the next
+            // step, dropped there; one that ends at its length is held out of the next.
+            return self.defer(out);
         }
         // On a GPU, rows are sampled there (only tokens and requested logprobs come back),
         // unless a row after a proposal depends on the proposal's fate: a constrained
@@ -615,6 +634,7 @@ impl EngineCore {
             let bs = self.st.sched.config().block_size;
             d.follow(&self.batch, out.seqs.iter().map(|s| s.id), bs)?;
         }
+        check_rows(&out, rows_out, vocab)?;
         let now = Instant::now();
         let done = self.st.process(&out, &self.batch, rows_out, vocab, now);
         self.after_step(&out, done, now, false)
@@ -636,27 +656,40 @@ impl EngineCore {
 
     /// Leaves step `out` in flight: each sampled sequence gets a placeholder token in the
     /// scheduler, which the step's own token replaces once it is collected.
-    fn defer(&mut self, out: SchedulerOutput) {
+    fn defer(&mut self, out: SchedulerOutput) -> Result<()> {
         let mut rows = HashMap::with_capacity(out.seqs.len());
+        let mut hold = Vec::new();
         self.st.sampled.clear();
         let mut row = 0u32;
         for s in &out.seqs {
             if s.num_logits() == 0 {
                 continue;
             }
-            if self.st.seqs.contains_key(&s.id) {
+            if let Some(q) = self.st.seqs.get(&s.id) {
                 self.st.sampled.push((s.id, PLACEHOLDER));
                 // The token the step samples lands after the run's last final token.
                 rows.insert(s.id, (row, s.start + s.num_tokens));
+                if q.output.remaining() == 1 {
+                    // Its last token: it ends when the step is processed; no step before
+                    // then computes a row for it.
+                    hold.push(s.id);
+                }
             }
             row += s.num_logits() as u32;
         }
         self.st.sched.update(&out, &self.st.sampled);
+        for id in hold {
+            self.st
+                .sched
+                .hold(id)
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        }
         std::mem::swap(&mut self.batch, &mut self.prev_batch);
         self.pending = Some(InFlight { out, rows });
         if let Ok(mut m) = self.metrics.lock() {
             m.steps_overlapped += 1;
         }
+        Ok(())
     }
 
     /// Collects and processes the step in flight, if any.
@@ -669,6 +702,7 @@ impl EngineCore {
             StepRows::Tokens(ids) => Rows::Tokens(ids),
             StepRows::Sampled(rows) => Rows::Sampled(rows),
         };
+        check_rows(&p.out, rows_out, vocab)?;
         let now = Instant::now();
         let done = self
             .st

@@ -10,15 +10,17 @@
 //! - the next step's batch holds the placeholder at those inputs; the model takes the real
 //!   tokens there on the device, from where the step in flight left them
 //!   ([`pending_inputs`] names them by the previous step's logits row);
-//! - stop conditions are seen one step late: a sequence that ended in step N has a row in step
-//!   N+1, whose token is dropped (its sequence is gone) and whose K/V lands in blocks that are
-//!   not reused before step N+1 has finished on the device (one stream, in order). Its
-//!   placeholder never passes the context limit: a sequence's output limit is at most
-//!   `max_model_len - prompt`, and the placeholder stands for a token within that limit;
+//! - stop conditions are seen one step late: a sequence that ended in step N by a stop (an
+//!   EOS, a stop id or string) has a row in step N+1, whose token is dropped (its sequence is
+//!   gone) and whose K/V lands in blocks that are not reused before step N+1 has finished on
+//!   the device (one stream, in order). A sequence whose token in step N is its last by length
+//!   is held out of later steps (`Scheduler::hold`) until it is removed, so it costs no row and
+//!   never makes the scheduler preempt a live sequence for one;
 //! - overlap needs every request's next row to be independent of its last token on the host:
 //!   no speculation, no constraint masks, no penalties. When a request that needs those
 //!   arrives, the step in flight is finished before the next is scheduled.
 
+use crate::{EngineError, Result};
 use ferrum_models::ForwardBatch;
 use ferrum_scheduler::SchedulerOutput;
 use ferrum_types::{RequestId, TokenId};
@@ -47,20 +49,25 @@ pub(crate) fn pending_inputs(
     out: &SchedulerOutput,
     batch: &ForwardBatch,
     pending: Option<&HashMap<RequestId, RowOf>>,
-) -> Vec<(u32, u32)> {
+) -> Result<Vec<(u32, u32)>> {
     let Some(pending) = pending else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     let mut inputs = Vec::with_capacity(pending.len());
     for (s, slice) in out.seqs.iter().zip(&batch.seqs) {
         let Some(&(row, at)) = pending.get(&s.id) else {
             continue;
         };
-        // A placeholder is its sequence's last final token, so it can only end a run.
-        if s.num_tokens > 0 && s.start + s.num_tokens - 1 - s.num_proposed == at {
-            let last = slice.query_start + slice.query_len - 1 - s.num_proposed;
-            inputs.push((last as u32, row));
+        let end = s.start + s.num_tokens - s.num_proposed;
+        if at + 1 == end {
+            inputs.push(((slice.query_start + end - 1 - s.start) as u32, row));
+        } else if (s.start..end).contains(&at) {
+            // A placeholder is its sequence's last final token, so only a run's last.
+            return Err(EngineError::Invalid(format!(
+                "sequence {}: its token in flight (position {at}) is inside a run ending at {end}",
+                s.id
+            )));
         }
     }
-    inputs
+    Ok(inputs)
 }

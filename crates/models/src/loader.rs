@@ -291,9 +291,13 @@ impl Model {
     }
 
     /// Whether a step can be issued before the previous one's tokens are on the host
-    /// ([`Model::submit_argmax`], [`Model::submit_sample`]): a whole model on a GPU.
+    /// ([`Model::submit_argmax`], [`Model::submit_sample`]): a whole model on a GPU that
+    /// decides its tokens there.
+    /// A soft-capped model (Gemma 2) decides its tokens on the host (see
+    /// [`crate::backend::Backend::argmax_rows`]), so its steps cannot overlap: the
+    /// submissions work, but each waits for its logits.
     pub fn can_overlap(&self) -> bool {
-        self.samples_on_device()
+        self.samples_on_device() && self.config().final_logit_softcap.is_none()
     }
 
     /// [`Model::forward_argmax`] without waiting for the tokens: they come back by an

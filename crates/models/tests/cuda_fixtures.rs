@@ -582,3 +582,60 @@ fn tiny_smollm_gguf_q8_0_against_the_cpu() {
         }
     }
 }
+
+/// Deferred steps (`CudaBackend::set_deferred`): each decode step is issued before the
+/// previous one's token is read back, its input a placeholder the device replaces with that
+/// token (`set_pending_inputs`), two steps in flight at a time, collected in order. The tokens
+/// are those of steps read back one at a time, for a model that decides them on the device
+/// (tiny Llama) and one that decides them on the host (tiny Gemma 2's soft-capping) and
+/// copies them back for the next step; with graphs, a batch of 3 pads to a bucket of 4, whose
+/// padding repeats the pending last token.
+#[test]
+fn deferred_steps_take_their_inputs_on_the_device() {
+    use ferrum_models::sampling::SampledRows;
+    for name in ["tiny-llama", "tiny-gemma2"] {
+        let dir = fixtures().join(name);
+        for gpu in devices() {
+            let dev = gpu.lock().describe();
+            let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu).unwrap();
+            let prompts: [&[u32]; 3] = [&[1, 5, 9, 200], &[7; 9], &[3, 300, 40]];
+            let steps = 5;
+            let want: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| greedy(&mut model, p, steps))
+                .collect();
+            let bs = 8;
+            let mut kv = gpu_cache(&model, 3 * 4 * bs, bs);
+            let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (4 * s..4 * (s + 1)).collect()).collect();
+            let mut b = ForwardBatch::new();
+            let mut ids = Vec::new();
+            let mut rows = SampledRows::default();
+            let mut got = vec![Vec::new(); 3];
+            model.backend_mut().set_deferred(true);
+            // The prompts in one step, then decode steps of three placeholders each.
+            for (p, table) in prompts.iter().zip(&tables) {
+                b.push_seq(p, 0, table, bs, 1).unwrap();
+            }
+            model.forward_argmax(&b, &mut kv).unwrap();
+            for step in 0..steps {
+                if step + 1 < steps {
+                    b.clear();
+                    for (p, table) in prompts.iter().zip(&tables) {
+                        b.push_seq(&[0], p.len() + step, table, bs, 1).unwrap();
+                    }
+                    model
+                        .backend_mut()
+                        .set_pending_inputs(&[(0, 0), (1, 1), (2, 2)]);
+                    model.forward_argmax(&b, &mut kv).unwrap();
+                    assert_eq!(model.backend().in_flight(), 2, "{dev}: two steps in flight");
+                }
+                model.backend_mut().collect(&mut ids, &mut rows).unwrap();
+                for (g, &t) in got.iter_mut().zip(&ids) {
+                    g.push(t);
+                }
+            }
+            model.backend_mut().set_deferred(false);
+            assert_eq!(got, want, "{dev}: {name}: deferred steps");
+        }
+    }
+}

@@ -13,6 +13,8 @@ pub enum SchedulerError {
     Duplicate(RequestId),
     #[error("request {0} is not scheduled")]
     Unknown(RequestId),
+    #[error("request {0} is not running")]
+    NotRunning(RequestId),
     #[error("request {0}: its last token is computed already and cannot change")]
     Computed(RequestId),
     #[error("invalid scheduler configuration: {0}")]

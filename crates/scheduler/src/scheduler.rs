@@ -129,6 +129,8 @@ struct Seq {
     /// Tokens found in the prefix cache at the latest admission.
     prefix_hits: usize,
     running: bool,
+    /// Left out of every step until removed ([`Scheduler::hold`]).
+    held: bool,
 }
 
 impl Seq {
@@ -227,6 +229,7 @@ impl Scheduler {
                 num_computed: 0,
                 prefix_hits: 0,
                 running: false,
+                held: false,
             },
         );
         self.waiting.insert((priority, arrival, id));
@@ -334,7 +337,7 @@ impl Scheduler {
                     break;
                 }
                 let id = self.order[k];
-                let Some(seq) = self.seqs.get(&id).filter(|s| s.running) else {
+                let Some(seq) = self.seqs.get(&id).filter(|s| s.running && !s.held) else {
                     continue;
                 };
                 let remaining = seq.num_final - seq.num_computed;
@@ -419,6 +422,9 @@ impl Scheduler {
         let mut best: Option<(i32, u64, RequestId)> = None;
         for &r in &self.running {
             let s = &self.seqs[&r];
+            if s.held {
+                continue;
+            }
             let key = (s.priority, s.admitted, r);
             if best.is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
                 best = Some(key);
@@ -468,6 +474,19 @@ impl Scheduler {
             self.stats.prefix_hits += computed as u64;
         }
         Some((n, k))
+    }
+
+    /// Leaves running sequence `id` out of every step from now on, keeping its blocks and
+    /// never preempting it, until it is removed: the engine's overlapped steps hold a sequence
+    /// whose last token is in flight, so no step computes a row it would drop (and no live
+    /// sequence is preempted to make room for one).
+    pub fn hold(&mut self, id: RequestId) -> Result<()> {
+        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
+        if !seq.running {
+            return Err(SchedulerError::NotRunning(id));
+        }
+        seq.held = true;
+        Ok(())
     }
 
     /// Replaces sequence `id`'s last final token (a placeholder [`Scheduler::update`] was

@@ -257,6 +257,8 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
     let mut batch = ForwardBatch::new();
     // The step in flight: per sampled sequence, the placeholder's position and its token.
     let mut in_flight: HashMap<RequestId, (usize, TokenId)> = HashMap::new();
+    // Sequences whose last token is in flight (held until removed).
+    let mut held: Vec<RequestId> = Vec::new();
     let mut step = 0;
     while step < 5000 {
         for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
@@ -271,6 +273,9 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
         }
         let out = s.schedule();
         s.check().map_err(TestCaseError::fail)?;
+        for x in &out.seqs {
+            prop_assert!(!held.contains(&x.id), "seq {} held but scheduled", x.id);
+        }
         s.fill_batch(&out, &mut batch).unwrap();
         // The device runs the step: a run ending at a placeholder takes the token in flight.
         for (x, slice) in out.seqs.iter().zip(&batch.seqs) {
@@ -318,22 +323,33 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
             if *c == reqs[id as usize].max_out {
                 s.remove(id);
                 done.insert(id, true);
+                held.retain(|&h| h != id);
             }
         }
         for (i, r) in reqs.iter().enumerate() {
             if r.abort_at == Some(step) && done.get(&(i as RequestId)) == Some(&false) {
                 s.remove(i as RequestId);
                 done.insert(i as RequestId, true);
+                held.retain(|&h| h != i as RequestId);
             }
         }
         // This step goes in flight: a placeholder for each sampling sequence still running.
         let mut samples = Vec::new();
+        let mut hold = Vec::new();
         for x in out.seqs.iter().filter(|x| x.samples && !done[&x.id]) {
             let at = x.start + x.num_tokens;
             samples.push((x.id, PLACEHOLDER));
             in_flight.insert(x.id, (at, sampled(x.id, at)));
+            // Its last token: no later step may compute a row for it.
+            if out_count.get(&x.id).copied().unwrap_or(0) + 1 == reqs[x.id as usize].max_out {
+                hold.push(x.id);
+            }
         }
         s.update(&out, &samples);
+        for id in hold {
+            s.hold(id).unwrap();
+            held.push(id);
+        }
         for x in out.seqs.iter().filter(|x| !done[&x.id]) {
             let toks = s.tokens(x.id).unwrap();
             let pending = in_flight.get(&x.id).map(|&(at, _)| at);

@@ -59,9 +59,10 @@ pub(crate) struct CudaDriver {
     next_write: usize,
 }
 
-/// Writes up to this size go through a pinned staging area, so they never wait for the
-/// stream (a copy from pageable memory may): a step's inputs are uploaded while the previous
-/// step runs. Larger ones (weights, at load) copy from the caller's memory.
+/// Writes up to this size go through a pinned staging area (a copy from pageable memory may
+/// wait for the whole stream), so a step's inputs are uploaded while the previous step runs; a
+/// write waits only for the copy that last used its area, [`STAGED_WRITES`] writes before
+/// (a step makes one or two). Larger ones (weights, at load) copy from the caller's memory.
 const STAGED_WRITE_MAX: usize = 4 << 20;
 
 /// Staging areas for writes, used round-robin: one is reused only after its last copy ended.
