@@ -77,6 +77,10 @@ pub(crate) struct EngineCore {
     overlap: bool,
     /// The step whose results are still on their way from the device (overlapped steps).
     pending: Option<InFlight>,
+    /// Seconds in steps, and of them waiting for an overlapped step's results, not yet
+    /// added to the metrics.
+    step_seconds: f64,
+    wait_seconds: f64,
     /// Scratch for one sequence's proposals.
     proposal: Vec<TokenId>,
     /// The draft model, with `Proposer::Draft`.
@@ -165,6 +169,8 @@ impl EngineCore {
             spec: None,
             overlap: true,
             pending: None,
+            step_seconds: 0.0,
+            wait_seconds: 0.0,
             proposal: Vec::new(),
             draft: None,
             proposing: Vec::new(),
@@ -184,7 +190,7 @@ impl EngineCore {
             if !self.st.sched.has_unfinished() && self.st.reqs.is_empty() {
                 // A step left in flight whose sequences all left: collected before the engine
                 // waits, so a failure in it is this step's, not the next request's.
-                if let Err(e) = self.finish_pending() {
+                if let Err(e) = self.finish_pending_idle() {
                     self.fail_all(&format!("engine step failed: {e}"));
                     return;
                 }
@@ -201,7 +207,7 @@ impl EngineCore {
             }
             if !self.st.sched.has_unfinished() {
                 // Likewise with requests still here but nothing to schedule.
-                if let Err(e) = self.finish_pending() {
+                if let Err(e) = self.finish_pending_idle() {
                     self.fail_all(&format!("engine step failed: {e}"));
                     return;
                 }
@@ -211,8 +217,10 @@ impl EngineCore {
             }
             // A panic inside a step (a kernel or sampler bug) must not leave clients waiting on
             // streams that will never end: it ends the engine like a step error does.
+            let started = Instant::now();
             let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()))
                 .unwrap_or_else(|p| Err(EngineError::Invalid(panic_message(p.as_ref()))));
+            self.step_seconds += started.elapsed().as_secs_f64();
             if let Err(e) = stepped {
                 self.fail_all(&format!("engine step failed: {e}"));
                 return;
@@ -692,13 +700,25 @@ impl EngineCore {
         Ok(())
     }
 
+    /// [`Self::finish_pending`] outside a step (before the engine waits for work), counted
+    /// as step time.
+    fn finish_pending_idle(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let done = self.finish_pending();
+        self.step_seconds += started.elapsed().as_secs_f64();
+        done
+    }
+
     /// Collects and processes the step in flight, if any.
     fn finish_pending(&mut self) -> Result<()> {
         let Some(p) = self.pending.take() else {
             return Ok(());
         };
         let vocab = self.model.config().vocab_size;
-        let rows_out = match self.model.collect()? {
+        let waited = Instant::now();
+        let collected = self.model.collect();
+        self.wait_seconds += waited.elapsed().as_secs_f64();
+        let rows_out = match collected? {
             StepRows::Tokens(ids) => Rows::Tokens(ids),
             StepRows::Sampled(rows) => Rows::Sampled(rows),
         };
@@ -738,6 +758,7 @@ impl EngineCore {
         // One lock per step, not per token.
         if let Ok(mut m) = self.metrics.lock() {
             m.steps += 1;
+            m.device_wait_seconds += std::mem::take(&mut self.wait_seconds);
             m.generation_tokens += done.new_tokens;
             self.st.spec_step.drain_into(&mut m.spec);
             let c = std::mem::take(&mut self.st.mask_step);
@@ -820,9 +841,10 @@ impl EngineCore {
         }
     }
 
-    fn publish_metrics(&self) {
+    fn publish_metrics(&mut self) {
         let st = self.st.sched.stats();
         if let Ok(mut m) = self.metrics.lock() {
+            m.step_seconds += std::mem::take(&mut self.step_seconds);
             m.num_running = st.num_running;
             m.num_waiting = st.num_waiting;
             m.kv_blocks_total = st.blocks_total;

@@ -132,6 +132,11 @@ pub struct Metrics {
     /// steps), and steps run in all.
     pub steps_overlapped: u64,
     pub steps: u64,
+    /// Seconds the engine spent in steps, and of them blocked waiting for an overlapped
+    /// step's results from the device (the host's idle share: what remains is the host's
+    /// own work, hidden behind the device's while it stays below the device's step time).
+    pub step_seconds: f64,
+    pub device_wait_seconds: f64,
     /// False once the engine loop has stopped (after an error or a shutdown).
     pub healthy: bool,
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
@@ -158,6 +163,8 @@ impl Default for Metrics {
             structured_mask_wait_seconds: 0.0,
             steps_overlapped: 0,
             steps: 0,
+            step_seconds: 0.0,
+            device_wait_seconds: 0.0,
             prompt_tokens: 0,
             generation_tokens: 0,
             requests_finished: 0,

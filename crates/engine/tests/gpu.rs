@@ -355,9 +355,14 @@ fn overlapped_steps_give_the_tokens_of_steps_finished_one_at_a_time() {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         wait_for_idle(&e);
-        let overlapped = e.metrics().steps_overlapped;
+        let m = e.metrics();
+        assert!(m.steps > 0 && m.step_seconds > 0.0, "steps counted");
+        assert!(
+            m.device_wait_seconds <= m.step_seconds,
+            "waits are part of steps"
+        );
         e.shutdown();
-        (outs, overlapped)
+        (outs, m.steps_overlapped)
     };
     let (cpu, _) = run(Device::Cpu, true);
     let (one_at_a_time, none) = run(Device::Interpreted, false);

@@ -176,6 +176,18 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         m.steps_overlapped as f64,
     );
     o.metric(
+        "ferrum_engine_step_seconds_total",
+        "counter",
+        "Seconds the engine loop spent in steps.",
+        m.step_seconds,
+    );
+    o.metric(
+        "ferrum_engine_device_wait_seconds_total",
+        "counter",
+        "Seconds of steps spent waiting for an overlapped step's results from the GPU.",
+        m.device_wait_seconds,
+    );
+    o.metric(
         "ferrum_structured_output_masks_total",
         "counter",
         "Structured output: token masks computed.",
