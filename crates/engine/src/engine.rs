@@ -19,7 +19,7 @@
 use crate::guide::Guide;
 use crate::metrics::{Metrics, SpecCounters};
 use crate::output::OutputProcessor;
-use crate::overlap::{pending_inputs, InFlight, PLACEHOLDER};
+use crate::overlap::{pending_inputs, InFlight, RowOf, PLACEHOLDER};
 use crate::request::{Event, GenerateRequest, Usage};
 use crate::requests::{
     compute_masks, Latency, MaskCounters, Processed, ReqState, Requests, Rows, SeqState,
@@ -77,6 +77,9 @@ pub(crate) struct EngineCore {
     overlap: bool,
     /// The step whose results are still on their way from the device (overlapped steps).
     pending: Option<InFlight>,
+    /// Reused: the last step's rows map, and this step's pending inputs.
+    spare_rows: HashMap<RequestId, RowOf>,
+    inputs: Vec<(u32, u32)>,
     /// Seconds in steps, and of them waiting for an overlapped step's results, not yet
     /// added to the metrics.
     step_seconds: f64,
@@ -169,6 +172,8 @@ impl EngineCore {
             spec: None,
             overlap: true,
             pending: None,
+            spare_rows: HashMap::new(),
+            inputs: Vec::new(),
             step_seconds: 0.0,
             wait_seconds: 0.0,
             proposal: Vec::new(),
@@ -559,10 +564,11 @@ impl EngineCore {
             // Issued before the step in flight has been seen: its tokens are this step's
             // inputs on the device, and each sampler is one draw behind for them.
             let pending = self.pending.as_ref().map(|p| &p.rows);
-            let inputs = pending_inputs(&out, &self.batch, pending)?;
+            pending_inputs(&out, &self.batch, pending, &mut self.inputs)?;
+            let inputs = &self.inputs;
             if greedy {
                 self.model
-                    .submit_argmax(&self.batch, &mut self.kv, &inputs)?;
+                    .submit_argmax(&self.batch, &mut self.kv, inputs)?;
             } else {
                 let (st, batch, scheduled) = (&mut self.st, &self.batch, &out.seqs);
                 let ahead = |id| usize::from(pending.is_some_and(|p| p.contains_key(&id)));
@@ -572,7 +578,7 @@ impl EngineCore {
                     st.row_specs(scheduled, batch, false, &ahead)
                 };
                 self.model
-                    .submit_sample(&self.batch, &mut self.kv, &inputs, specs)?;
+                    .submit_sample(&self.batch, &mut self.kv, inputs, specs)?;
             }
             // The step in flight has finished on the device by now, or soon: its results
             // are processed while this one runs.
@@ -665,8 +671,8 @@ impl EngineCore {
     /// Leaves step `out` in flight: each sampled sequence gets a placeholder token in the
     /// scheduler, which the step's own token replaces once it is collected.
     fn defer(&mut self, out: SchedulerOutput) -> Result<()> {
-        let mut rows = HashMap::with_capacity(out.seqs.len());
-        let mut hold = Vec::new();
+        let mut rows = std::mem::take(&mut self.spare_rows);
+        rows.clear();
         self.st.sampled.clear();
         let mut row = 0u32;
         for s in &out.seqs {
@@ -680,18 +686,15 @@ impl EngineCore {
                 if q.output.remaining() == 1 {
                     // Its last token: it ends when the step is processed; no step before
                     // then computes a row for it.
-                    hold.push(s.id);
+                    self.st
+                        .sched
+                        .hold(s.id)
+                        .map_err(|e| EngineError::Invalid(e.to_string()))?;
                 }
             }
             row += s.num_logits() as u32;
         }
         self.st.sched.update(&out, &self.st.sampled);
-        for id in hold {
-            self.st
-                .sched
-                .hold(id)
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        }
         std::mem::swap(&mut self.batch, &mut self.prev_batch);
         self.pending = Some(InFlight { out, rows });
         if let Ok(mut m) = self.metrics.lock() {
@@ -727,7 +730,9 @@ impl EngineCore {
         let done = self
             .st
             .process(&p.out, &self.prev_batch, rows_out, vocab, now);
-        self.after_step(&p.out, done, now, true)
+        let result = self.after_step(&p.out, done, now, true);
+        self.spare_rows = p.rows;
+        result
     }
 
     /// The end of a step once its rows are processed: the scheduler learns the tokens (or, for

@@ -44,16 +44,18 @@ pub(crate) struct InFlight {
 }
 
 /// The inputs of the step `out` (its batch `batch`) that are placeholders of the step in
-/// flight (`pending`'s rows): `(token index in the batch, the pending step's logits row)`.
+/// flight (`pending`'s rows), into `inputs`: `(token index in the batch, the pending step's
+/// logits row)`.
 pub(crate) fn pending_inputs(
     out: &SchedulerOutput,
     batch: &ForwardBatch,
     pending: Option<&HashMap<RequestId, RowOf>>,
-) -> Result<Vec<(u32, u32)>> {
+    inputs: &mut Vec<(u32, u32)>,
+) -> Result<()> {
+    inputs.clear();
     let Some(pending) = pending else {
-        return Ok(Vec::new());
+        return Ok(());
     };
-    let mut inputs = Vec::with_capacity(pending.len());
     for (s, slice) in out.seqs.iter().zip(&batch.seqs) {
         let Some(&(row, at)) = pending.get(&s.id) else {
             continue;
@@ -69,5 +71,5 @@ pub(crate) fn pending_inputs(
             )));
         }
     }
-    Ok(inputs)
+    Ok(())
 }
