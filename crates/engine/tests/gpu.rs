@@ -56,6 +56,39 @@ fn collect_with(
     }
 }
 
+/// A fixture's reference cases: prompt ids and transformers' greedy ids.
+fn reference_cases(dir: &std::path::Path) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
+        .collect()
+}
+
+/// Every case's first `n` greedy ids, the cases submitted at once (batched).
+fn greedy_batched(e: &EngineHandle, cases: &[(Vec<u32>, Vec<u32>)], n: usize) {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(prompt, _)| s.spawn(|| collect(e, prompt.clone(), n)))
+            .collect();
+        for (h, (_, want)) in handles.into_iter().zip(cases) {
+            assert_eq!(h.join().unwrap(), want[..n], "batched greedy ids");
+        }
+    });
+}
+
 #[test]
 fn fixtures_greedy_through_the_engine_on_the_interpreted_device() {
     if !interpreted_available() {
@@ -72,32 +105,9 @@ fn fixtures_greedy_through_the_engine_on_the_interpreted_device() {
     };
     let e = EngineHandle::start(model, None, &cfg).unwrap();
     assert!(e.metrics().device.starts_with("interpreted"));
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let cases: Vec<(Vec<u32>, Vec<u32>)> = reference["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
-        .collect();
+    let cases = reference_cases(&dir);
     // All at once: one batch of mixed prefill chunks and decodes.
-    std::thread::scope(|s| {
-        let handles: Vec<_> = cases
-            .iter()
-            .map(|(prompt, _)| s.spawn(|| collect(&e, prompt.clone(), 16)))
-            .collect();
-        for (h, (_, want)) in handles.into_iter().zip(&cases) {
-            assert_eq!(&h.join().unwrap(), want, "batched greedy ids");
-        }
-    });
+    greedy_batched(&e, &cases, 16);
     wait_for_idle(&e);
     // Again, alone: the prompts' full blocks now come from the prefix cache.
     let (prompt, want) = &cases[cases.len() - 1];
@@ -404,31 +414,7 @@ fn a_soft_capped_model_decides_on_the_host_without_overlapping() {
         ..EngineConfig::default()
     };
     let e = EngineHandle::start(model, None, &cfg).unwrap();
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let cases: Vec<(Vec<u32>, Vec<u32>)> = reference["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
-        .collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = cases
-            .iter()
-            .map(|(prompt, _)| s.spawn(|| collect(&e, prompt.clone(), 8)))
-            .collect();
-        for (h, (_, want)) in handles.into_iter().zip(&cases) {
-            assert_eq!(h.join().unwrap(), want[..8], "batched greedy ids");
-        }
-    });
+    greedy_batched(&e, &reference_cases(&dir), 8);
     wait_for_idle(&e);
     assert_eq!(e.metrics().steps_overlapped, 0, "no step overlaps");
     e.shutdown();

@@ -83,6 +83,56 @@ fn speculation() -> impl Strategy<Value = Option<Speculation>> {
     ))
 }
 
+/// Adds the requests that arrive at `step`.
+fn arrive(
+    s: &mut Scheduler,
+    reqs: &[Req],
+    step: usize,
+    done: &mut HashMap<RequestId, bool>,
+    prompt_len: &mut HashMap<RequestId, usize>,
+) {
+    for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
+        let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
+        prompt.extend(&r.tail);
+        s.add(i as RequestId, &prompt, r.priority).unwrap();
+        done.insert(i as RequestId, false);
+        prompt_len.insert(i as RequestId, prompt.len());
+    }
+}
+
+/// The simulated model computes `x`'s run (its tokens `run`): every earlier position of the
+/// sequence holds its own token's K/V, and the run writes only blocks no one else holds.
+fn run_step(
+    s: &Scheduler,
+    kv: &mut [Option<(TokenId, usize)>],
+    x: &ferrum_scheduler::ScheduledSeq,
+    run: &[TokenId],
+) -> Result<(), TestCaseError> {
+    let bs = s.config().block_size;
+    let toks = s.tokens(x.id).unwrap();
+    let table = s.block_table(x.id).unwrap();
+    for p in 0..x.start + x.num_tokens {
+        let slot = table[p / bs] as usize * bs + p % bs;
+        if p < x.start {
+            prop_assert_eq!(
+                kv[slot],
+                Some((toks[p], p)),
+                "seq {} pos {}: stale K/V",
+                x.id,
+                p
+            );
+        } else {
+            prop_assert_eq!(
+                s.pool().ref_count(table[p / bs]),
+                1,
+                "write into a shared block"
+            );
+            kv[slot] = Some((run[p - x.start], p));
+        }
+    }
+    Ok(())
+}
+
 fn simulate(
     cfg: SchedulerConfig,
     reqs: Vec<Req>,
@@ -99,13 +149,7 @@ fn simulate(
     let mut batch = ForwardBatch::new();
     let mut step = 0;
     while step < 5000 {
-        for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
-            let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
-            prompt.extend(&r.tail);
-            s.add(i as RequestId, &prompt, r.priority).unwrap();
-            done.insert(i as RequestId, false);
-            prompt_len.insert(i as RequestId, prompt.len());
-        }
+        arrive(&mut s, &reqs, step, &mut done, &mut prompt_len);
         if step > 40 && !s.has_unfinished() {
             break;
         }
@@ -150,28 +194,8 @@ fn simulate(
             if !admitted.contains(&x.id) {
                 admitted.push(x.id);
             }
-            let toks = s.tokens(x.id).unwrap();
             let run = &batch.token_ids[slice.query_start..slice.query_start + slice.query_len];
-            let table = s.block_table(x.id).unwrap();
-            for p in 0..x.start + x.num_tokens {
-                let slot = table[p / bs] as usize * bs + p % bs;
-                if p < x.start {
-                    prop_assert_eq!(
-                        kv[slot],
-                        Some((toks[p], p)),
-                        "seq {} pos {}: stale K/V",
-                        x.id,
-                        p
-                    );
-                } else {
-                    prop_assert_eq!(
-                        s.pool().ref_count(table[p / bs]),
-                        1,
-                        "write into a shared block"
-                    );
-                    kv[slot] = Some((run[p - x.start], p));
-                }
-            }
+            run_step(&s, &mut kv, x, run)?;
             if x.samples {
                 // Accept proposals while they are what the model samples, then add its own.
                 let final_end = x.start + x.num_tokens - x.num_proposed;
@@ -261,13 +285,7 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
     let mut held: Vec<RequestId> = Vec::new();
     let mut step = 0;
     while step < 5000 {
-        for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
-            let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
-            prompt.extend(&r.tail);
-            s.add(i as RequestId, &prompt, r.priority).unwrap();
-            done.insert(i as RequestId, false);
-            prompt_len.insert(i as RequestId, prompt.len());
-        }
+        arrive(&mut s, &reqs, step, &mut done, &mut prompt_len);
         if step > 40 && !s.has_unfinished() && in_flight.is_empty() {
             break;
         }
@@ -279,7 +297,6 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
         s.fill_batch(&out, &mut batch).unwrap();
         // The device runs the step: a run ending at a placeholder takes the token in flight.
         for (x, slice) in out.seqs.iter().zip(&batch.seqs) {
-            let toks = s.tokens(x.id).unwrap();
             let mut run =
                 batch.token_ids[slice.query_start..slice.query_start + slice.query_len].to_vec();
             let end = x.start + x.num_tokens;
@@ -289,27 +306,10 @@ fn simulate_overlapped(cfg: SchedulerConfig, reqs: Vec<Req>) -> Result<(), TestC
                     *run.last_mut().unwrap() = t;
                 }
             }
-            let table = s.block_table(x.id).unwrap();
-            for p in 0..end {
-                let slot = table[p / bs] as usize * bs + p % bs;
-                if p < x.start {
-                    prop_assert_eq!(
-                        kv[slot],
-                        Some((toks[p], p)),
-                        "seq {} pos {}: stale K/V",
-                        x.id,
-                        p
-                    );
-                } else {
-                    prop_assert_eq!(
-                        s.pool().ref_count(table[p / bs]),
-                        1,
-                        "write into a shared block"
-                    );
-                    prop_assert!(run[p - x.start] != PLACEHOLDER || p < prompt_len[&x.id]);
-                    kv[slot] = Some((run[p - x.start], p));
-                }
+            for (p, &t) in run.iter().enumerate() {
+                prop_assert!(t != PLACEHOLDER || x.start + p < prompt_len[&x.id]);
             }
+            run_step(&s, &mut kv, x, &run)?;
         }
         // The host processes the step in flight: its tokens replace the placeholders, and a
         // sequence that reached its length ends (its row in this step is dropped).
