@@ -73,7 +73,7 @@ pub(crate) struct EngineCore {
     steps: u64,
     /// Speculative decoding, when on.
     spec: Option<SpeculativeConfig>,
-    /// Whether steps may overlap on a GPU ([`crate::EngineConfig::overlap`]).
+    /// Whether steps may overlap on a GPU ([`crate::EngineConfig::overlap_steps`]).
     overlap: bool,
     /// The step whose results are still on their way from the device (overlapped steps).
     pending: Option<InFlight>,

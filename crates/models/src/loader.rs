@@ -293,6 +293,7 @@ impl Model {
     /// Whether a step can be issued before the previous one's tokens are on the host
     /// ([`Model::submit_argmax`], [`Model::submit_sample`]): a whole model on a GPU that
     /// decides its tokens there.
+    ///
     /// A soft-capped model (Gemma 2) decides its tokens on the host (see
     /// [`crate::backend::Backend::argmax_rows`]), so its steps cannot overlap: the
     /// submissions work, but each waits for its logits.
@@ -310,13 +311,9 @@ impl Model {
         kv: &mut KvCache,
         pending: &[(u32, u32)],
     ) -> Result<()> {
-        let m = self.overlapping("submit_argmax")?;
-        m.backend_mut().set_pending_inputs(pending);
-        m.backend_mut().set_deferred(true);
-        let done = m.forward_argmax(batch, kv).map(drop);
-        m.backend_mut().set_deferred(false);
-        m.backend_mut().set_pending_inputs(&[]);
-        done
+        self.deferred("submit_argmax", pending, |m| {
+            m.forward_argmax(batch, kv).map(drop)
+        })
     }
 
     /// [`Model::forward_sample`] without waiting for the rows (see [`Model::submit_argmax`]).
@@ -327,10 +324,30 @@ impl Model {
         pending: &[(u32, u32)],
         specs: impl FnOnce() -> Vec<crate::sampling::RowSampling<'s>>,
     ) -> Result<()> {
-        let m = self.overlapping("submit_sample")?;
+        self.deferred("submit_sample", pending, |m| {
+            m.forward_sample(batch, kv, specs).map(drop)
+        })
+    }
+
+    /// Runs `step` on the model's GPU with its results deferred and `pending` as its inputs
+    /// from the previous step; the backend is back to plain steps afterwards, failed or not.
+    fn deferred(
+        &mut self,
+        what: &str,
+        pending: &[(u32, u32)],
+        step: impl FnOnce(&mut FamilyModel<CudaBackend>) -> Result<()>,
+    ) -> Result<()> {
+        let m = match (&mut self.device, &self.run) {
+            (OnDevice::Gpu(m), None) => m,
+            _ => {
+                return Err(ModelError::Invalid(format!(
+                    "{what}: overlapped steps need a whole model on a GPU"
+                )))
+            }
+        };
         m.backend_mut().set_pending_inputs(pending);
         m.backend_mut().set_deferred(true);
-        let done = m.forward_sample(batch, kv, specs).map(drop);
+        let done = step(m);
         m.backend_mut().set_deferred(false);
         m.backend_mut().set_pending_inputs(&[]);
         done
@@ -351,16 +368,6 @@ impl Model {
             Collected::Tokens => StepRows::Tokens(argmax),
             Collected::Sampled => StepRows::Sampled(&sampled.rows),
         })
-    }
-
-    /// The model on its GPU, for a step that overlaps the previous one.
-    fn overlapping(&mut self, what: &str) -> Result<&mut FamilyModel<CudaBackend>> {
-        match (&mut self.device, &self.run) {
-            (OnDevice::Gpu(m), None) => Ok(m),
-            _ => Err(ModelError::Invalid(format!(
-                "{what}: overlapped steps need a whole model on a GPU"
-            ))),
-        }
     }
 
     /// Whether [`Model::forward_sample`] samples where the logits are, so only tokens cross

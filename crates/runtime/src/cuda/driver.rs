@@ -53,9 +53,9 @@ pub(crate) struct CudaDriver {
     capturing: bool,
     profiler: Option<Profiler>,
     /// Pinned staging areas of reads that do not wait ([`Driver::read_start`]), by slot.
-    reads: Vec<StagedRead>,
+    reads: Vec<Staging>,
     /// Pinned staging areas of small writes, used in turn, and the next one's index.
-    writes: Vec<StagedRead>,
+    writes: Vec<Staging>,
     next_write: usize,
 }
 
@@ -71,7 +71,7 @@ const STAGED_WRITES: usize = 4;
 /// A page-locked host area a copy goes through asynchronously, and the event recorded after
 /// the copy; for a read, `busy` from `read_start` until `read_finish`.
 #[derive(Debug)]
-struct StagedRead {
+struct Staging {
     host: *mut u8,
     capacity: usize,
     event: sys::CUevent,
@@ -279,7 +279,7 @@ impl Driver for CudaDriver {
         if src.is_empty() {
             return Ok(());
         }
-        if src.len() > STAGED_WRITE_MAX || self.capturing {
+        if src.len() > STAGED_WRITE_MAX {
             // SAFETY: `dst` has room for `src` (the caller's contract, as with cuMemcpyHtoD).
             // From pageable memory the copy is staged before the call returns, so `src` may
             // change afterwards; it lands in stream order.
@@ -554,10 +554,10 @@ impl Driver for CudaDriver {
 }
 
 /// An empty staging area with its event.
-fn staging_area() -> Result<StagedRead> {
+fn staging_area() -> Result<Staging> {
     let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
         .map_err(|e| cuda_err("cuEventCreate", e))?;
-    Ok(StagedRead {
+    Ok(Staging {
         host: std::ptr::null_mut(),
         capacity: 0,
         event,
@@ -566,7 +566,7 @@ fn staging_area() -> Result<StagedRead> {
 }
 
 /// Grows `area` to at least `bytes`; the caller knows no copy uses it.
-fn ensure_capacity(area: &mut StagedRead, bytes: usize) -> Result<()> {
+fn ensure_capacity(area: &mut Staging, bytes: usize) -> Result<()> {
     if area.capacity >= bytes {
         return Ok(());
     }

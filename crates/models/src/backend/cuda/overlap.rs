@@ -61,7 +61,9 @@ pub(super) struct Overlap {
     /// the next step's upload overwrites before its pending inputs are taken).
     pub(super) ids_out: Grown,
     in_flight: VecDeque<InFlight>,
+    /// Host staging of a collected read: its bytes, and its words.
     bytes: Vec<u8>,
+    words: Vec<u32>,
 }
 
 impl CudaBackend {
@@ -101,17 +103,18 @@ impl CudaBackend {
                 .finish_read(read, bytes)
                 .map_err(|e| ModelError::Invalid(format!("reading a step's tokens back: {e}")))
         };
-        let words = |bytes: &[u8]| -> Vec<u32> {
-            bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
+        let words = |bytes: &[u8], out: &mut Vec<u32>| {
+            out.clear();
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
         };
         match step {
             InFlight::Ids { read: r } => {
                 read(r, &mut o.bytes)?;
-                ids.clear();
-                ids.extend(words(&o.bytes));
+                words(&o.bytes, ids);
                 Ok(Collected::Tokens)
             }
             InFlight::ReadyIds(v) => {
@@ -129,8 +132,8 @@ impl CudaBackend {
                 vocab,
             } => {
                 read(r, &mut o.bytes)?;
-                let w = words(&o.bytes);
-                super::sample::decode_rows(&w, &logprobs, max_n, vocab, &mut sampled.rows);
+                words(&o.bytes, &mut o.words);
+                super::sample::decode_rows(&o.words, &logprobs, max_n, vocab, &mut sampled.rows);
                 Ok(Collected::Sampled)
             }
         }

@@ -26,6 +26,8 @@ pub(super) struct DeviceSampling {
     words: Vec<u32>,
     bytes: Vec<u8>,
     read: Vec<u32>,
+    /// The top logprobs each row of the step asks for.
+    logprobs: Vec<Option<usize>>,
 }
 
 /// Word offsets of the input sections (see [`layout`]).
@@ -248,23 +250,29 @@ impl CudaBackend {
         } else {
             n
         };
-        let logprobs: Vec<Option<usize>> = specs.iter().map(|s| s.logprobs).collect();
-        if self.defer_sampled(results, words, &logprobs, max_n, vocab)? {
-            return Ok(());
-        }
-        let s = &mut self.sampling;
-        let what = "reading the sampled tokens back";
-        read_words(
-            &self.gpu,
-            results,
-            words,
-            &mut s.bytes,
-            &mut s.read,
-            u32::from_le_bytes,
-            what,
-        )?;
-        decode_rows(&s.read, &logprobs, max_n, vocab, &mut out.rows);
-        Ok(())
+        // (Taken out for the call and put back: reused from step to step.)
+        let mut logprobs = std::mem::take(&mut self.sampling.logprobs);
+        logprobs.clear();
+        logprobs.extend(specs.iter().map(|s| s.logprobs));
+        let done = match self.defer_sampled(results, words, &logprobs, max_n, vocab) {
+            Ok(false) => {
+                let s = &mut self.sampling;
+                let what = "reading the sampled tokens back";
+                let read = read_words(
+                    &self.gpu,
+                    results,
+                    words,
+                    &mut s.bytes,
+                    &mut s.read,
+                    u32::from_le_bytes,
+                    what,
+                );
+                read.map(|()| decode_rows(&s.read, &logprobs, max_n, vocab, &mut out.rows))
+            }
+            deferred => deferred.map(drop),
+        };
+        self.sampling.logprobs = logprobs;
+        done
     }
 }
 
