@@ -4,11 +4,14 @@
 
 For each architecture in ``ARCHS`` and each specialization in ``specs.all_specs()``, Triton
 compiles the kernel to a cubin (no GPU or driver is needed). The cubins of one architecture
-are concatenated into ``<arch>.bin``; ``manifest.json`` gives each kernel's place in it (offset,
-length, SHA-256), symbol, parameters in order, constexprs, num_warps, shared memory and scratch
-sizes. Both go to ``crates/runtime/kernels/``, which the ``ferrum`` binary embeds and
-checks at load. ``--check`` compiles into a temporary folder and fails if anything differs
-from what is committed: CI runs it, so the embedded binaries are always what the sources give.
+are concatenated into one blob, written zstd-compressed as ``<arch>.bin.zst`` (the binary embeds
+it compressed and decompresses it once when a GPU of that architecture loads its kernels);
+``manifest.json`` gives each blob's length and each kernel's place in it (offset, length,
+SHA-256), symbol, parameters in order, constexprs, num_warps, shared memory and scratch sizes.
+Both go to ``crates/runtime/kernels/``, which the ``ferrum`` binary embeds and checks at load.
+``--check`` compiles into a temporary folder and fails if the manifest or any decompressed blob
+differs from what is committed: CI runs it, so the embedded binaries are always what the sources
+give (the compressed bytes may differ with the compressor's version; their content may not).
 """
 
 import argparse
@@ -16,8 +19,8 @@ import filecmp
 import hashlib
 import importlib
 import json
+import multiprocessing
 import os
-import shutil
 import sys
 import tempfile
 
@@ -28,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import triton  # noqa: E402
+import zstandard  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -36,6 +40,9 @@ import specs  # noqa: E402
 # (name, compute capability): Ampere and Ada (sm_80 runs on sm_86/sm_89), Hopper.
 ARCHS = (("sm80", 80), ("sm90", 90))
 DEFAULT_OUT = os.path.join(HERE, "..", "crates", "runtime", "kernels")
+# Level 19 takes the blobs to about a seventh of their size; the frame carries its length and a
+# checksum, which the loader checks.
+ZSTD_LEVEL = 19
 
 
 def compile_spec(spec, arch, cc):
@@ -51,58 +58,88 @@ def compile_spec(spec, arch, cc):
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
+def compile_job(job):
+    """One (spec, arch) compilation, in a worker: the cubin and the compiler's figures."""
+    i, arch, cc = job
+    spec = specs.all_specs()[i]
+    compiled = compile_spec(spec, arch, cc)
+    md = compiled.metadata
+    figures = {k: getattr(md, k) for k in (
+        "num_warps", "num_stages", "shared", "global_scratch_size", "global_scratch_align",
+        "profile_scratch_size", "profile_scratch_align")}
+    figures["symbol"] = md.name
+    return compiled.asm["cubin"], figures
+
+
 def build(out):
     os.makedirs(out, exist_ok=True)
     manifest = {"triton": triton.__version__, "archs": [a for a, _ in ARCHS], "kernels": []}
     blobs = {arch: bytearray() for arch, _ in ARCHS}
-    for spec in specs.all_specs():
+    all_specs = specs.all_specs()
+    jobs = [(i, arch, cc) for i in range(len(all_specs)) for arch, cc in ARCHS]
+    # Each compilation is independent and single-threaded (Triton, then ptxas): one worker per
+    # core. The results are laid out in the jobs' order, so the output does not depend on it.
+    workers = int(os.environ.get("FERRUM_BUILD_JOBS", os.cpu_count() or 1))
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(compile_job, jobs, chunksize=1)
+    else:
+        results = [compile_job(j) for j in jobs]
+    compiled = dict(zip(((i, arch) for i, arch, _ in jobs), results))
+    for i, spec in enumerate(all_specs):
         entry = {k: spec[k] for k in ("name", "module", "function", "num_warps")}
         entry["params"] = [list(p) for p in spec["params"]]
         entry["constexprs"] = dict(spec["constexprs"])
         entry["binaries"] = {}
-        for arch, cc in ARCHS:
-            compiled = compile_spec(spec, arch, cc)
-            md = compiled.metadata
-            cubin = compiled.asm["cubin"]
+        for arch, _ in ARCHS:
+            cubin, figures = compiled[(i, arch)]
             blob = blobs[arch]
             # cuModuleLoadData wants an 8-byte-aligned image; keep each at a 64-byte boundary.
             blob.extend(b"\0" * (-len(blob) % 64))
             offset = len(blob)
             blob.extend(cubin)
-            entry["binaries"][arch] = {
-                "offset": offset,
-                "symbol": md.name,
-                "num_warps": md.num_warps,
-                "num_stages": md.num_stages,
-                "shared": md.shared,
-                "global_scratch_size": md.global_scratch_size,
-                "global_scratch_align": md.global_scratch_align,
-                "profile_scratch_size": md.profile_scratch_size,
-                "profile_scratch_align": md.profile_scratch_align,
-                "sha256": hashlib.sha256(cubin).hexdigest(),
-                "bytes": len(cubin),
-            }
+            entry["binaries"][arch] = dict(
+                figures, offset=offset, sha256=hashlib.sha256(cubin).hexdigest(),
+                bytes=len(cubin))
         manifest["kernels"].append(entry)
+    manifest["blobs"] = {arch: {"bytes": len(blob)} for arch, blob in blobs.items()}
+    zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
     for arch, blob in blobs.items():
-        with open(os.path.join(out, f"{arch}.bin"), "wb") as f:
-            f.write(blob)
+        with open(os.path.join(out, f"{arch}.bin.zst"), "wb") as f:
+            f.write(zstd.compress(bytes(blob)))
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")
-    return manifest
+    return manifest, blobs
 
 
-def same_tree(a, b):
-    cmp = filecmp.dircmp(a, b)
-    if cmp.left_only or cmp.right_only or cmp.diff_files or cmp.funny_files:
-        print(f"differs in {a}: only committed {cmp.left_only}, only built {cmp.right_only}, "
-              f"changed {cmp.diff_files}", file=sys.stderr)
+def read_blob(path):
+    with open(path, "rb") as f:
+        return zstandard.ZstdDecompressor().decompress(f.read())
+
+
+def same_build(committed, built, blobs):
+    """Whether the committed folder holds the built manifest and, decompressed, the built blobs,
+    and nothing else."""
+    names = sorted(os.listdir(committed))
+    want = sorted(["manifest.json"] + [f"{arch}.bin.zst" for arch in blobs])
+    if names != want:
+        print(f"{committed} holds {names}, the build writes {want}", file=sys.stderr)
         return False
-    match, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
-    if mismatch or errors:
-        print(f"differs in {a}: {mismatch + errors}", file=sys.stderr)
+    if not filecmp.cmp(os.path.join(committed, "manifest.json"),
+                       os.path.join(built, "manifest.json"), shallow=False):
+        print(f"{committed}/manifest.json differs from the build's", file=sys.stderr)
         return False
-    return all(same_tree(os.path.join(a, d), os.path.join(b, d)) for d in cmp.common_dirs)
+    for arch, blob in blobs.items():
+        try:
+            same = read_blob(os.path.join(committed, f"{arch}.bin.zst")) == bytes(blob)
+        except zstandard.ZstdError as e:
+            print(f"{committed}/{arch}.bin.zst does not decompress: {e}", file=sys.stderr)
+            return False
+        if not same:
+            print(f"{committed}/{arch}.bin.zst holds other cubins than the build's", file=sys.stderr)
+            return False
+    return True
 
 
 def main():
@@ -114,16 +151,19 @@ def main():
     if a.check:
         with tempfile.TemporaryDirectory() as tmp:
             built = os.path.join(tmp, "kernels")
-            build(built)
-            if not same_tree(os.path.abspath(a.out), built):
+            _, blobs = build(built)
+            if not same_build(os.path.abspath(a.out), built, blobs):
                 print("the embedded kernels are stale: run `python kernels/build.py` and commit",
                       file=sys.stderr)
                 sys.exit(1)
         print("embedded kernels match their sources")
         return
-    m = build(os.path.abspath(a.out))
-    total = sum(b["bytes"] for k in m["kernels"] for b in k["binaries"].values())
-    print(f"{len(m['kernels'])} kernels x {len(ARCHS)} archs, {total} bytes of cubins")
+    out = os.path.abspath(a.out)
+    m, blobs = build(out)
+    total = sum(len(b) for b in blobs.values())
+    packed = sum(os.path.getsize(os.path.join(out, f"{arch}.bin.zst")) for arch in blobs)
+    print(f"{len(m['kernels'])} kernels x {len(ARCHS)} archs, {total} bytes of cubins, "
+          f"{packed} compressed")
 
 
 if __name__ == "__main__":

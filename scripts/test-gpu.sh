@@ -16,9 +16,10 @@
 #      transformers on the GPU (scripts/gpu/llama8b_reference.py), Ferrum's logits against
 #      transformers' on the same GPU (~50 GB of GPU memory, ~35 GB of disk);
 #   6. with --bench: kernels/bench_gpu.py, the kernels' times beside PyTorch's.
-# Builds the test binaries and ferrum with cargo, or takes prebuilt ones from
-# FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels and cuda_fixtures, from
-# `cargo test --no-run`) and FERRUM_BIN (a ferrum binary).
+# Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
+# has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels and
+# cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
+# with cargo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -36,6 +37,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
     exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+source scripts/gpu/use-pack.sh
+bash scripts/unpack-fixtures.sh
 status=0
 
 test_bin() {

@@ -27,12 +27,13 @@ FERRUM_BIN="$bin" FERRUM_LAUNCHER="mpirun --oversubscribe -n 2" \
   FERRUM_SERVE_ARGS="--pipeline-parallel-size 2" bash scripts/test-openai.sh -p test_openai.py
 
 echo "== a worker rank killed mid-request ends the job, naming the rank"
+bash scripts/unpack-fixtures.sh
 log="$(mktemp)"
 mpirun --oversubscribe -n 2 "$bin" serve --model tests/fixtures/tiny-smollm --port 0 \
   --pipeline-parallel-size 2 --threads 1 2>"$log" >/dev/null &
 launcher=$!
 trap 'kill -9 "$launcher" 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do
   grep -q "http://" "$log" && break
   sleep 0.2
 done
@@ -42,10 +43,15 @@ if [ -z "$base" ]; then
   echo "test-mpi: the parallel server did not start" >&2
   exit 1
 fi
+stream="$(mktemp)"
 curl -s -N "$base/v1/completions" -H 'content-type: application/json' \
   -d '{"model": "tests/fixtures/tiny-smollm", "prompt": "hello", "max_tokens": 1500, "stream": true}' \
-  >/dev/null 2>&1 &
-sleep 0.5
+  >"$stream" 2>&1 &
+# Mid-request: the stream has begun.
+for _ in $(seq 1 600); do
+  [ -s "$stream" ] && break
+  sleep 0.1
+done
 worker=""
 for p in $(pgrep -P "$launcher" || true); do
   if grep -qzx "OMPI_COMM_WORLD_RANK=1" "/proc/$p/environ"; then worker=$p; fi
@@ -57,7 +63,7 @@ fi
 start=$(date +%s)
 kill -9 "$worker"
 ended=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   if ! kill -0 "$launcher" 2>/dev/null; then ended=1; break; fi
   sleep 0.1
 done
@@ -65,7 +71,7 @@ elapsed=$(( $(date +%s) - start ))
 wait "$launcher" && code=0 || code=$?
 if [ -z "$ended" ]; then
   kill -9 "$launcher" 2>/dev/null || true
-  echo "test-mpi: the job still ran 10 s after its rank 1 was killed" >&2
+  echo "test-mpi: the job still ran 30 s after its rank 1 was killed" >&2
   exit 1
 fi
 if [ "$code" = 0 ] || ! grep -q "rank 1" "$log"; then
@@ -75,4 +81,4 @@ if [ "$code" = 0 ] || ! grep -q "rank 1" "$log"; then
 fi
 echo "test-mpi: killing rank 1 ended the job in ${elapsed}s with status $code:"
 grep -m1 -B1 -A1 "rank 1" "$log" | sed 's/^/  /'
-rm -f "$log"
+rm -f "$log" "$stream"

@@ -29,6 +29,7 @@ if [ -z "${FERRUM_BIN:-}" ]; then
   cargo build --quiet --bin ferrum
   export FERRUM_BIN="$PWD/target/debug/ferrum"
 fi
+bash scripts/unpack-fixtures.sh
 export FERRUM_FIXTURES="$PWD/tests/fixtures"
 export FERRUM_SMOLLM2="${FERRUM_SMOLLM2:-${FERRUM_MODELS_DIR:-$PWD/models}/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ ! -s "$FERRUM_SMOLLM2" ] && [ -n "${CI:-}" ]; then

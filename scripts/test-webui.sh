@@ -33,6 +33,7 @@ if [ -z "${FERRUM_BIN:-}" ]; then
   cargo build --quiet --bin ferrum
   export FERRUM_BIN="$PWD/target/debug/ferrum"
 fi
+bash scripts/unpack-fixtures.sh
 mkdir -p target/webui
 export PLAYWRIGHT_PREFIX="$PWD/$prefix"
 export FERRUM_WEBUI_MODEL="${FERRUM_WEBUI_MODEL:-$PWD/tests/fixtures/tiny-smollm}"

@@ -11,27 +11,37 @@
 # model is absent, except under CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+STAGES_TITLE="scripts/test.sh"
+source scripts/stages.sh
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-echo "== CUDA backend on the interpreted device (scripts/test-cuda-interpret.sh)"
+stage "CUDA backend on the interpreted device (scripts/test-cuda-interpret.sh)"
 bash scripts/test-cuda-interpret.sh 2>&1 | tee "$log" || status=$?
+stage "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=$?
-echo "== engine fault injection (feature fault-injection)"
+stage "engine fault injection (feature fault-injection)"
 cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
-echo "== OpenAI client tests (scripts/test-openai.sh)"
+stage "OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
-echo "== chat page in headless Chromium (scripts/test-webui.sh)"
+stage "chat page in headless Chromium (scripts/test-webui.sh)"
 bash scripts/test-webui.sh 2>&1 | tee -a "$log" || status=$?
-echo "== parallel runs over MPI (scripts/test-mpi.sh)"
+stage "parallel runs over MPI (scripts/test-mpi.sh)"
 bash scripts/test-mpi.sh 2>&1 | tee -a "$log" || status=$?
-echo "== benchmark chart tests (scripts/test-plot.sh)"
+stage "benchmark chart tests (scripts/test-plot.sh)"
 bash scripts/test-plot.sh 2>&1 | tee -a "$log" || status=$?
-awk '
+stage_table
+summary=$(awk '
   /^test result:/ { p += $4; f += $6 }
   /^Ran [0-9]+ tests? in/ { py += $2 }
   /^ok - / { web += 1 }
   /^FAILED: / { wf += 1 }
   /^FAILED \(/ { n = split($0, parts, /[=,)]/); for (i = 2; i <= n; i += 2) pf += parts[i] }
-  END { printf "all tests: %d passed, %d failed\n", p + py - pf + web, f + pf + wf }' "$log"
+  END { printf "all tests: %d passed, %d failed\n", p + py - pf + web, f + pf + wf }' "$log")
+echo "$summary"
+# .ci/run prints it again after its own stage table, as its closing line.
+if [ -n "${FERRUM_TEST_SUMMARY:-}" ]; then
+  mkdir -p "$(dirname "$FERRUM_TEST_SUMMARY")"
+  echo "$summary" > "$FERRUM_TEST_SUMMARY"
+fi
 exit "$status"

@@ -8,6 +8,8 @@
 #
 #   FERRUM_BIN=target/release/ferrum bash benchmarks/gpu/run.sh [RESULTS] [MODELS]
 #
+# (or, on a lent machine, the ferrum of the pack scripts/gpu/pack.sh made, found by itself)
+#
 # RESULTS defaults to target/bench/gpu, MODELS (about 20 GB) to /tmp/ferrum-gpu-models. Every
 # step has a time limit and a failed one is reported, not fatal, so one call on a lent machine
 # returns whatever could be measured; FERRUM_GPU_BENCH_BUDGET (seconds) bounds the whole run,
@@ -16,6 +18,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 res="$(mkdir -p "${1:-$root/target/bench/gpu}" && cd "${1:-$root/target/bench/gpu}" && pwd)"
 models="${2:-/tmp/ferrum-gpu-models}"
+pushd "$root" >/dev/null && source scripts/gpu/use-pack.sh && popd >/dev/null
 ferrum="${FERRUM_BIN:-$root/target/release/ferrum}"
 here="$root/benchmarks/gpu"
 mkdir -p "$models"

@@ -352,6 +352,13 @@ class TinySmollm(unittest.TestCase):
         self.assertEqual(t["tokens"], self.ref["prompt_ids"])
         d = post(self.server.base + "/detokenize", json={"tokens": t["tokens"]}).json()
         self.assertEqual(d["prompt"], self.ref["prompt"])
+        # llama-server's body and answer: {"content"} -> {"tokens"} (and each piece on request).
+        t = post(self.server.base + "/tokenize", json={"content": self.ref["prompt"]}).json()
+        self.assertEqual(t, {"tokens": self.ref["prompt_ids"]})
+        t = post(self.server.base + "/tokenize",
+                 json={"content": self.ref["prompt"], "with_pieces": True}).json()
+        self.assertEqual([p["id"] for p in t["tokens"]], self.ref["prompt_ids"])
+        self.assertEqual("".join(p["piece"] for p in t["tokens"]), self.ref["prompt"])
 
     def test_health_and_metrics(self):
         self.assertEqual(get(self.server.base + "/health").status_code, 200)

@@ -141,6 +141,29 @@ class StructuredOutput(QwenServer, unittest.TestCase):
                 self.assertEqual(c.finish_reason, "stop", c.message.content)
                 jsonschema.validate(json.loads(c.message.content), s)
 
+    def test_no_whitespace_runaway(self):
+        # The case that ran away: a line break, then spaces and line breaks until max_tokens.
+        schema = {"type": "object",
+                  "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+                                 "population_millions": {"type": "number"}},
+                  "required": ["city", "population_millions"]}
+        formats = [{"type": "json_schema", "json_schema": {"name": "capital", "schema": schema,
+                                                           "strict": True}},
+                   {"type": "json_object"}]
+        for fmt in formats:
+            for temperature in (0, 0.8):
+                with self.subTest(format=fmt["type"], temperature=temperature):
+                    r = self.ask("Pick a European capital. Answer in JSON.", max_tokens=200,
+                                 temperature=temperature, seed=3, response_format=fmt)
+                    c = r.choices[0]
+                    self.assertEqual(c.finish_reason, "stop", c.message.content)
+                    value = json.loads(c.message.content)
+                    if fmt["type"] == "json_schema":
+                        jsonschema.validate(value, schema)
+                    # Between two JSON tokens: at most one line break and 16 blanks.
+                    self.assertIsNone(re.search(r"\n[ \t]*\n|[ \t]{17}", c.message.content),
+                                      c.message.content)
+
     def test_vllm_and_llama_cpp_dialects(self):
         s = schemas()[0]
         for extra in [{"guided_json": s}, {"structured_outputs": {"json": s}}, {"json_schema": s},

@@ -130,7 +130,7 @@ try {
   for (let i = 0; ; i++) {
     g = await gauges(base);
     if (g.running === 0 && g.free === g.total) break;
-    assert.ok(i < 100, `blocks not freed after Stop: ${JSON.stringify(g)}`);
+    assert.ok(i < 300, `blocks not freed after Stop: ${JSON.stringify(g)}`);
     await new Promise((r) => setTimeout(r, 100));
   }
   const ctx = (await api(base, "/v1/models")).data[0].max_model_len;

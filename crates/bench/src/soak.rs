@@ -9,15 +9,17 @@
 //! well-formed ([`check`]); a malformed one, any status but 200, or a connection error is a
 //! failure, and the first ten reasons are kept.
 //!
-//! Around the load it reads the server's `/metrics` ([`gauges`]): after `--warmup` requests
-//! once the server is idle, and again once it is idle after the load: resident memory and the
-//! KV gauges. The soak passes when no request failed, no status was 5xx, every KV block is free
-//! again once idle, and resident memory grew by at most `--max-rss-growth-mib`; otherwise it
-//! exits non-zero, saying why. The report counts every request sent exactly once: completed +
-//! disconnected + failed = sent.
+//! The load runs in `--rounds` equal rounds after `--warmup` requests. The server's `/metrics`
+//! ([`gauges`]) is read once it is idle after the warm-up and after each round: memory (heap in
+//! use and resident) and the KV gauges. The soak passes when no request failed, no status was
+//! 5xx, every KV block is free again once idle, and memory does not leak: it did not rise in
+//! every round after the first by more than `--max-growth-mib` in all ([`memory`]: growth that
+//! stops is warm-up, whatever its size); otherwise it exits non-zero, saying why. The report
+//! counts every request sent exactly once: completed + disconnected + failed = sent.
 
 pub mod check;
 pub mod gauges;
+pub mod memory;
 pub mod mix;
 
 use crate::serve::sse::{SseEvent, SseParser};
@@ -55,14 +57,18 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Requests run first (checked, but kept out of the counts and rates) before the gauges
-    /// are first read. A server's allocator and buffers keep growing for a few hundred
-    /// requests (about 90 MiB on the tiny fixture at concurrency 64, most of it in the first
-    /// 300); fewer warm-up requests leave that growth to the memory check.
+    /// are first read.
     #[arg(long, default_value_t = 256)]
     warmup: usize,
-    /// The most resident memory may grow between the warm-up and the end, in MiB.
-    #[arg(long, default_value_t = 64)]
-    max_rss_growth_mib: u64,
+    /// Equal rounds the requests run in, memory read after each (at least 2: a leak is
+    /// memory that keeps rising round after round; at most one per request).
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+    /// The most memory (the heap in use where the server exports it, else resident memory)
+    /// may grow from the end of the first round to the end of the last when it rose in every
+    /// one of them, in MiB.
+    #[arg(long, alias = "max-rss-growth-mib", default_value_t = 16)]
+    max_growth_mib: u64,
     /// Longest prompt, in tokens (exact with --tokenizer, else approximate); each prompt's
     /// length is drawn from 1 to this.
     #[arg(long, default_value_t = 64)]
@@ -101,6 +107,28 @@ struct Tally {
     failures: Vec<String>,
     statuses: BTreeMap<u16, usize>,
     output_tokens: u64,
+}
+
+impl Tally {
+    /// Adds a later round's counts (the first ten failures are kept).
+    fn absorb(&mut self, other: Tally) {
+        self.completed += other.completed;
+        self.disconnected += other.disconnected;
+        self.failed += other.failed;
+        let room = 10usize.saturating_sub(self.failures.len());
+        self.failures.extend(other.failures.into_iter().take(room));
+        for (s, n) in other.statuses {
+            *self.statuses.entry(s).or_default() += n;
+        }
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+/// The requests of round `r` of `rounds` after `warmup`: `num_requests` split as evenly as
+/// possible, the earlier rounds taking the remainder.
+fn round_range(warmup: usize, num_requests: usize, rounds: usize, r: usize) -> Range<usize> {
+    let at = |k: usize| warmup + k * num_requests / rounds;
+    at(r)..at(r + 1)
 }
 
 async fn run_one(
@@ -288,6 +316,15 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
     if args.concurrency == 0 || args.num_requests == 0 {
         bail!("--concurrency and --num-requests must be at least 1");
     }
+    if args.rounds < 2 {
+        bail!(
+            "--rounds must be at least 2 (a leak is memory that keeps rising round after \
+             round), got {}",
+            args.rounds
+        );
+    }
+    // Fewer requests than rounds: one request a round (and with one request, no leak check).
+    let rounds = args.rounds.min(args.num_requests);
     if !(0.0..=1.0).contains(&args.disconnect_fraction) {
         bail!(
             "--disconnect-fraction must be between 0 and 1, got {}",
@@ -341,12 +378,20 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
         let settle_time = Duration::from_secs_f64(args.idle_timeout);
         let run = |range| load(&c, &base, key, &plans, range, args.concurrency, timeout);
         let warm = run(0..args.warmup).await;
-        let (before, _) = gauges::settle(&c, &base, settle_time).await?;
-        let start = Instant::now();
-        let t = run(args.warmup..total).await;
-        let elapsed = start.elapsed().as_secs_f64();
-        let (after, idle) = gauges::settle(&c, &base, settle_time).await?;
-        Ok::<_, anyhow::Error>(report(args, &warm, &t, elapsed, before, after, idle))
+        let (first, _) = gauges::settle(&c, &base, settle_time).await?;
+        let mut readings = vec![first];
+        let (mut t, mut elapsed, mut busy_after) = (Tally::default(), 0.0, Vec::new());
+        for r in 0..rounds {
+            let start = Instant::now();
+            t.absorb(run(round_range(args.warmup, args.num_requests, rounds, r)).await);
+            elapsed += start.elapsed().as_secs_f64();
+            let (g, idle) = gauges::settle(&c, &base, settle_time).await?;
+            if !idle {
+                busy_after.push(r + 1);
+            }
+            readings.push(g);
+        }
+        Ok::<_, anyhow::Error>(report(args, &warm, &t, elapsed, &readings, &busy_after))
     })?;
     if args.json {
         println!("{report}");
@@ -375,15 +420,17 @@ fn delta(before: Option<f64>, after: Option<f64>) -> Value {
 }
 
 /// The JSON report, with `problems` (empty when the soak passed).
+/// `readings`: the gauges after the warm-up, then after each round; `busy_after`: the rounds
+/// after which the server did not become idle in time.
 fn report(
     args: &SoakArgs,
     warm: &Tally,
     t: &Tally,
     elapsed: f64,
-    before: Gauges,
-    after: Gauges,
-    idle: bool,
+    readings: &[Gauges],
+    busy_after: &[usize],
 ) -> Value {
+    let (before, after) = (readings[0], readings[readings.len() - 1]);
     let server_errors: usize = t
         .statuses
         .iter()
@@ -398,20 +445,43 @@ fn report(
     if server_errors > 0 {
         problems.push(format!("{server_errors} responses were 5xx"));
     }
-    if !idle {
+    let idle = busy_after.is_empty();
+    if let Some(&r) = busy_after.first() {
+        let g = readings[r];
         problems.push(format!(
-            "{} s after the load, {} of {} KV blocks are free ({} running, {} waiting)",
-            args.idle_timeout, after.blocks_free, after.blocks_total, after.running, after.waiting
+            "{} s after round {r} of the load, {} of {} KV blocks are free ({} running, {} \
+             waiting)",
+            args.idle_timeout, g.blocks_free, g.blocks_total, g.running, g.waiting
         ));
     }
     let growth = before.rss_bytes.zip(after.rss_bytes).map(|(b, a)| a - b);
-    if let Some(g) = growth.filter(|&g| g > args.max_rss_growth_mib as f64 * MIB) {
+    let series = |f: fn(&Gauges) -> Option<f64>| -> Option<Vec<f64>> {
+        readings.iter().map(|g| f(g).map(|b| b / MIB)).collect()
+    };
+    let (heap, rss) = (series(|g| g.heap_bytes), series(|g| g.rss_bytes));
+    let watched = match (&heap, &rss) {
+        (Some(h), _) => Some((memory::Watched::HeapInUse, h)),
+        (None, Some(r)) => Some((memory::Watched::Resident, r)),
+        (None, None) => None,
+    };
+    let verdict =
+        watched.and_then(|(w, s)| Some((w, memory::judge(s, args.max_growth_mib as f64)?)));
+    if let Some((w, v)) = verdict.as_ref().filter(|(_, v)| v.leak) {
         problems.push(format!(
-            "resident memory grew by {:.1} MiB (limit {} MiB)",
-            g / MIB,
-            args.max_rss_growth_mib
+            "{} rose in every round after the first, by {:.1} MiB in all (limit {} MiB): a leak",
+            w.name(),
+            v.growth_mib,
+            args.max_growth_mib
         ));
     }
+    let rounded = |s: &Option<Vec<f64>>| {
+        s.as_ref().map_or(Value::Null, |s| {
+            json!(s
+                .iter()
+                .map(|m| (m * 10.0).round() / 10.0)
+                .collect::<Vec<_>>())
+        })
+    };
     let statuses: serde_json::Map<String, Value> = t
         .statuses
         .iter()
@@ -436,7 +506,14 @@ fn report(
         "rss_before_mib": mib(before.rss_bytes),
         "rss_after_mib": mib(after.rss_bytes),
         "rss_growth_mib": mib(growth),
-        "max_rss_growth_mib": args.max_rss_growth_mib,
+        "rounds": readings.len() - 1,
+        "heap_mib_by_round": rounded(&heap),
+        "rss_mib_by_round": rounded(&rss),
+        "memory_watched": verdict.as_ref().map(|(w, _)| w.name()),
+        "memory_growth_mib": verdict.as_ref().map(|(_, v)| (v.growth_mib * 10.0).round() / 10.0),
+        "memory_rose_every_round": verdict.as_ref().map(|(_, v)| v.rose_every_round),
+        "max_growth_mib": args.max_growth_mib,
+        "leak": verdict.as_ref().map(|(_, v)| v.leak),
         "kv_blocks_total_before": before.blocks_total,
         "kv_blocks_free_before": before.blocks_free,
         "kv_blocks_total_after": after.blocks_total,
@@ -463,12 +540,19 @@ fn print_report(r: &Value) {
         r["output_tokens"]
     );
     println!("statuses: {}", r["statuses"]);
-    if r["rss_after_mib"].is_null() {
-        println!("resident memory: not exported by the server (not checked)");
+    if r["memory_watched"].is_null() {
+        println!("memory: not exported by the server (not checked)");
     } else {
         println!(
-            "resident memory: {} MiB after the warm-up, {} MiB once idle (limit +{} MiB)",
-            r["rss_before_mib"], r["rss_after_mib"], r["max_rss_growth_mib"]
+            "memory after the warm-up and each of {} rounds: heap in use {} MiB, resident {} MiB; \
+             {} grew {} MiB after the first round (a leak if it rose every round by more than \
+             {} MiB)",
+            r["rounds"],
+            r["heap_mib_by_round"],
+            r["rss_mib_by_round"],
+            r["memory_watched"].as_str().unwrap_or_default(),
+            r["memory_growth_mib"],
+            r["max_growth_mib"]
         );
     }
     println!(
@@ -496,4 +580,40 @@ fn print_report(r: &Value) {
             "FAILED"
         }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_cover_the_requests_once() {
+        for (n, rounds) in [(200, 4), (10, 3), (3, 3), (1000, 7)] {
+            let ranges: Vec<_> = (0..rounds).map(|r| round_range(64, n, rounds, r)).collect();
+            assert_eq!(ranges[0].start, 64);
+            assert_eq!(ranges[rounds - 1].end, 64 + n);
+            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(ranges
+                .iter()
+                .all(|r| r.len() >= n / rounds && r.len() <= n / rounds + 1));
+        }
+    }
+
+    #[test]
+    fn tallies_add_up_and_keep_ten_failures() {
+        let round = |failed: usize| Tally {
+            completed: 2,
+            disconnected: 1,
+            failed,
+            failures: (0..failed).map(|i| format!("f{i}")).collect(),
+            statuses: BTreeMap::from([(200, 3)]),
+            output_tokens: 5,
+        };
+        let mut t = round(6);
+        t.absorb(round(7));
+        assert_eq!((t.completed, t.disconnected, t.failed), (4, 2, 13));
+        assert_eq!(t.failures.len(), 10);
+        assert_eq!(t.statuses[&200], 6);
+        assert_eq!(t.output_tokens, 10);
+    }
 }

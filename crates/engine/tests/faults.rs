@@ -66,6 +66,8 @@ fn a_panicking_loop_fails_every_request_and_then_fails_fast() {
         Err(EngineError::Unavailable(msg)) => assert!(msg.contains("not running"), "{msg}"),
         other => panic!("expected Unavailable, got {other:?}"),
     }
-    assert!(t.elapsed() < Duration::from_secs(1));
+    // Refused at once, without waiting on the dead loop (the bound is a safety net for a
+    // loaded machine; a wait would be for the 30 s a request may take).
+    assert!(t.elapsed() < Duration::from_secs(10));
     e.shutdown();
 }

@@ -203,6 +203,20 @@ fn choice_json_object_and_a_sampler_under_the_mask() {
     let g = compile(&tok, StructuredOutput::JsonObject);
     assert!(accepts(&g, "{\"k\":[1,2,{\"z\":null}]}"));
     assert!(!accepts(&g, "[1]") && !accepts(&g, "{\"k\":}"));
+    // Whitespace between JSON tokens is bounded: compact and pretty-printed JSON pass, a run of
+    // line breaks or of more than 16 blanks (where a small model loops) does not.
+    assert!(accepts(&g, "{\"k\": [1, 2]}"));
+    assert!(accepts(&g, "{\n  \"k\": {\n    \"z\": null\n  }\n}"));
+    assert!(accepts(&g, "{\r\n\t\"k\": 1}"));
+    assert!(!accepts(&g, "{\"k\": 1\n \n}"));
+    assert!(!accepts(&g, "{\n\n\"k\": 1}"));
+    assert!(!accepts(&g, &format!("{{\"k\":{}1}}", " ".repeat(17))));
+    assert!(accepts(&g, &format!("{{\"k\":{}1}}", " ".repeat(16))));
+    let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                        "required": ["city"]});
+    let g = compile(&tok, StructuredOutput::JsonSchema(schema.to_string()));
+    assert!(accepts(&g, "{\n  \"city\": \"Paris\"\n}"));
+    assert!(!accepts(&g, "{\n  \"city\": \"Paris\"\n \n  \n}"));
     // The sampler picks only allowed tokens, greedy and sampled, whatever the logits say.
     let mut g = compile(&tok, StructuredOutput::Regex("ab|é".into()));
     g.compute_mask().unwrap();

@@ -4,14 +4,12 @@
 use ferrum_engine::OutputProcessor;
 use ferrum_tokenizer::{TextAssets, Tokenizer};
 use ferrum_types::{FinishReason, SamplingParams};
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 fn tok() -> &'static Tokenizer {
     static T: OnceLock<TextAssets> = OnceLock::new();
     &T.get_or_init(|| {
-        let dir =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2-135m");
+        let dir = ferrum_testdata::fixture("smollm2-135m");
         TextAssets::from_folder(&dir).unwrap()
     })
     .tokenizer

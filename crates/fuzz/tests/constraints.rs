@@ -14,7 +14,6 @@ use ferrum_server::tools::parser::{parse_in_pieces, parse_whole};
 use ferrum_server::tools::ToolFormat;
 use ferrum_tokenizer::{load_special_tokens, Tokenizer};
 use ferrum_types::StructuredOutput;
-use std::path::PathBuf;
 
 #[global_allocator]
 static ALLOC: ferrum_fuzz::alloc::Counting = ferrum_fuzz::alloc::Counting;
@@ -38,7 +37,7 @@ const SEEDS: &[&str] = &[
 ];
 
 fn tokenizer() -> Tokenizer {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-smollm");
+    let dir = ferrum_testdata::fixture("tiny-smollm");
     let special = load_special_tokens(&dir).expect("the tiny fixture's special tokens");
     Tokenizer::from_json_file(&dir.join("tokenizer.json"), special).expect("its tokenizer")
 }

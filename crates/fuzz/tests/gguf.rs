@@ -16,11 +16,10 @@ static ALLOC: ferrum_fuzz::alloc::Counting = ferrum_fuzz::alloc::Counting;
 fn fuzz_gguf() {
     let target = Target {
         name: "gguf",
-        seeds: vec![
-            common::tiny_llama_gguf(),
-            common::read("vocab/ggml-vocab-llama-spm.gguf"),
-            common::read("tiny-smollm/model-q8_0.gguf"),
-        ],
+        seeds: std::iter::once(common::tiny_llama_gguf())
+            .chain(common::vocab_seed("llama-spm"))
+            .chain([common::read("tiny-smollm/model-q8_0.gguf")])
+            .collect(),
         mutator: Mutator {
             // The vocabulary arrays fill the first megabyte of the real files.
             hot: 1 << 20,

@@ -16,11 +16,13 @@ static ALLOC: ferrum_fuzz::alloc::Counting = ferrum_fuzz::alloc::Counting;
 fn fuzz_gguf_tokenizer() {
     let target = Target {
         name: "gguf_tokenizer",
-        seeds: vec![
-            common::tiny_llama_gguf(),
-            common::read("vocab/ggml-vocab-llama-spm.gguf"),
-            common::read("vocab/ggml-vocab-gpt-2.gguf"),
-        ],
+        seeds: std::iter::once(common::tiny_llama_gguf())
+            .chain(
+                ["llama-spm", "gpt-2"]
+                    .into_iter()
+                    .filter_map(common::vocab_seed),
+            )
+            .collect(),
         mutator: Mutator {
             hot: 2 << 20,
             ..Mutator::default()

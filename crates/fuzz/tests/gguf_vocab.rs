@@ -17,11 +17,15 @@ use std::time::Duration;
 #[global_allocator]
 static ALLOC: ferrum_fuzz::alloc::Counting = ferrum_fuzz::alloc::Counting;
 
-fn base(rel: &str) -> GgufVocab<'static> {
-    let g = GgufFile::from_bytes(Path::new(rel), &common::read(rel)).expect("fixture parses");
-    ferrum_models::gguf_vocab(&g)
-        .expect("fixture has a vocabulary")
-        .into_owned()
+/// llama.cpp's vocabulary `name` (`scripts/fetch-vocab.sh`); `None` outside CI when absent.
+fn base(name: &str) -> Option<GgufVocab<'static>> {
+    let bytes = common::vocab_seed(name)?;
+    let g = GgufFile::from_bytes(Path::new(name), &bytes).expect("vocabulary parses");
+    Some(
+        ferrum_models::gguf_vocab(&g)
+            .expect("file has a vocabulary")
+            .into_owned(),
+    )
 }
 
 const WEIRD: &[&str] = &[
@@ -174,10 +178,10 @@ fn same_as_reference(v: &GgufVocab<'_>, tok: &ferrum_tokenizer::Tokenizer) -> Re
 
 #[test]
 fn fuzz_gguf_vocab() {
-    let bases = [
-        base("vocab/ggml-vocab-llama-spm.gguf"),
-        base("vocab/ggml-vocab-gpt-2.gguf"),
-    ];
+    let (Some(spm), Some(bpe)) = (base("llama-spm"), base("gpt-2")) else {
+        return;
+    };
+    let bases = [spm, bpe];
     let target = Target {
         name: "gguf_vocab",
         seeds: vec![

@@ -1,7 +1,8 @@
 //! Tokenizers and chat templates against Hugging Face references: SmolLM2's tokenizer.json and
 //! GGUF metadata against transformers' ids and renders, and GGUF vocabularies of several
 //! families (byte-level BPE with each pre-tokenizer, SentencePiece) against the ids HF
-//! tokenizers gives for the same text (`tests/fixtures/vocab/*.inp/.out`), and whose token
+//! tokenizers gives for the same text (`.inp`/`.out` beside llama.cpp's vocabulary files, fetched by
+//! `scripts/fetch-vocab.sh`: these tests skip without them outside CI), and whose token
 //! bytes spell that text back.
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +12,7 @@ use common::fixtures;
 use ferrum_models::load_text_assets;
 use ferrum_tokenizer::{ChatMessage, TextAssets};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn smollm_reference() -> Value {
     let p = fixtures().join("smollm2-135m/reference.json");
@@ -26,8 +27,7 @@ fn smollm_sources() -> Vec<(String, TextAssets)> {
     )];
     let tiny = fixtures().join("tiny-smollm/model-q8_0.gguf");
     out.push(("tiny-smollm GGUF".into(), load_text_assets(&tiny).unwrap()));
-    let real = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let real = ferrum_testdata::models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if real.is_file() {
         out.push(("SmolLM2 GGUF".into(), load_text_assets(&real).unwrap()));
     }
@@ -91,7 +91,9 @@ fn smollm2_chat_template_renders_byte_identical() {
 
 #[test]
 fn a_model_without_a_template_says_so() {
-    let g = fixtures().join("vocab/ggml-vocab-gpt-2.gguf");
+    let Some(g) = ferrum_testdata::vocab("gpt-2") else {
+        return;
+    };
     let assets = load_text_assets(&g).unwrap();
     let err = assets
         .encode_chat(&[ChatMessage::new("user", "hi")])
@@ -117,8 +119,9 @@ fn vocab_cases(gguf: &Path) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
-fn check_vocab(name: &str) -> usize {
-    let path = fixtures().join(format!("vocab/ggml-vocab-{name}.gguf"));
+/// The cases checked; `None` outside CI when the vocabulary has not been fetched.
+fn check_vocab(name: &str) -> Option<usize> {
+    let path = ferrum_testdata::vocab(name)?;
     let assets = load_text_assets(&path).unwrap();
     let tok = &assets.tokenizer;
     let mut failures = Vec::new();
@@ -150,37 +153,37 @@ fn check_vocab(name: &str) -> usize {
         cases.len(),
         failures.join("\n")
     );
-    cases.len()
+    Some(cases.len())
 }
 
 #[test]
 fn gguf_vocab_gpt2() {
-    assert!(check_vocab("gpt-2") > 30);
+    assert!(check_vocab("gpt-2").is_none_or(|n| n > 30));
 }
 
 #[test]
 fn gguf_vocab_llama_spm() {
-    assert!(check_vocab("llama-spm") > 30);
+    assert!(check_vocab("llama-spm").is_none_or(|n| n > 30));
 }
 
 #[test]
 fn gguf_vocab_llama_bpe() {
-    assert!(check_vocab("llama-bpe") > 30);
+    assert!(check_vocab("llama-bpe").is_none_or(|n| n > 30));
 }
 
 #[test]
 fn gguf_vocab_qwen2() {
-    assert!(check_vocab("qwen2") > 30);
+    assert!(check_vocab("qwen2").is_none_or(|n| n > 30));
 }
 
 #[test]
 fn gguf_vocab_starcoder() {
-    assert!(check_vocab("starcoder") > 30);
+    assert!(check_vocab("starcoder").is_none_or(|n| n > 30));
 }
 
 #[test]
 fn gguf_vocab_phi3() {
-    assert!(check_vocab("phi-3") > 30);
+    assert!(check_vocab("phi-3").is_none_or(|n| n > 30));
 }
 
 /// Streams `ids` through the incremental detokenizer and returns the concatenated deltas.
@@ -204,11 +207,11 @@ mod detokenizer {
         A.get_or_init(|| TextAssets::from_folder(&fixtures().join("smollm2-135m")).unwrap())
     }
 
-    fn spm() -> &'static TextAssets {
-        static A: OnceLock<TextAssets> = OnceLock::new();
-        A.get_or_init(|| {
-            load_text_assets(&fixtures().join("vocab/ggml-vocab-llama-spm.gguf")).unwrap()
-        })
+    /// llama.cpp's Llama 2 vocabulary; `None` outside CI when it has not been fetched.
+    fn spm() -> Option<&'static TextAssets> {
+        static A: OnceLock<Option<TextAssets>> = OnceLock::new();
+        A.get_or_init(|| ferrum_testdata::vocab("llama-spm").map(|p| load_text_assets(&p).unwrap()))
+            .as_ref()
     }
 
     /// Mostly ordinary tokens, with byte pieces and special tokens mixed in.
@@ -256,7 +259,7 @@ mod detokenizer {
             ids in prop::collection::vec(prop_oneof![8 => 259..32000u32, 1 => 0..3u32], 0..48),
             skip in any::<bool>(),
         ) {
-            let a = spm();
+            let Some(a) = spm() else { return Ok(()) };
             prop_assert_eq!(stream(a, &[], &ids, skip), a.tokenizer.decode(&ids, skip).unwrap());
         }
     }
@@ -282,7 +285,7 @@ mod detokenizer {
 
     #[test]
     fn sentencepiece_byte_pieces_stream_whole_characters() {
-        let a = spm();
+        let Some(a) = spm() else { return };
         let text = "a 🦀 and ẞ";
         let ids = a.tokenizer.encode(text, false).unwrap();
         assert!(
@@ -301,7 +304,7 @@ mod detokenizer {
 
     #[test]
     fn spm_first_delta_keeps_its_space_after_a_prompt() {
-        let a = spm();
+        let Some(a) = spm() else { return };
         let prompt = a
             .tokenizer
             .encode("The capital of France is", true)

@@ -541,14 +541,19 @@ mod tests {
         }
         pool.hold_workers(false);
         // Back: the workers take part again (tasks long enough for them to arrive).
+        // Jobs until a worker is seen (a loaded machine may take a while to schedule one).
         let threads = Mutex::new(std::collections::HashSet::new());
-        for _ in 0..20 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while threads.lock().unwrap().len() <= 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "workers never came back"
+            );
             pool.parallel_for(8, |_| {
                 std::thread::sleep(Duration::from_millis(2));
                 threads.lock().unwrap().insert(std::thread::current().id());
             });
         }
-        assert!(threads.lock().unwrap().len() > 1, "workers never came back");
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! The engine's [`Metrics`] as Prometheus text (exposition format 0.0.4), every series
 //! labelled with the served model name as vLLM does; plus, on Linux, Prometheus' standard
-//! unlabelled `process_resident_memory_bytes`, read at each scrape (left out where the
-//! platform does not report it).
+//! unlabelled `process_resident_memory_bytes`, and with glibc's allocator the unlabelled
+//! `ferrum_heap_in_use_bytes` (what the allocator has handed out and not taken back), each read
+//! at each scrape and left out where the platform does not report it. Resident memory also
+//! grows when the allocator makes an arena or keeps freed pages; the heap in use grows only with
+//! live allocations, so a leak shows in it plainly (`ferrum bench soak` watches it).
 
 use ferrum_engine::metrics::Histogram;
 use ferrum_engine::Metrics;
@@ -238,7 +241,30 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         let _ = writeln!(o.text, "# TYPE process_resident_memory_bytes gauge");
         let _ = writeln!(o.text, "process_resident_memory_bytes {rss}");
     }
+    if let Some(heap) = heap_in_use_bytes() {
+        let _ = writeln!(
+            o.text,
+            "# HELP ferrum_heap_in_use_bytes Bytes allocated and not yet freed (glibc mallinfo2)."
+        );
+        let _ = writeln!(o.text, "# TYPE ferrum_heap_in_use_bytes gauge");
+        let _ = writeln!(o.text, "ferrum_heap_in_use_bytes {heap}");
+    }
     o.text
+}
+
+/// The bytes glibc's allocator has handed out and not taken back: in-use chunks of every arena
+/// plus chunks of their own mapping (`mallinfo2`'s `uordblks + hblkhd`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn heap_in_use_bytes() -> Option<u64> {
+    // SAFETY: mallinfo2 takes no arguments and only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    u64::try_from(m.uordblks.saturating_add(m.hblkhd)).ok()
+}
+
+/// Not reported without glibc's allocator.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn heap_in_use_bytes() -> Option<u64> {
+    None
 }
 
 /// A `Key:   123 kB` field of a /proc file, in bytes.
@@ -271,6 +297,10 @@ pub fn resident_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Held by the tests that allocate a large block or compare two memory readings, so that
+    /// neither sees the other's block come or go.
+    static MEMORY_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
     fn exposition_format() {
@@ -310,6 +340,22 @@ mod tests {
             // A test process holds more than a megabyte and less than the machine.
             assert!(rss > 1 << 20 && rss < 1 << 40, "{rss}");
         }
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            let heap = |t: &str| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("ferrum_heap_in_use_bytes "))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap()
+            };
+            // While this test holds 64 MiB, at least that much is in use.
+            let _alone = MEMORY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+            assert!(heap(&t) > 0);
+            let held = vec![1u8; 64 << 20];
+            let heap_held = heap(&render(&m, "a"));
+            assert!((64 << 20..1 << 40).contains(&heap_held), "{heap_held}");
+            assert_eq!(held.len(), 64 << 20);
+        }
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{line}");
@@ -329,6 +375,8 @@ mod tests {
         assert_eq!(proc_kib_field("Rss: 18446744073709551615 kB", "Rss:"), None);
         #[cfg(target_os = "linux")]
         {
+            // No other test of this binary allocates or frees a large block meanwhile.
+            let _alone = MEMORY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
             let before = resident_bytes().unwrap();
             // Touch 64 MiB: resident memory follows.
             let held = vec![1u8; 64 << 20];

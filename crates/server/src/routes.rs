@@ -10,7 +10,10 @@ use crate::completions::completions;
 use crate::error::{Result, ServerError};
 use crate::json::json_response;
 use crate::protocol::anthropic::AnthropicError;
-use crate::protocol::response::{DetokenizeResponse, ModelCard, ModelList, TokenizeResponse};
+use crate::protocol::response::{
+    DetokenizeResponse, LlamaTokenizeResponse, LlamaTokens, ModelCard, ModelList, TokenPiece,
+    TokenizeResponse,
+};
 use crate::protocol::tokenize::{DetokenizeRequest, TokenizeRequest};
 use crate::protocol::wire::{from_value, parse_body, Flag, Text, TokenIds};
 use crate::protocol::ChatCompletionRequest;
@@ -154,7 +157,8 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
 }
 
 /// `{"prompt": text, "add_special_tokens": true}` or `{"messages": [...]}` (rendered with
-/// the chat template) -> `{"tokens", "count", "max_model_len"}`.
+/// the chat template) -> `{"tokens", "count", "max_model_len"}`; llama-server's
+/// `{"content": text, "add_special": false, "with_pieces": false}` -> `{"tokens"}`.
 async fn tokenize(
     State(s): State<Arc<AppState>>,
     body: std::result::Result<Bytes, BytesRejection>,
@@ -162,6 +166,28 @@ async fn tokenize(
     let body = parse_body(&s.body(body)?)?;
     let req: TokenizeRequest = from_value(&body)?;
     s.check_model(req.model.as_ref().map(|Text(m)| m.as_str()))?;
+    if let (Some(Text(content)), None, None) = (&req.content, &req.prompt, &req.messages) {
+        let add = req.add_special.is_some_and(|Flag(b)| b);
+        let ids = s.tokenizer.encode(content, add)?;
+        let tokens = if req.with_pieces.is_some_and(|Flag(b)| b) {
+            let pieces = ids
+                .iter()
+                .map(|&id| {
+                    Ok(TokenPiece {
+                        id,
+                        piece: s.tokenizer.token_text(id)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            LlamaTokens::Pieces(pieces)
+        } else {
+            LlamaTokens::Ids(ids)
+        };
+        return Ok(json_response(
+            StatusCode::OK,
+            &LlamaTokenizeResponse { tokens },
+        ));
+    }
     let tokens = if req.messages.is_some() {
         let chat = ChatCompletionRequest::from_json(&body)?;
         chat.refuse_unsupported()?;
@@ -171,7 +197,7 @@ async fn tokenize(
         let Some(Text(prompt)) = &req.prompt else {
             return Err(ServerError::param(
                 "prompt",
-                "'prompt' (a string) or 'messages' is required",
+                "'prompt' (a string), 'messages' or 'content' is required",
             ));
         };
         let add = req.add_special_tokens.is_none_or(|Flag(b)| b);

@@ -152,7 +152,6 @@ pub fn prompt(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     #[test]
     fn deterministic_and_distinct() {
@@ -180,8 +179,7 @@ mod tests {
 
     #[test]
     fn exact_length_with_a_tokenizer() {
-        let dir =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-smollm");
+        let dir = ferrum_testdata::fixture("tiny-smollm");
         let tok = ferrum_tokenizer::TextAssets::from_folder(&dir)
             .map(|t| t.tokenizer)
             .expect("the tiny fixture has a tokenizer");

@@ -1,7 +1,9 @@
 //! The server gauges the soak watches, read from its Prometheus `/metrics`: requests running
 //! and waiting, KV blocks free and in all (required: the soak's pass criteria need them);
-//! resident memory (`process_resident_memory_bytes`, optional: servers other than Ferrum, or
-//! Ferrum off Linux, may not export it, and then the memory check is skipped); whether the KV
+//! resident memory (`process_resident_memory_bytes`) and the allocator's heap in use
+//! (`ferrum_heap_in_use_bytes`), both optional: servers other than Ferrum, or Ferrum off Linux
+//! or glibc, may not export them, and then the memory check watches what there is or is
+//! skipped ([`super::memory`]); whether the KV
 //! cache is still being made resident (`ferrum_kv_cache_populating`, optional: a server is not
 //! idle, for the memory check, while its resident size still grows to its full size); and, for
 //! the report only, the prefix-cache hit (in tokens) and preemption counters.
@@ -17,6 +19,7 @@ pub struct Gauges {
     pub blocks_total: f64,
     pub blocks_free: f64,
     pub rss_bytes: Option<f64>,
+    pub heap_bytes: Option<f64>,
     pub populating: Option<f64>,
     pub prefix_cache_hits: Option<f64>,
     pub preemptions: Option<f64>,
@@ -53,6 +56,7 @@ pub fn parse(text: &str, what: &str) -> Result<Gauges> {
         blocks_total: need("ferrum_kv_blocks_total")?,
         blocks_free: need("ferrum_kv_blocks_free")?,
         rss_bytes: sample(text, "process_resident_memory_bytes"),
+        heap_bytes: sample(text, "ferrum_heap_in_use_bytes"),
         populating: sample(text, "ferrum_kv_cache_populating"),
         prefix_cache_hits: sample(text, "ferrum_prefix_cache_hits_total"),
         preemptions: sample(text, "ferrum_num_preemptions_total"),
@@ -103,7 +107,8 @@ mod tests {
             ferrum_kv_blocks_free_cached{model_name=\"a b\"} 3\n\
             ferrum_kv_blocks_free{model_name=\"a b\"} 500\n\
             ferrum_prefix_cache_hits_total{model_name=\"a b\"} 7\n\
-            process_resident_memory_bytes 1048576\n";
+            process_resident_memory_bytes 1048576\n\
+            ferrum_heap_in_use_bytes 524288\n";
         let g = parse(page, "page").expect("gauges");
         assert_eq!(
             g,
@@ -113,6 +118,7 @@ mod tests {
                 blocks_total: 512.0,
                 blocks_free: 500.0,
                 rss_bytes: Some(1048576.0),
+                heap_bytes: Some(524288.0),
                 populating: None,
                 prefix_cache_hits: Some(7.0),
                 preemptions: None,

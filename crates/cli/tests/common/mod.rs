@@ -2,15 +2,13 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::zombie_processes)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The tiny SmolLM fixture (tokenizer, chat template, safetensors).
 pub fn tiny() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny-smollm")
+    ferrum_testdata::fixture("tiny-smollm")
         .to_string_lossy()
         .into_owned()
 }
@@ -124,7 +122,10 @@ pub async fn gauge(c: &reqwest::Client, s: &Server, name: &str) -> f64 {
         .await
         .unwrap();
     text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))

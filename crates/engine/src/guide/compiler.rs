@@ -1,5 +1,12 @@
 //! [`GuideCompiler`]: the tokenizer's trie and llguidance's parser factory, and the
 //! translation of each [`StructuredOutput`] form into an llguidance grammar.
+//!
+//! JSON under a constraint (a schema or any object) has bounded whitespace: between two
+//! tokens of JSON (outside strings) at most one line break and 16 spaces or tabs
+//! (`JSON_WHITESPACE`), so compact and pretty-printed JSON both pass but no run of whitespace
+//! can go on. Free whitespace is a loop a small model falls into: after a line break it may
+//! write spaces and line breaks until its token limit, and the answer is not JSON. A schema
+//! that sets its own `x-guidance` options keeps them.
 
 use super::gbnf;
 use super::Guide;
@@ -8,7 +15,7 @@ use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{StructuredOutput, TokenId};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use std::sync::Arc;
 
 /// The tokenizer as llguidance sees it: the trie of token bytes. Text is tokenized greedily
@@ -55,6 +62,32 @@ fn constraint_err(spec: &StructuredOutput, msg: impl std::fmt::Display) -> Engin
         kind: spec.kind(),
         msg: msg.to_string(),
     }
+}
+
+/// The whitespace allowed between two tokens of constrained JSON (llguidance's lexer skips it
+/// once, or not at all, between lexemes): 1 to 16 blanks, or one line break and up to 16
+/// blanks of indentation (eight levels of two spaces, four of four).
+const JSON_WHITESPACE: &str = r"(?:[\x20\x09]{1,16}|\x0D?\x0A[\x20\x09]{0,16})";
+
+/// `schema` with llguidance's options for bounded whitespace (module docs), unless it sets its
+/// own. `true` (anything) becomes `{}`, which says the same and can carry the options.
+fn compact(schema: serde_json::Value) -> serde_json::Value {
+    let mut schema = match schema {
+        serde_json::Value::Bool(true) => serde_json::Value::Object(Default::default()),
+        other => other,
+    };
+    if let Some(object) = schema.as_object_mut() {
+        if !object.contains_key("x-guidance") {
+            let options = JsonCompileOptions {
+                whitespace_pattern: Some(JSON_WHITESPACE.into()),
+                ..JsonCompileOptions::default()
+            };
+            if let Ok(options) = serde_json::to_value(options) {
+                object.insert("x-guidance".into(), options);
+            }
+        }
+    }
+    schema
 }
 
 /// `s` as a regex matching exactly `s`.
@@ -112,10 +145,12 @@ impl GuideCompiler {
                         "a schema must be a JSON object (or true/false)",
                     ));
                 }
-                TopLevelGrammar::from_json_schema(schema)
+                TopLevelGrammar::from_json_schema(compact(schema))
             }
             StructuredOutput::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+                let mut object = serde_json::Map::new();
+                object.insert("type".into(), "object".into());
+                TopLevelGrammar::from_json_schema(compact(object.into()))
             }
             StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(rx),
             StructuredOutput::Choice(choices) => {
@@ -185,6 +220,18 @@ impl GuideCompiler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_schemas_get_bounded_whitespace_unless_they_say_otherwise() {
+        let opts = |v: &serde_json::Value| v["x-guidance"]["whitespace_pattern"].clone();
+        let s = compact(serde_json::json!({"type": "object"}));
+        assert_eq!(opts(&s), JSON_WHITESPACE);
+        assert_eq!(s["type"], "object");
+        assert_eq!(opts(&compact(serde_json::json!(true))), JSON_WHITESPACE);
+        assert_eq!(compact(serde_json::json!(false)), serde_json::json!(false));
+        let own = serde_json::json!({"x-guidance": {"whitespace_flexible": true}});
+        assert_eq!(compact(own.clone()), own);
+    }
 
     #[test]
     fn regex_escape_leaves_no_metacharacter() {

@@ -6,10 +6,9 @@ use ferrum_models::{load_model, LoadOptions, Model};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// `tests/fixtures/<name>`, the packed files unpacked (`ferrum_testdata`).
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
+    ferrum_testdata::fixture(name)
 }
 
 /// A fixture model on two threads of its own.

@@ -3,8 +3,16 @@
 
 use std::path::PathBuf;
 
+/// `tests/fixtures/`, its packed files unpacked (`ferrum_testdata`).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    ferrum_testdata::fixtures()
+}
+
+/// llama.cpp's vocabulary GGUF `ggml-vocab-<name>.gguf` as a fuzz seed; `None` outside CI when
+/// `scripts/fetch-vocab.sh` has not fetched it (the target runs on its other seeds).
+pub fn vocab_seed(name: &str) -> Option<Vec<u8>> {
+    let p = ferrum_testdata::vocab(name)?;
+    Some(std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
 }
 
 pub fn read(rel: &str) -> Vec<u8> {

@@ -6,8 +6,9 @@ use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// `tests/fixtures/`, its packed files unpacked (`ferrum_testdata`).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    ferrum_testdata::fixtures()
 }
 
 /// A real model file fetched by a script: `$env` if set, else `models/<file>`. `None` (the

@@ -370,7 +370,7 @@ impl Driver for CudaDriver {
         Ok(())
     }
 
-    fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle> {
+    fn load(&mut self, spec: &KernelSpec, image: Option<&[u8]>) -> Result<KernelHandle> {
         self.bind()?;
         let image =
             image.ok_or_else(|| RuntimeError::Kernels(format!("{}: no cubin", spec.name)))?;

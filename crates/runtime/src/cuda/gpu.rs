@@ -87,7 +87,7 @@ pub(crate) trait Driver: fmt::Debug + Send {
     /// is as long as the read; the slot is free again.
     fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()>;
     /// Loads one kernel (its cubin for [`Driver::arch`], or its spec for the interpreter).
-    fn load(&mut self, spec: &KernelSpec, image: Option<&'static [u8]>) -> Result<KernelHandle>;
+    fn load(&mut self, spec: &KernelSpec, image: Option<&[u8]>) -> Result<KernelHandle>;
     /// Launches a loaded kernel.
     fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()>;
     /// Waits for all issued work.
@@ -202,14 +202,16 @@ impl Gpu {
         let manifest = Manifest::embedded()?;
         let start = Instant::now();
         let arch = driver.arch().map(str::to_owned);
+        // The architecture's cubins, decompressed once; the driver copies what it loads.
+        let blob = arch.as_deref().map(|a| manifest.blob(a)).transpose()?;
         let mut kernels = Vec::with_capacity(manifest.kernels.len());
         for spec in &manifest.kernels {
-            let (image, bin) = match &arch {
-                Some(arch) => (
-                    Some(manifest.cubin(spec, arch)?),
+            let (image, bin) = match (&arch, &blob) {
+                (Some(arch), Some(blob)) => (
+                    Some(manifest.cubin(spec, arch, blob)?),
                     Some(&spec.binaries[arch]),
                 ),
-                None => (None, None),
+                _ => (None, None),
             };
             if bin.is_some_and(|b| b.profile_scratch_size > 0) {
                 return Err(RuntimeError::Kernels(format!(
@@ -254,7 +256,7 @@ impl Gpu {
         self.driver.describe()
     }
 
-    /// How long loading the kernels took.
+    /// How long loading the kernels took (decompressing the architecture's blob included).
     pub fn kernel_load_time(&self) -> Duration {
         self.load_time
     }

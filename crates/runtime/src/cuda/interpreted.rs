@@ -210,7 +210,7 @@ impl Driver for InterpretedDriver {
         Ok(())
     }
 
-    fn load(&mut self, spec: &KernelSpec, _image: Option<&'static [u8]>) -> Result<KernelHandle> {
+    fn load(&mut self, spec: &KernelSpec, _image: Option<&[u8]>) -> Result<KernelHandle> {
         let req = json!({
             "op": "load",
             "name": spec.name,

@@ -5,6 +5,11 @@
 //! architecture the place of its cubin in that architecture's blob with the compiler's figures
 //! (shared memory, scratch sizes). [`Manifest::embedded`] parses and checks the copy compiled
 //! into this binary; a manifest that disagrees with its blobs is an error, never a launch.
+//!
+//! Each architecture's blob is embedded zstd-compressed (`<arch>.bin.zst`, about a seventh of
+//! its size) and decompressed once, when a device of that architecture loads its kernels
+//! ([`Manifest::blob`]): its length and the frame's checksum are checked before any cubin in
+//! it is used.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +19,8 @@ use crate::{Result, RuntimeError};
 
 /// The manifest as embedded, and the architecture blobs it indexes.
 const MANIFEST_JSON: &str = include_str!("../../kernels/manifest.json");
-const SM80_BIN: &[u8] = include_bytes!("../../kernels/sm80.bin");
-const SM90_BIN: &[u8] = include_bytes!("../../kernels/sm90.bin");
+const SM80_ZST: &[u8] = include_bytes!("../../kernels/sm80.bin.zst");
+const SM90_ZST: &[u8] = include_bytes!("../../kernels/sm90.bin.zst");
 
 /// One kernel specialization.
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +66,13 @@ pub struct KernelBinary {
     pub sha256: String,
 }
 
+/// One architecture's blob: every cubin of that architecture, concatenated.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BlobInfo {
+    /// Length in bytes, decompressed.
+    pub bytes: usize,
+}
+
 /// All embedded kernels.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
@@ -68,6 +80,8 @@ pub struct Manifest {
     pub triton: String,
     /// The architectures with binaries.
     pub archs: Vec<String>,
+    /// Each architecture's blob.
+    pub blobs: BTreeMap<String, BlobInfo>,
     /// The specializations.
     pub kernels: Vec<KernelSpec>,
 }
@@ -81,12 +95,44 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// The embedded binary blob of `arch`, if this build has one.
-    pub fn blob(arch: &str) -> Option<&'static [u8]> {
+    /// The compressed blob of `arch` embedded in this build, if it has one.
+    fn compressed(arch: &str) -> Option<&'static [u8]> {
         match arch {
-            "sm80" => Some(SM80_BIN),
-            "sm90" => Some(SM90_BIN),
+            "sm80" => Some(SM80_ZST),
+            "sm90" => Some(SM90_ZST),
             _ => None,
+        }
+    }
+
+    /// The blob of `arch`, decompressed and checked: its length is the manifest's and the zstd
+    /// frame's checksum matches.
+    pub fn blob(&self, arch: &str) -> Result<Vec<u8>> {
+        let err = |s: String| RuntimeError::Kernels(format!("embedded binaries for {arch}: {s}"));
+        let zst = Self::compressed(arch).ok_or_else(|| err("none in this build".into()))?;
+        let want = self
+            .blobs
+            .get(arch)
+            .ok_or_else(|| err("not in the manifest".into()))?
+            .bytes;
+        let mut decoder = ruzstd::decoding::FrameDecoder::new();
+        let mut blob = Vec::with_capacity(want);
+        decoder
+            .decode_all_to_vec(zst, &mut blob)
+            .map_err(|e| err(format!("cannot decompress: {e}")))?;
+        if blob.len() != want {
+            return Err(err(format!(
+                "{} bytes decompressed, the manifest says {want}",
+                blob.len()
+            )));
+        }
+        match (
+            decoder.get_checksum_from_data(),
+            decoder.get_calculated_checksum(),
+        ) {
+            (Some(stored), Some(computed)) if stored == computed => Ok(blob),
+            (stored, computed) => Err(err(format!(
+                "frame checksum {stored:?}, computed {computed:?}"
+            ))),
         }
     }
 
@@ -95,13 +141,12 @@ impl Manifest {
         self.kernels.iter().find(|k| k.name == name)
     }
 
-    /// The cubin of `spec` for `arch`, checked to lie inside the blob and to be an ELF image.
-    pub fn cubin(&self, spec: &KernelSpec, arch: &str) -> Result<&'static [u8]> {
+    /// The cubin of `spec` in `blob`, the decompressed blob of `arch` ([`Manifest::blob`]),
+    /// checked to lie inside it and to be an 8-byte-aligned ELF image.
+    pub fn cubin<'b>(&self, spec: &KernelSpec, arch: &str, blob: &'b [u8]) -> Result<&'b [u8]> {
         let bin = spec.binaries.get(arch).ok_or_else(|| {
             RuntimeError::Kernels(format!("kernel {} has no binary for {arch}", spec.name))
         })?;
-        let blob = Self::blob(arch)
-            .ok_or_else(|| RuntimeError::Kernels(format!("no embedded binaries for {arch}")))?;
         let end = bin.offset.checked_add(bin.bytes);
         let image = end
             .and_then(|end| blob.get(bin.offset..end))
@@ -114,7 +159,7 @@ impl Manifest {
                     blob.len()
                 ))
             })?;
-        if !image.starts_with(b"\x7fELF") || bin.offset % 8 != 0 {
+        if !image.starts_with(b"\x7fELF") || !(image.as_ptr() as usize).is_multiple_of(8) {
             return Err(RuntimeError::Kernels(format!(
                 "kernel {} ({arch}): not an aligned cubin at offset {}",
                 spec.name, bin.offset
@@ -124,7 +169,8 @@ impl Manifest {
     }
 
     /// Every spec must have a binary for every listed architecture, inside its blob, with
-    /// parameters of known types and the spec's warps.
+    /// parameters of known types and the spec's warps (the cubins themselves are checked when
+    /// a blob is decompressed, [`Manifest::cubin`]).
     fn check(&self) -> Result<()> {
         for spec in &self.kernels {
             for (name, ty) in &spec.params {
@@ -136,8 +182,20 @@ impl Manifest {
                 }
             }
             for arch in &self.archs {
-                self.cubin(spec, arch)?;
-                let bin = &spec.binaries[arch];
+                let bin = spec.binaries.get(arch).ok_or_else(|| {
+                    RuntimeError::Kernels(format!("kernel {} has no binary for {arch}", spec.name))
+                })?;
+                let blob = self.blobs.get(arch).map_or(0, |b| b.bytes);
+                if bin
+                    .offset
+                    .checked_add(bin.bytes)
+                    .is_none_or(|end| end > blob)
+                {
+                    return Err(RuntimeError::Kernels(format!(
+                        "kernel {} ({arch}): bytes {}..+{} lie outside the {blob}-byte blob",
+                        spec.name, bin.offset, bin.bytes
+                    )));
+                }
                 if bin.num_warps != spec.num_warps {
                     return Err(RuntimeError::Kernels(format!(
                         "kernel {} ({arch}): compiled with {} warps, spec says {}",
@@ -179,17 +237,34 @@ impl ArgKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn embedded_manifest_is_whole() {
         let m = Manifest::embedded().expect("embedded manifest");
         assert!(m.archs.contains(&"sm80".to_string()) && m.archs.contains(&"sm90".to_string()));
-        for spec in &m.kernels {
-            for arch in &m.archs {
-                let image = m.cubin(spec, arch).expect("cubin");
+        for arch in &m.archs {
+            let blob = m.blob(arch).expect("decompresses");
+            for spec in &m.kernels {
+                let image = m.cubin(spec, arch, &blob).expect("cubin");
                 assert_eq!(image.len(), spec.binaries[arch].bytes);
+                let sha = Sha256::digest(image);
+                let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+                assert_eq!(hex, spec.binaries[arch].sha256, "{} ({arch})", spec.name);
             }
         }
         assert!(m.kernel("gemm_bf16_bias0").is_some());
+    }
+
+    #[test]
+    fn a_damaged_blob_is_refused() {
+        let mut m = Manifest::embedded().expect("embedded manifest");
+        m.blobs.get_mut("sm90").expect("sm90").bytes += 1;
+        let err = m.blob("sm90").unwrap_err().to_string();
+        assert!(
+            err.contains("sm90") && err.contains("manifest says"),
+            "{err}"
+        );
+        assert!(m.blob("sm75").is_err());
     }
 }

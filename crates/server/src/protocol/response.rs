@@ -214,6 +214,28 @@ pub struct TokenizeResponse {
     pub tokens: Vec<ferrum_types::TokenId>,
 }
 
+/// `POST /tokenize`'s answer to llama-server's body (`content`): the ids, or with
+/// `with_pieces` each id with its text.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaTokenizeResponse {
+    pub tokens: LlamaTokens,
+}
+
+/// The ids of a llama-server `/tokenize` answer, plain or with their pieces.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum LlamaTokens {
+    Ids(Vec<ferrum_types::TokenId>),
+    Pieces(Vec<TokenPiece>),
+}
+
+/// One token and its text.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenPiece {
+    pub id: ferrum_types::TokenId,
+    pub piece: String,
+}
+
 /// `POST /detokenize`'s answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct DetokenizeResponse {

@@ -182,12 +182,10 @@ mod tests {
     use crate::tools::request::read;
     use ferrum_engine::GuideCompiler;
     use ferrum_tokenizer::load_special_tokens;
-    use std::path::PathBuf;
 
     /// The tiny fixture's byte-level tokenizer (49k tokens, no tool tokens).
     fn tokenizer() -> Tokenizer {
-        let dir =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-smollm");
+        let dir = ferrum_testdata::fixture("tiny-smollm");
         let special = load_special_tokens(&dir).unwrap();
         Tokenizer::from_json_file(&dir.join("tokenizer.json"), special).unwrap()
     }

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Prepares a GPU round: builds the release `ferrum`, the GPU test binaries (cuda_kernels,
+# cuda_fixtures) and `ferrum-testdata` (it unpacks the packed fixtures where there is no cargo),
+# compresses them into .gpu-pack/bins.tar.xz (ignored by git; carried by the call), and prints
+# what the call will send: the working tree (tracked files and untracked ones git does not
+# ignore, the folder shared/ if the checkout has one) plus the carried pack. Refuses above
+# 60 MiB (the device tool's limit is 64 MiB). On the GPU machine, scripts/test-gpu.sh and
+# benchmarks/gpu/run.sh find the pack and use its binaries (scripts/gpu/use-pack.sh).
+#
+#   bash scripts/gpu/pack.sh             # build (release), pack, print the call's size
+#   bash scripts/gpu/pack.sh --dry-run   # no build: pack the binaries the tests already built
+#                                        # (dev profile: the same code plus line tables, so an
+#                                        # upper bound of the release pack), print the sizes,
+#                                        # refuse above the limit, then remove the pack. CI runs
+#                                        # this, so a GPU session never learns at the device that
+#                                        # its call is too large.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+dry=0
+case "${1:-}" in
+  "") ;;
+  --dry-run) dry=1 ;;
+  *) echo "usage: $0 [--dry-run]" >&2; exit 2 ;;
+esac
+limit=$((60 * 1024 * 1024))
+pack=.gpu-pack
+
+# The executables of the test targets named, as cargo reports them.
+test_bins() { # PROFILE_ARGS... -- (prints one path a line)
+  cargo test "$@" --no-run --message-format=json \
+    -p ferrum-runtime --test cuda_kernels -p ferrum-models --test cuda_fixtures 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") in ("cuda_kernels", "cuda_fixtures"):
+        print(m["executable"])'
+}
+
+if [[ $dry -eq 1 ]]; then
+  profile=debug
+  profile_args=()
+  cargo build --quiet --bin ferrum -p ferrum-cli --bin ferrum-testdata -p ferrum-testdata
+else
+  profile=release
+  profile_args=(--release)
+  echo "== building the release ferrum, ferrum-testdata and the GPU test binaries"
+  cargo build --release --bin ferrum -p ferrum-cli --bin ferrum-testdata -p ferrum-testdata
+fi
+mapfile -t tests < <(test_bins "${profile_args[@]}")
+if [[ ${#tests[@]} -ne 2 ]]; then
+  echo "pack: expected the cuda_kernels and cuda_fixtures test binaries, cargo gave: ${tests[*]:-none}" >&2
+  exit 1
+fi
+
+rm -rf "$pack"
+mkdir -p "$pack/bin"
+cp "target/$profile/ferrum" "target/$profile/ferrum-testdata" "$pack/bin/"
+for t in "${tests[@]}"; do
+  # cargo names test executables NAME-HASH; the scripts look for NAME.
+  cp "$t" "$pack/bin/$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+done
+raw=$(du -cb "$pack"/bin/* | tail -1 | cut -f1)
+tar -C "$pack" -cf - bin | xz -T0 -6 > "$pack/bins.tar.xz"
+rm -rf "$pack/bin"
+{
+  echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-pack' || echo ' (with uncommitted changes)')"
+  echo "profile $profile"
+  echo "made $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} > "$pack/MANIFEST"
+
+# What the call sends: git's view of the working tree (deleted files left out), shared/ inside
+# the checkout when there is one, and the carried pack.
+tree=$(git ls-files -z --cached --others --exclude-standard \
+  | while IFS= read -r -d '' f; do [[ -e "$f" || -L "$f" ]] && printf '%s\0' "$f"; done \
+  | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+shared=0
+[[ -d shared ]] && shared=$(du -sb shared | cut -f1)
+packed=$(du -sb "$pack" | cut -f1)
+total=$((tree + shared + packed))
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+echo "pack: ${#tests[@]} test binaries, ferrum and ferrum-testdata ($profile): $(mib "$raw") -> $(mib "$packed") in $pack/"
+echo "pack: the call sends the working tree $(mib "$tree") + shared/ $(mib "$shared") + carried $pack $(mib "$packed") = $(mib "$total") (limit $(mib "$limit"))"
+if [[ $dry -eq 1 ]]; then
+  rm -rf "$pack"
+fi
+if ((total > limit)); then
+  echo "pack: REFUSED: the call would send $(mib "$total"), over $(mib "$limit"); largest files:" >&2
+  git ls-files -z --cached --others --exclude-standard \
+    | while IFS= read -r -d '' f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done \
+    | du -b --files0-from=- | sort -rn | head -10 >&2
+  exit 1
+fi
+if [[ $dry -eq 0 ]]; then
+  echo "pack: ready. One call: run(carry=[\"$pack\"], command=\"bash scripts/test-gpu.sh ...\")"
+fi
