@@ -35,5 +35,6 @@ PY
 fi
 if [ ! -s "$bench/smollm2-bf16/model.safetensors" ]; then
   model="$(bash scripts/fetch-smollm2.sh | tail -n 1)"
+  bash scripts/unpack-fixtures.sh   # SmolLM2's tokenizer.json is packed (tests/fixtures/README.md)
   "$venv/bin/python" benchmarks/gguf_to_hf.py "$model" "$bench/smollm2-bf16"
 fi

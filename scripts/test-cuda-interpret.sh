@@ -19,6 +19,22 @@ fi
 echo "== embedded kernels against their sources (kernels/build.py --check)"
 TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
 echo "== kernels in the Triton interpreter (kernels/tests)"
-(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_sampling)
+# The two modules in two processes (the interpreter runs on one core), the second's output
+# printed after the first's.
+sampling_log="$(mktemp)"
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_sampling) \
+    >"$sampling_log" 2>&1 &
+sampling=$!
+kernels_status=0
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels) \
+    || kernels_status=$?
+sampling_status=0
+wait "$sampling" || sampling_status=$?
+cat "$sampling_log"
+rm -f "$sampling_log"
+if [ "$kernels_status" -ne 0 ] || [ "$sampling_status" -ne 0 ]; then
+    exit 1
+fi
 echo "== the device layer on the interpreted device (cuda_kernels)"
-cargo test -p ferrum-runtime --test cuda_kernels "$@"
+# --workspace: dependencies get the features of the workspace's test build, which reuses them.
+cargo test --workspace --test cuda_kernels "$@"

@@ -13,11 +13,13 @@ bash scripts/install-mpi.sh
 # Open MPI refuses root unless told; CI containers run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# --workspace with the feature named by package, in both builds: dependencies keep the features
+# the workspace build gave them, and the MPI crates are built once for both.
 echo "== parallel forward against one process (cargo test --features mpi --test parallel)"
-cargo test -p ferrum-models --features mpi --test parallel "$@"
+cargo test --workspace --features ferrum-cli/mpi --test parallel "$@"
 
 echo "== ferrum with MPI"
-cargo build --quiet -p ferrum-cli --features mpi --bin ferrum
+cargo build --quiet --workspace --features ferrum-cli/mpi --bin ferrum
 mkdir -p target/mpi
 cp target/debug/ferrum target/mpi/ferrum
 bin="$PWD/target/mpi/ferrum"

@@ -21,7 +21,14 @@ bash scripts/test-cuda-interpret.sh 2>&1 | tee "$log" || status=$?
 stage "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=$?
 stage "engine fault injection (feature fault-injection)"
-cargo test -p ferrum-engine --features fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
+# --workspace with the feature named by package: dependencies keep the features the workspace
+# build gave them (with -p, cargo resolves them for the one package and rebuilds them).
+cargo test --workspace --features ferrum-engine/fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
+# The binary `cargo test --workspace` built for the CLI's tests, for the client tests below
+# (`cargo build` would build it again: dev-dependencies change some dependencies' features).
+if [ -x target/debug/ferrum ] && [ -z "${FERRUM_BIN:-}" ]; then
+  export FERRUM_BIN="$PWD/target/debug/ferrum"
+fi
 stage "OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
 stage "chat page in headless Chromium (scripts/test-webui.sh)"

@@ -26,40 +26,46 @@ esac
 limit=$((60 * 1024 * 1024))
 pack=.gpu-pack
 
-# The executables of the test targets named, as cargo reports them.
-test_bins() { # PROFILE_ARGS... -- (prints one path a line)
-  cargo test "$@" --no-run --message-format=json \
-    -p ferrum-runtime --test cuda_kernels -p ferrum-models --test cuda_fixtures 2>/dev/null \
-    | python3 -c '
+# Executables cargo reports for the test targets cuda_kernels and cuda_fixtures and the bin
+# ferrum, as "NAME PATH" lines. --workspace: the features the workspace's test build has.
+executables() { # CARGO_TEST_ARGS...
+  cargo test --workspace "$@" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") in ("cuda_kernels", "cuda_fixtures"):
-        print(m["executable"])'
+    t = m.get("target", {})
+    if m.get("executable") and (
+            (t.get("name") in ("cuda_kernels", "cuda_fixtures") and t.get("kind") == ["test"])
+            or (t.get("name") == "ferrum" and t.get("kind") == ["bin"] and not m["profile"]["test"])):
+        print(t["name"], m["executable"])'
 }
 
+declare -A exe=()
 if [[ $dry -eq 1 ]]; then
+  # What the test run built (fresh: nothing is compiled again).
   profile=debug
-  profile_args=()
-  cargo build --quiet --bin ferrum -p ferrum-cli --bin ferrum-testdata -p ferrum-testdata
+  while read -r name path; do exe[$name]=$path; done < <(executables)
+  cargo build --quiet -p ferrum-testdata --bin ferrum-testdata
 else
   profile=release
-  profile_args=(--release)
   echo "== building the release ferrum, ferrum-testdata and the GPU test binaries"
-  cargo build --release --bin ferrum -p ferrum-cli --bin ferrum-testdata -p ferrum-testdata
+  cargo build --release --workspace --bin ferrum --bin ferrum-testdata
+  while read -r name path; do exe[$name]=$path; done \
+    < <(executables --release --test cuda_kernels --test cuda_fixtures)
+  exe[ferrum]="target/release/ferrum"
 fi
-mapfile -t tests < <(test_bins "${profile_args[@]}")
-if [[ ${#tests[@]} -ne 2 ]]; then
-  echo "pack: expected the cuda_kernels and cuda_fixtures test binaries, cargo gave: ${tests[*]:-none}" >&2
-  exit 1
-fi
+exe[ferrum-testdata]="target/$profile/ferrum-testdata"
+for name in ferrum ferrum-testdata cuda_kernels cuda_fixtures; do
+  if [[ ! -x "${exe[$name]:-}" ]]; then
+    echo "pack: no $name executable (cargo gave: ${!exe[*]})" >&2
+    exit 1
+  fi
+done
 
 rm -rf "$pack"
 mkdir -p "$pack/bin"
-cp "target/$profile/ferrum" "target/$profile/ferrum-testdata" "$pack/bin/"
-for t in "${tests[@]}"; do
-  # cargo names test executables NAME-HASH; the scripts look for NAME.
-  cp "$t" "$pack/bin/$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+for name in "${!exe[@]}"; do
+  cp "${exe[$name]}" "$pack/bin/$name"
 done
 raw=$(du -cb "$pack"/bin/* | tail -1 | cut -f1)
 tar -C "$pack" -cf - bin | xz -T0 -6 > "$pack/bins.tar.xz"
@@ -80,7 +86,7 @@ shared=0
 packed=$(du -sb "$pack" | cut -f1)
 total=$((tree + shared + packed))
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-echo "pack: ${#tests[@]} test binaries, ferrum and ferrum-testdata ($profile): $(mib "$raw") -> $(mib "$packed") in $pack/"
+echo "pack: ferrum, ferrum-testdata and the test binaries cuda_kernels and cuda_fixtures ($profile): $(mib "$raw") -> $(mib "$packed") in $pack/"
 echo "pack: the call sends the working tree $(mib "$tree") + shared/ $(mib "$shared") + carried $pack $(mib "$packed") = $(mib "$total") (limit $(mib "$limit"))"
 if [[ $dry -eq 1 ]]; then
   rm -rf "$pack"

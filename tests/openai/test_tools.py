@@ -111,6 +111,34 @@ class ToolCalling(QwenServer, unittest.TestCase):
         for call in done:
             jsonschema.validate(json.loads(call.function.arguments), schema_of(tools, call.function.name))
 
+    def test_a_call_cut_by_max_tokens_keeps_its_arguments_so_far(self):
+        tools, q = tool_sets()[4]
+        kw = dict(tools=tools, tool_choice="required", parallel_tool_calls=False, temperature=0)
+        whole = self.ask(q, **kw)
+        self.assertEqual(whole.choices[0].finish_reason, "tool_calls")
+        full = whole.choices[0].message.tool_calls[0].function
+        n = whole.usage.completion_tokens
+        for cut in sorted({n // 2, n - 4, n - 2}):
+            with self.subTest(max_tokens=cut):
+                for stream in (False, True):
+                    if stream:
+                        name, args, finish = None, "", None
+                        for ch in self.ask(q, max_tokens=cut, stream=True, **kw):
+                            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                                name = tc.function.name or name
+                                args += tc.function.arguments or ""
+                            if ch.choices and ch.choices[0].finish_reason:
+                                finish = ch.choices[0].finish_reason
+                    else:
+                        c = self.ask(q, max_tokens=cut, **kw).choices[0]
+                        finish = c.finish_reason
+                        name = c.message.tool_calls[0].function.name
+                        args = c.message.tool_calls[0].function.arguments
+                    self.assertEqual(finish, "length")
+                    self.assertEqual(name, full.name)
+                    # The arguments as generated so far: a prefix of the uncut call's, not "".
+                    self.assertTrue(args and full.arguments.startswith(args), (args, full.arguments))
+
     def test_streamed_calls_reassemble_to_the_non_streamed_ones(self):
         for tools, q in tool_sets()[:6]:
             with self.subTest(q=q):

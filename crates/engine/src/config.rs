@@ -83,7 +83,7 @@ impl EngineConfig {
         bytes_per_block: usize,
         device_memory: Option<(u64, u64)>,
     ) -> Result<usize> {
-        let bad = |m: String| Err(EngineError::Invalid(m));
+        let bad = |m: String| Err(EngineError::Config(m));
         if self.max_num_seqs == 0 {
             return bad("--max-num-seqs must be at least 1".into());
         }
@@ -111,7 +111,7 @@ impl EngineConfig {
                     .map(|(free, _)| free)
                     .or_else(available_memory)
                     .ok_or_else(|| {
-                        EngineError::Invalid(
+                        EngineError::Config(
                             "cannot read the available memory; give --kv-cache-memory in bytes"
                                 .into(),
                         )

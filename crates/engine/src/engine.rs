@@ -106,7 +106,7 @@ fn check_rows(out: &SchedulerOutput, rows: Rows<'_>, vocab: usize) -> Result<()>
         Rows::Sampled(r) => r.len(),
     };
     if got != want {
-        return Err(EngineError::Invalid(format!(
+        return Err(EngineError::Internal(format!(
             "the model returned {got} rows for a step that samples {want}"
         )));
     }
@@ -224,7 +224,7 @@ impl EngineCore {
             // streams that will never end: it ends the engine like a step error does.
             let started = Instant::now();
             let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()))
-                .unwrap_or_else(|p| Err(EngineError::Invalid(panic_message(p.as_ref()))));
+                .unwrap_or_else(|p| Err(EngineError::Internal(panic_message(p.as_ref()))));
             self.step_seconds += started.elapsed().as_secs_f64();
             if let Err(e) = stepped {
                 self.fail_all(&format!("engine step failed: {e}"));
@@ -271,12 +271,12 @@ impl EngineCore {
                 self.st.sched.config().block_size,
             )?),
             (Proposer::Draft, None) => {
-                return Err(EngineError::Invalid(
+                return Err(EngineError::Config(
                     "speculative decoding with a draft model needs the draft model (--speculative-model)".into(),
                 ))
             }
             (_, Some(_)) => {
-                return Err(EngineError::Invalid(
+                return Err(EngineError::Config(
                     "a draft model was given, but the speculative method is not draft".into(),
                 ))
             }
@@ -358,7 +358,7 @@ impl EngineCore {
             self.st
                 .sched
                 .propose(id, &self.proposal)
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
         }
         // Everyone else proposes nothing this step.
         for &id in self.st.seqs.keys() {
@@ -366,7 +366,7 @@ impl EngineCore {
                 self.st
                     .sched
                     .propose(id, &[])
-                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                    .map_err(|e| EngineError::Internal(e.to_string()))?;
             }
         }
         Ok(())
@@ -470,7 +470,7 @@ impl EngineCore {
         self.st
             .sched
             .add(seq, &r.request.prompt, r.request.priority)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         self.st.seqs.insert(
             seq,
             SeqState {
@@ -536,7 +536,7 @@ impl EngineCore {
                 // Every sequence waits on the step in flight (its blocks, say).
                 return self.finish_pending();
             }
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Internal(
                 "the scheduler could not schedule any of the pending sequences".into(),
             ));
         }
@@ -636,7 +636,7 @@ impl EngineCore {
                 });
                 (logits, masks)
             });
-            let (f, c) = masks.map_err(EngineError::Invalid)?;
+            let (f, c) = masks.map_err(EngineError::Internal)?;
             failed.extend(f);
             self.st.mask_step = c;
             Rows::Logits(logits?)
@@ -689,7 +689,7 @@ impl EngineCore {
                     self.st
                         .sched
                         .hold(s.id)
-                        .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                        .map_err(|e| EngineError::Internal(e.to_string()))?;
                 }
             }
             row += s.num_logits() as u32;
@@ -755,7 +755,7 @@ impl EngineCore {
                 self.st
                     .sched
                     .set_last_token(id, token)
-                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                    .map_err(|e| EngineError::Internal(e.to_string()))?;
             }
         } else {
             self.st.sched.update(out, &self.st.sampled);

@@ -10,8 +10,19 @@ pub enum EngineError {
     /// A request that cannot run (bad parameters, a prompt too long for the context, ...).
     #[error(transparent)]
     Params(#[from] ferrum_types::TypesError),
+    /// A request the engine cannot take as it is (an empty prompt, one longer than the
+    /// context, a token outside the vocabulary, a parameter this path does not serve): the
+    /// client's to mend.
     #[error("{0}")]
-    Invalid(String),
+    Request(String),
+    /// A configuration the engine cannot start with (limits that contradict each other, a
+    /// speculative setting without its draft model...): the operator's to mend.
+    #[error("{0}")]
+    Config(String),
+    /// A fault inside the engine (a failed or panicking step, a broken invariant, a thread
+    /// that cannot start): never the client's.
+    #[error("{0}")]
+    Internal(String),
     /// A structured-output constraint that does not compile (or the model cannot take one).
     #[error("the {kind} cannot be used: {msg}")]
     Constraint { kind: &'static str, msg: String },

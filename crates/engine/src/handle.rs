@@ -170,16 +170,16 @@ impl EngineHandle {
             enable_prefix_caching: cfg.enable_prefix_caching && !mc.rope_depends_on_prompt_len(),
         };
         let sched =
-            Scheduler::new(sched_cfg.clone()).map_err(|e| EngineError::Invalid(e.to_string()))?;
+            Scheduler::new(sched_cfg.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
         let model_len = mc.max_position_embeddings;
         let max_model_len = match cfg.max_model_len {
             Some(0) => {
-                return Err(EngineError::Invalid(
+                return Err(EngineError::Config(
                     "--max-model-len must be at least 1".into(),
                 ))
             }
             Some(l) if l > model_len => {
-                return Err(EngineError::Invalid(format!(
+                return Err(EngineError::Config(format!(
                     "--max-model-len {l}: a max model length more than the model's context of {model_len} tokens"
                 )))
             }
@@ -188,12 +188,12 @@ impl EngineHandle {
         }
         .min(sched_cfg.capacity_tokens());
         if let Some(l @ 0..=1) = cfg.max_model_len {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Config(format!(
                 "--max-model-len {l} leaves no room to generate: it must be at least 2"
             )));
         }
         if max_model_len < 2 {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Config(format!(
                 "the KV cache holds {} tokens: too small to generate",
                 sched_cfg.capacity_tokens()
             )));
@@ -228,7 +228,7 @@ impl EngineHandle {
         if let Some(spec) = cfg.speculative {
             core.set_speculative(spec, draft)?;
         } else if draft.is_some() {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Config(
                 "a draft model was given without speculative decoding".into(),
             ));
         }
@@ -236,7 +236,7 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())
             .spawn(move || core.run(rx))
-            .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
+            .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
         let seed_base = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -324,23 +324,23 @@ impl EngineHandle {
         }
         request.params.validate(s.vocab_size)?;
         if request.prompt.is_empty() {
-            return Err(EngineError::Invalid("the prompt is empty".into()));
+            return Err(EngineError::Request("the prompt is empty".into()));
         }
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= s.vocab_size) {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Request(format!(
                 "prompt token {bad} is outside the vocabulary of {} tokens",
                 s.vocab_size
             )));
         }
         if request.prompt.len() >= s.max_model_len {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Request(format!(
                 "the prompt has {} tokens, but this engine's context is {} tokens (prompt and output must fit)",
                 request.prompt.len(),
                 s.max_model_len
             )));
         }
         if !request.params.stop.is_empty() && s.tokenizer.is_none() {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Request(
                 "stop strings need a tokenizer, and this model has none".into(),
             ));
         }
@@ -348,7 +348,7 @@ impl EngineHandle {
             (Some(_), Some(g)) => Some(Box::new(g)),
             (Some(spec), None) => Some(Box::new(self.compile_guide(spec)?)),
             (None, Some(_)) => {
-                return Err(EngineError::Invalid(
+                return Err(EngineError::Internal(
                     "a compiled guide was given without its constraint in the parameters".into(),
                 ))
             }

@@ -46,14 +46,14 @@ impl OutputProcessor {
         max_model_len: usize,
     ) -> Result<OutputProcessor> {
         if prompt.len() >= max_model_len {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Request(format!(
                 "the prompt has {} tokens, but the model's context is {max_model_len} tokens \
                  (prompt and output must fit)",
                 prompt.len()
             )));
         }
         if tokenizer.is_none() && !params.stop.is_empty() {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Request(
                 "stop strings need a tokenizer, and this model has none".into(),
             ));
         }
@@ -87,7 +87,7 @@ impl OutputProcessor {
     /// Processes one sampled token.
     pub fn push(&mut self, tokenizer: Option<&Tokenizer>, id: TokenId) -> Result<TokenOutput> {
         if self.finished {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Internal(
                 "token pushed after the sequence finished".into(),
             ));
         }
@@ -135,7 +135,7 @@ impl OutputProcessor {
         reason: FinishReason,
     ) -> Result<TokenOutput> {
         if self.finished {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Internal(
                 "a sequence ended after it finished".into(),
             ));
         }

@@ -65,7 +65,7 @@ pub(crate) fn pending_inputs(
             inputs.push(((slice.query_start + end - 1 - s.start) as u32, row));
         } else if (s.start..end).contains(&at) {
             // A placeholder is its sequence's last final token, so only a run's last.
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Internal(format!(
                 "sequence {}: its token in flight (position {at}) is inside a run ending at {end}",
                 s.id
             )));

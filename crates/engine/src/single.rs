@@ -63,7 +63,7 @@ impl EngineHandle {
         mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation> {
         if request.params.n != 1 {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Request(
                 "n > 1 is not supported here: this path gathers one sequence".into(),
             ));
         }
@@ -117,7 +117,7 @@ impl EngineHandle {
                         usage,
                     });
                 }
-                Event::Error(e) => return Err(EngineError::Invalid(e)),
+                Event::Error(e) => return Err(EngineError::Internal(e)),
             }
         }
         Err(EngineError::Unavailable(

@@ -151,7 +151,9 @@ impl From<EngineError> for ServerError {
                 ServerError::param(param, format!("'{param}': {msg}"))
             }
             EngineError::Params(e) => ServerError::bad(e.to_string()),
-            EngineError::Invalid(msg) => ServerError::bad(msg),
+            EngineError::Request(msg) => ServerError::bad(msg),
+            // Not the client's fault: a server that cannot serve it, or a fault inside.
+            EngineError::Config(msg) | EngineError::Internal(msg) => ServerError::Internal(msg),
             EngineError::Constraint { .. } => ServerError::bad(e.to_string()),
             EngineError::Overloaded(_) => ServerError::Overloaded(e.to_string()),
             EngineError::Unavailable(msg) => ServerError::Unavailable(msg),
@@ -201,7 +203,16 @@ mod tests {
         .into();
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
         assert_eq!(e.to_json()["error"]["param"], "top_p");
-        let e: ServerError = EngineError::Invalid("prompt too long".into()).into();
+        let e: ServerError = EngineError::Request("prompt too long".into()).into();
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        // An engine fault is never the client's: a 500 whose body says it is the server's.
+        for e in [
+            EngineError::Internal("step failed: kernel".into()),
+            EngineError::Config("no draft model".into()),
+        ] {
+            let e: ServerError = e.into();
+            assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(e.to_json()["error"]["type"], "server_error");
+        }
     }
 }

@@ -54,7 +54,7 @@ impl DraftModel {
     ) -> Result<DraftModel> {
         let vocab = model.config().vocab_size;
         if vocab != target_vocab {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::Config(format!(
                 "the draft model's vocabulary has {vocab} tokens, the target's {target_vocab}: \
                  a draft must share the target's vocabulary"
             )));

@@ -57,7 +57,7 @@ impl SpeculativeConfig {
     pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(EngineError::Invalid(m));
+        let bad = |m: String| Err(EngineError::Config(m));
         if !(1..=Self::MAX_SPECULATIVE_TOKENS).contains(&self.num_speculative_tokens) {
             return bad(format!(
                 "--num-speculative-tokens {} is outside 1..={}",

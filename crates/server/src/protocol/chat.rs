@@ -44,6 +44,9 @@ pub struct ChatFields {
     pub logprobs: Option<Flag>,
     pub top_logprobs: Option<Count>,
     pub add_generation_prompt: Option<Flag>,
+    /// vLLM's: continue the last (assistant) message rather than answer after it. A last
+    /// assistant message is continued anyway, as llama-server does, unless this is false.
+    pub continue_final_message: Option<Flag>,
     /// OpenAI's tool definitions, passed to the chat template as `tools`.
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
@@ -151,8 +154,9 @@ pub struct AdmittedChat {
     /// `tool_choice: "none"`.
     pub tool_request: Option<ToolRequest>,
     pub add_generation_prompt: bool,
-    /// Text the answer continues from, after the rendered conversation (Anthropic's
-    /// assistant prefill: a last message from the assistant). `None` on chat completions.
+    /// Text the answer continues from, after the rendered conversation: a last message from
+    /// the assistant (Anthropic's assistant prefill; on chat completions vLLM's
+    /// `continue_final_message` and llama-server's habit).
     pub prefill: Option<String>,
     /// The parameter a prompt longer than the context is blamed on (`messages`, `input`).
     pub prompt_param: &'static str,
@@ -282,6 +286,12 @@ impl ChatCompletionRequest {
                 format!("'{p}' and tool calls both constrain the output; give one (or tool_choice 'none')"),
             ));
         }
+        let (messages, prefill) = continuation(
+            messages,
+            c.continue_final_message.map(|Flag(b)| b),
+            c.add_generation_prompt.map(|Flag(b)| b),
+            tool_request.is_some() || opts.constraint_param.is_some(),
+        )?;
         // `tool_choice: "none"`: the template does not see the tools either.
         let tools = c
             .tools
@@ -292,12 +302,64 @@ impl ChatCompletionRequest {
             messages,
             tools,
             tool_request,
-            add_generation_prompt: c.add_generation_prompt.is_none_or(|Flag(b)| b),
-            prefill: None,
+            // A continued message follows the assistant's header, which the generation
+            // prompt writes.
+            add_generation_prompt: prefill.is_some()
+                || c.add_generation_prompt.is_none_or(|Flag(b)| b),
+            prefill,
             prompt_param: "messages",
             logprobs,
         })
     }
+}
+
+/// Whether the answer continues the last message, and then the conversation without it and
+/// the text it continues from. A last assistant message (with text, without tool calls) is
+/// continued unless `continue_final_message` is false (llama-server continues it; vLLM asks
+/// for `continue_final_message: true` with `add_generation_prompt: false`).
+fn continuation(
+    mut messages: Vec<ChatMessage>,
+    continue_final: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    constrained: bool,
+) -> Result<(Vec<ChatMessage>, Option<String>)> {
+    let param = "continue_final_message";
+    let last_continues = messages
+        .last()
+        .is_some_and(|m| m.role == "assistant" && m.tool_calls.is_empty());
+    if continue_final == Some(true) {
+        if add_generation_prompt == Some(true) {
+            return Err(ServerError::param(
+                param,
+                "'continue_final_message' continues the last message; it cannot be combined \
+                 with 'add_generation_prompt': true",
+            ));
+        }
+        if !last_continues {
+            return Err(ServerError::param(
+                param,
+                "'continue_final_message' needs a last message from the assistant, without \
+                 tool calls",
+            ));
+        }
+    }
+    if !last_continues || continue_final == Some(false) {
+        return Ok((messages, None));
+    }
+    let Some(last) = messages.pop() else {
+        return Ok((messages, None));
+    };
+    let text = last.content.text();
+    // A grammar starts at the answer's first token, which would follow the continued text:
+    // the two would not make one valid whole.
+    if constrained && !text.is_empty() {
+        return Err(ServerError::param(
+            "messages",
+            "continuing a last assistant message cannot be combined with tools or a \
+             response format",
+        ));
+    }
+    Ok((messages, Some(text)))
 }
 
 fn admit_message(i: usize, m: ChatCompletionMessage) -> Result<ChatMessage> {

@@ -98,6 +98,48 @@ mod tests {
     }
 
     #[test]
+    fn a_last_assistant_message_is_continued() {
+        let conv =
+            r#"[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]"#;
+        // llama-server's habit: the last assistant message is continued.
+        let a = chat(&format!(r#"{{"messages": {conv}}}"#)).unwrap();
+        assert_eq!(a.prefill.as_deref(), Some("1, 2,"));
+        assert_eq!(a.messages, vec![ChatMessage::new("user", "Count")]);
+        assert!(a.add_generation_prompt);
+        // vLLM's way.
+        let a = chat(&format!(
+            r#"{{"messages": {conv}, "continue_final_message": true, "add_generation_prompt": false}}"#
+        ))
+        .unwrap();
+        assert_eq!(a.prefill.as_deref(), Some("1, 2,"));
+        // Asked not to: the conversation as it is, answered after it.
+        let a = chat(&format!(
+            r#"{{"messages": {conv}, "continue_final_message": false}}"#
+        ))
+        .unwrap();
+        assert_eq!((a.prefill, a.messages.len()), (None, 2));
+        // A last user message is answered, as ever.
+        let a = chat(r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
+        assert_eq!(a.prefill, None);
+        for bad in [
+            format!(
+                r#"{{"messages": {conv}, "continue_final_message": true, "add_generation_prompt": true}}"#
+            ),
+            r#"{"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true}"#
+                .to_string(),
+        ] {
+            assert_eq!(
+                param_of(chat(&bad).unwrap_err()),
+                "continue_final_message",
+                "{bad}"
+            );
+        }
+        let constrained =
+            format!(r#"{{"messages": {conv}, "response_format": {{"type": "json_object"}}}}"#);
+        assert_eq!(param_of(chat(&constrained).unwrap_err()), "messages");
+    }
+
+    #[test]
     fn chat_fields() {
         let r = chat(
             r#"{"model":"m","messages":[{"role":"developer","content":"be brief"},
