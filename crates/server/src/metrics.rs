@@ -232,22 +232,26 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         "Time from arrival to the end of a request.",
         &m.e2e_latency,
     );
-    if let Some(rss) = resident_bytes() {
-        // Prometheus' standard process metric, unlabelled.
-        let _ = writeln!(
-            o.text,
-            "# HELP process_resident_memory_bytes Resident memory size in bytes."
-        );
-        let _ = writeln!(o.text, "# TYPE process_resident_memory_bytes gauge");
-        let _ = writeln!(o.text, "process_resident_memory_bytes {rss}");
-    }
-    if let Some(heap) = heap_in_use_bytes() {
-        let _ = writeln!(
-            o.text,
-            "# HELP ferrum_heap_in_use_bytes Bytes allocated and not yet freed (glibc mallinfo2)."
-        );
-        let _ = writeln!(o.text, "# TYPE ferrum_heap_in_use_bytes gauge");
-        let _ = writeln!(o.text, "ferrum_heap_in_use_bytes {heap}");
+    // Process-wide, so unlabelled (the first is Prometheus' standard process metric); each
+    // left out where the platform does not report it.
+    let process = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            resident_bytes(),
+        ),
+        (
+            "ferrum_heap_in_use_bytes",
+            "Bytes allocated and not yet freed (glibc mallinfo2).",
+            heap_in_use_bytes(),
+        ),
+    ];
+    for (name, help, value) in process {
+        if let Some(v) = value {
+            let _ = writeln!(o.text, "# HELP {name} {help}");
+            let _ = writeln!(o.text, "# TYPE {name} gauge");
+            let _ = writeln!(o.text, "{name} {v}");
+        }
     }
     o.text
 }
