@@ -68,7 +68,11 @@ for name in "${!exe[@]}"; do
   cp "${exe[$name]}" "$pack/bin/$name"
 done
 raw=$(du -cb "$pack"/bin/* | tail -1 | cut -f1)
-tar -C "$pack" -cf - bin | xz -T0 -6 > "$pack/bins.tar.xz"
+# Without debug information (line tables are most of a dev build; symbols stay, so a
+# backtrace still names its functions), and with a dictionary (-9: 64 MiB) that spans the
+# binaries, which share most of their code and the embedded kernels.
+strip --strip-debug "$pack"/bin/*
+tar -C "$pack" -cf - bin | xz -T0 -9 > "$pack/bins.tar.xz"
 rm -rf "$pack/bin"
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-pack' || echo ' (with uncommitted changes)')"
@@ -86,7 +90,7 @@ shared=0
 packed=$(du -sb "$pack" | cut -f1)
 total=$((tree + shared + packed))
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-echo "pack: ferrum, ferrum-testdata and the test binaries cuda_kernels and cuda_fixtures ($profile): $(mib "$raw") -> $(mib "$packed") in $pack/"
+echo "pack: ferrum, ferrum-testdata and the test binaries cuda_kernels and cuda_fixtures ($profile): $(mib "$raw") -> $(mib "$packed") stripped and compressed in $pack/"
 echo "pack: the call sends the working tree $(mib "$tree") + shared/ $(mib "$shared") + carried $pack $(mib "$packed") = $(mib "$total") (limit $(mib "$limit"))"
 if [[ $dry -eq 1 ]]; then
   rm -rf "$pack"

@@ -44,7 +44,10 @@ impl StructuredArgs {
             let text = read("--json-schema", p)?;
             serde_json::from_str::<serde_json::Value>(&text)
                 .with_context(|| format!("--json-schema {}: not JSON", p.display()))?;
-            StructuredOutput::JsonSchema(text)
+            StructuredOutput::JsonSchema {
+                schema: text,
+                strict: true,
+            }
         } else if self.json_object {
             StructuredOutput::JsonObject
         } else if let Some(r) = &self.regex {

@@ -155,7 +155,13 @@ fn tokens_may_span_a_grammar_boundary() {
     // A JSON object's closing `"}` spans the end of a string and of the object.
     let schema = json!({"type": "object", "properties": {"x": {"type": "string"}},
                         "required": ["x"], "additionalProperties": false});
-    let mut g = compile(&tok, StructuredOutput::JsonSchema(schema.to_string()));
+    let mut g = compile(
+        &tok,
+        StructuredOutput::JsonSchema {
+            schema: schema.to_string(),
+            strict: true,
+        },
+    );
     for t in [
         merged(b"{\""),
         merged(b"x\""),
@@ -214,7 +220,13 @@ fn choice_json_object_and_a_sampler_under_the_mask() {
     assert!(accepts(&g, &format!("{{\"k\":{}1}}", " ".repeat(16))));
     let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
                         "required": ["city"]});
-    let g = compile(&tok, StructuredOutput::JsonSchema(schema.to_string()));
+    let g = compile(
+        &tok,
+        StructuredOutput::JsonSchema {
+            schema: schema.to_string(),
+            strict: true,
+        },
+    );
     assert!(accepts(&g, "{\n  \"city\": \"Paris\"\n}"));
     assert!(!accepts(&g, "{\n  \"city\": \"Paris\"\n \n  \n}"));
     // The sampler picks only allowed tokens, greedy and sampled, whatever the logits say.
@@ -240,16 +252,44 @@ fn choice_json_object_and_a_sampler_under_the_mask() {
 }
 
 #[test]
+fn strict_schemas_refuse_what_cannot_be_enforced_and_others_leave_it_out() {
+    let tok = byte_level();
+    let schema = json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true});
+    let spec = |strict| StructuredOutput::JsonSchema {
+        schema: schema.to_string(),
+        strict,
+    };
+    let err = compile_err(&tok, spec(true));
+    assert!(err.contains("uniqueItems"), "{err}");
+    // Not strict: the keyword is left out, the rest is enforced.
+    let g = compile(&tok, spec(false));
+    assert!(accepts(&g, "[1, 1, 2]"));
+    assert!(!accepts(&g, "[1, \"a\"]") && !accepts(&g, "{}"));
+}
+
+#[test]
 fn constraints_that_do_not_compile_name_the_problem() {
     let tok = byte_level();
     let cases = [
-        (StructuredOutput::JsonSchema("{not json".into()), "not JSON"),
         (
-            StructuredOutput::JsonSchema("[1, 2]".into()),
+            StructuredOutput::JsonSchema {
+                schema: "{not json".into(),
+                strict: true,
+            },
+            "not JSON",
+        ),
+        (
+            StructuredOutput::JsonSchema {
+                schema: "[1, 2]".into(),
+                strict: true,
+            },
             "must be a JSON object",
         ),
         (
-            StructuredOutput::JsonSchema(json!({"type": "strin"}).to_string()),
+            StructuredOutput::JsonSchema {
+                schema: json!({"type": "strin"}).to_string(),
+                strict: true,
+            },
             "strin",
         ),
         (StructuredOutput::Regex("(ab".into()), "regex"),

@@ -76,8 +76,8 @@ fn collect(mut s: ferrum_engine::EventStream, n: usize) -> Vec<Sample> {
 }
 
 fn person_schema() -> StructuredOutput {
-    StructuredOutput::JsonSchema(
-        serde_json::json!({
+    StructuredOutput::JsonSchema {
+        schema: serde_json::json!({
             "type": "object",
             "properties": {
                 "name": {"type": "string", "maxLength": 20},
@@ -88,7 +88,8 @@ fn person_schema() -> StructuredOutput {
             "additionalProperties": false
         })
         .to_string(),
-    )
+        strict: true,
+    }
 }
 
 fn constrained(spec: StructuredOutput, max_tokens: usize) -> SamplingParams {

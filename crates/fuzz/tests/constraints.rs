@@ -116,7 +116,10 @@ fn fuzz_constraints() {
         for spec in [
             StructuredOutput::Gbnf(text.clone()),
             StructuredOutput::Lark(text.clone()),
-            StructuredOutput::JsonSchema(text.clone()),
+            StructuredOutput::JsonSchema {
+                schema: text.clone(),
+                strict: false,
+            },
             StructuredOutput::Regex(text.clone()),
         ] {
             let r = compiler.compile(&spec);

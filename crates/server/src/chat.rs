@@ -229,7 +229,10 @@ async fn tool_error(s: &AppState, tools: Option<&ToolRequest>, e: ServerError) -
     };
     for (i, t) in tools.tools.iter().enumerate() {
         let engine = s.engine.clone();
-        let spec = StructuredOutput::JsonSchema(t.parameters.to_string());
+        let spec = StructuredOutput::JsonSchema {
+            schema: t.parameters.to_string(),
+            strict: true,
+        };
         let compiled = tokio::task::spawn_blocking(move || engine.compile_guide(&spec)).await;
         if let Ok(Err(err)) = compiled {
             let p = format!("tools[{i}].function.parameters");

@@ -7,8 +7,11 @@
 /// stops short of one only when a length limit ends it first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StructuredOutput {
-    /// A JSON value valid under this JSON Schema (its JSON text).
-    JsonSchema(String),
+    /// A JSON value valid under this JSON Schema (its JSON text). `strict`: a keyword the
+    /// engine cannot enforce (`uniqueItems`, say) refuses the schema, naming the keyword, as
+    /// OpenAI's strict mode does; not strict, such keywords are left out and the rest of the
+    /// schema enforced, as vLLM does.
+    JsonSchema { schema: String, strict: bool },
     /// Any JSON object (OpenAI's `{"type": "json_object"}`).
     JsonObject,
     /// A text matching this regular expression as a whole.
@@ -27,10 +30,20 @@ pub enum StructuredOutput {
 }
 
 impl StructuredOutput {
+    /// A JSON schema constraint made strict or not; any other constraint as it is.
+    pub fn with_strict(self, strict: bool) -> Self {
+        match self {
+            StructuredOutput::JsonSchema { schema, .. } => {
+                StructuredOutput::JsonSchema { schema, strict }
+            }
+            other => other,
+        }
+    }
+
     /// The constraint's kind, as errors and logs name it.
     pub fn kind(&self) -> &'static str {
         match self {
-            StructuredOutput::JsonSchema(_) => "JSON schema",
+            StructuredOutput::JsonSchema { .. } => "JSON schema",
             StructuredOutput::JsonObject => "JSON object",
             StructuredOutput::Regex(_) => "regex",
             StructuredOutput::Choice(_) => "choice",

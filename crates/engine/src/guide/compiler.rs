@@ -69,23 +69,35 @@ fn constraint_err(spec: &StructuredOutput, msg: impl std::fmt::Display) -> Engin
 /// blanks of indentation (eight levels of two spaces, four of four).
 const JSON_WHITESPACE: &str = r"(?:[\x20\x09]{1,16}|\x0D?\x0A[\x20\x09]{0,16})";
 
-/// `schema` with llguidance's options for bounded whitespace (module docs), unless it sets its
-/// own. `true` (anything) becomes `{}`, which says the same and can carry the options.
-fn compact(schema: serde_json::Value) -> serde_json::Value {
+/// `schema` with llguidance's options: bounded whitespace (module docs) unless the schema sets
+/// its own `x-guidance` options, and, not `strict`, keywords llguidance cannot enforce left
+/// out (its `lenient` mode) unless those options say otherwise. `true` (anything) becomes
+/// `{}`, which says the same and can carry the options.
+fn json_options(schema: serde_json::Value, strict: bool) -> serde_json::Value {
     let mut schema = match schema {
         serde_json::Value::Bool(true) => serde_json::Value::Object(Default::default()),
         other => other,
     };
     if let Some(object) = schema.as_object_mut() {
-        if !object.contains_key("x-guidance") {
-            let options = JsonCompileOptions {
-                whitespace_pattern: Some(JSON_WHITESPACE.into()),
-                ..JsonCompileOptions::default()
-            };
-            if let Ok(options) = serde_json::to_value(options) {
-                object.insert("x-guidance".into(), options);
+        let options = match object.remove("x-guidance") {
+            Some(serde_json::Value::Object(mut own)) => {
+                if !strict {
+                    own.entry("lenient").or_insert(true.into());
+                }
+                serde_json::Value::Object(own)
             }
-        }
+            // Not options at all: llguidance says what is wrong with them.
+            Some(other) => other,
+            None => {
+                let ours = JsonCompileOptions {
+                    whitespace_pattern: Some(JSON_WHITESPACE.into()),
+                    lenient: !strict,
+                    ..JsonCompileOptions::default()
+                };
+                serde_json::to_value(ours).unwrap_or_default()
+            }
+        };
+        object.insert("x-guidance".into(), options);
     }
     schema
 }
@@ -136,7 +148,10 @@ impl GuideCompiler {
     /// The llguidance grammar of a constraint.
     fn grammar(spec: &StructuredOutput) -> Result<TopLevelGrammar> {
         Ok(match spec {
-            StructuredOutput::JsonSchema(text) => {
+            StructuredOutput::JsonSchema {
+                schema: text,
+                strict,
+            } => {
                 let schema: serde_json::Value = serde_json::from_str(text)
                     .map_err(|e| constraint_err(spec, format!("the schema is not JSON: {e}")))?;
                 if !schema.is_object() && !schema.is_boolean() {
@@ -145,12 +160,12 @@ impl GuideCompiler {
                         "a schema must be a JSON object (or true/false)",
                     ));
                 }
-                TopLevelGrammar::from_json_schema(compact(schema))
+                TopLevelGrammar::from_json_schema(json_options(schema, *strict))
             }
             StructuredOutput::JsonObject => {
                 let mut object = serde_json::Map::new();
                 object.insert("type".into(), "object".into());
-                TopLevelGrammar::from_json_schema(compact(object.into()))
+                TopLevelGrammar::from_json_schema(json_options(object.into(), true))
             }
             StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(rx),
             StructuredOutput::Choice(choices) => {
@@ -224,13 +239,26 @@ mod tests {
     #[test]
     fn json_schemas_get_bounded_whitespace_unless_they_say_otherwise() {
         let opts = |v: &serde_json::Value| v["x-guidance"]["whitespace_pattern"].clone();
-        let s = compact(serde_json::json!({"type": "object"}));
+        let s = json_options(serde_json::json!({"type": "object"}), true);
         assert_eq!(opts(&s), JSON_WHITESPACE);
         assert_eq!(s["type"], "object");
-        assert_eq!(opts(&compact(serde_json::json!(true))), JSON_WHITESPACE);
-        assert_eq!(compact(serde_json::json!(false)), serde_json::json!(false));
+        assert_eq!(s["x-guidance"]["lenient"], false);
+        assert_eq!(
+            opts(&json_options(serde_json::json!(true), true)),
+            JSON_WHITESPACE
+        );
+        let no = serde_json::json!(false);
+        assert_eq!(json_options(no.clone(), false), no);
         let own = serde_json::json!({"x-guidance": {"whitespace_flexible": true}});
-        assert_eq!(compact(own.clone()), own);
+        assert_eq!(json_options(own.clone(), true), own);
+        // Not strict: lenient, unless the schema's own options say otherwise.
+        let s = json_options(serde_json::json!({"type": "object"}), false);
+        assert_eq!(
+            (opts(&s), &s["x-guidance"]["lenient"]),
+            (JSON_WHITESPACE.into(), &true.into())
+        );
+        let own = serde_json::json!({"x-guidance": {"lenient": false}});
+        assert_eq!(json_options(own.clone(), false), own);
     }
 
     #[test]

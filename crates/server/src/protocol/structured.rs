@@ -70,7 +70,9 @@ fn text<'v>(param: &str, v: &'v Value) -> Result<&'v str> {
     Ok(s)
 }
 
-/// A schema given as an object (or a JSON text of one, as vLLM allows).
+/// A schema given as an object (or a JSON text of one, as vLLM allows), not strict: keywords
+/// the engine cannot enforce are left out (vLLM's fields, llama.cpp's `json_schema`, a
+/// `json_schema` response format without `strict: true`).
 fn schema(param: &str, v: &Value) -> Result<StructuredOutput> {
     let json = match v {
         Value::Object(_) | Value::Bool(_) => v.to_string(),
@@ -94,7 +96,10 @@ fn schema(param: &str, v: &Value) -> Result<StructuredOutput> {
             ),
         ));
     }
-    Ok(StructuredOutput::JsonSchema(json))
+    Ok(StructuredOutput::JsonSchema {
+        schema: json,
+        strict: false,
+    })
 }
 
 /// Reads one field's value into a constraint (the field's name for errors).
@@ -164,8 +169,20 @@ fn response_format(v: &Value) -> Result<Option<Constraint>> {
             if let Some(n) = js.get("name") {
                 text("response_format.json_schema.name", n)?;
             }
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ServerError::param(
+                        "response_format.json_schema.strict",
+                        "'response_format.json_schema.strict' must be a boolean",
+                    ))
+                }
+            };
             match js.get("schema") {
-                Some(s) if !s.is_null() => schema("response_format.json_schema.schema", s)?,
+                Some(s) if !s.is_null() => {
+                    schema("response_format.json_schema.schema", s)?.with_strict(strict)
+                }
                 _ => {
                     return Err(ServerError::param(
                         "response_format.json_schema.schema",
@@ -296,7 +313,14 @@ mod tests {
     #[test]
     fn every_dialect_reads_into_one_constraint() {
         let s = json!({"type": "object"});
-        let js = StructuredOutput::JsonSchema(s.to_string());
+        let js = StructuredOutput::JsonSchema {
+            schema: s.to_string(),
+            strict: false,
+        };
+        let strict_js = StructuredOutput::JsonSchema {
+            schema: s.to_string(),
+            strict: true,
+        };
         assert_eq!(
             read(json!({"response_format": {"type": "text"}})).unwrap(),
             None
@@ -308,6 +332,12 @@ mod tests {
         assert_eq!(
             spec(
                 json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s, "strict": true}}})
+            ),
+            strict_js
+        );
+        assert_eq!(
+            spec(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}})
             ),
             js
         );

@@ -333,7 +333,8 @@ pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Constraint>
             })
         })?
         .map(|c| Constraint {
-            spec: c.spec,
+            // Anthropic's structured outputs refuse what they cannot enforce.
+            spec: c.spec.with_strict(true),
             param: AT.into(),
         }))
 }

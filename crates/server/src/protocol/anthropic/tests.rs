@@ -50,9 +50,10 @@ fn output_config_format_constrains() {
     .unwrap();
     assert_eq!(
         r.opts.params.structured,
-        Some(ferrum_types::StructuredOutput::JsonSchema(
-            r#"{"type":"object"}"#.into()
-        ))
+        Some(ferrum_types::StructuredOutput::JsonSchema {
+            schema: r#"{"type":"object"}"#.into(),
+            strict: true,
+        })
     );
     assert_eq!(
         r.opts.constraint_param.as_deref(),

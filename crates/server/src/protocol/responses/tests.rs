@@ -67,7 +67,10 @@ fn text_format_constrains() {
     .unwrap();
     assert_eq!(
         r.chat.opts.params.structured,
-        Some(StructuredOutput::JsonSchema(r#"{"type":"object"}"#.into()))
+        Some(StructuredOutput::JsonSchema {
+            schema: r#"{"type":"object"}"#.into(),
+            strict: true,
+        })
     );
     assert_eq!(r.chat.opts.constraint_param.as_deref(), Some("text.format"));
     let r = admit(r#"{"input":"x","text":{"format":{"type":"json_object"}}}"#).unwrap();
