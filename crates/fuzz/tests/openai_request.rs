@@ -23,6 +23,7 @@ const SEEDS: &[&str] = &[
     r#"{"messages":[],"tools":[{"type":"function"}],"response_format":{"type":"json_object"}}"#,
     r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"1"}],"tools":[]}"#,
     r#"{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"1"}],"max_output_tokens":5,"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"n","schema":{}}},"stream":true,"store":false}"#,
+    r#"{"messages":[{"role":"user","content":"count"},{"role":"assistant","content":"1, 2,"}],"continue_final_message":true,"add_generation_prompt":false,"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":false,"schema":{"type":"array","uniqueItems":true,"x-guidance":{"lenient":false}}}}}"#,
     r#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"r"}]},{"role":"assistant","content":"pre"}],"stop_sequences":["x"],"temperature":0.5,"top_k":3,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"output_config":{"format":{"type":"json_schema","schema":{}}},"stream":true}"#,
 ];
 
@@ -49,6 +50,10 @@ fn fuzz_openai_request() {
         "\"model\"",
         "\"messages\"",
         "\"prompt\"",
+        "\"continue_final_message\"",
+        "\"add_generation_prompt\"",
+        "\"strict\"",
+        "\"x-guidance\"",
         "\"role\"",
         "\"content\"",
         "\"user\"",
