@@ -46,9 +46,22 @@ pub struct PackedFile {
     pub sha256: String,
 }
 
-/// The repository's root.
+/// The repository's root: `$FERRUM_REPO_ROOT`, else the checkout this crate was built in, else
+/// (a binary carried to another machine, as a GPU round's are) the checkout around the current
+/// folder.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    if let Some(r) = std::env::var_os("FERRUM_REPO_ROOT").filter(|r| !r.is_empty()) {
+        return r.into();
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let is_root = |d: &Path| d.join("tests/fixtures/packed.json").is_file();
+    if is_root(&built) {
+        return built;
+    }
+    std::env::current_dir()
+        .ok()
+        .and_then(|d| d.ancestors().find(|a| is_root(a)).map(Path::to_path_buf))
+        .unwrap_or(built)
 }
 
 /// `tests/fixtures/`, with every packed file unpacked (once per process).
