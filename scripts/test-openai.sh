@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# Drives a real `ferrum serve` with the official `openai` and `anthropic` Python clients:
-# installs them (and `jsonschema`, which checks structured output) into a venv
-# (target/openai-venv), builds the
-# binary, and runs tests/openai on the tiny fixture and, when they have been fetched
-# (scripts/fetch-smollm2.sh, scripts/fetch-model.sh qwen2.5-coder-0.5b), on SmolLM2 and on
-# Qwen2.5-Coder-0.5B (structured output).
+# Drives a real `ferrum serve` with the official `openai` and `anthropic` Python clients and
+# the openai-agents SDK: installs them (and `jsonschema`, which checks structured output) into
+# a venv (target/openai-venv), builds the binary, and runs tests/openai on the tiny fixture
+# and, when they have been fetched (scripts/fetch-smollm2.sh, scripts/fetch-model.sh
+# qwen2.5-coder-0.5b and qwen2.5-coder-1.5b), on SmolLM2 and on Qwen2.5-Coder-0.5B and 1.5B
+# (structured output, tools, agent runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 OPENAI_VERSION="3.54.0"
 JSONSCHEMA_VERSION="4.25.1"
 ANTHROPIC_VERSION="2.14.0"
+AGENTS_VERSION="0.24.0"
 venv="target/openai-venv"
 python=$(command -v python3 || command -v python || true)
 if [ -z "$python" ]; then
   echo "test-openai: python3 is needed" >&2
   exit 1
 fi
-if ! "$venv/bin/python" -c "import openai, anthropic, jsonschema, importlib.metadata as m, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or anthropic.__version__ != '$ANTHROPIC_VERSION' or m.version('jsonschema') != '$JSONSCHEMA_VERSION')" 2>/dev/null; then
-  echo "test-openai: installing openai==$OPENAI_VERSION, anthropic==$ANTHROPIC_VERSION and jsonschema==$JSONSCHEMA_VERSION into $venv" >&2
+if ! "$venv/bin/python" -c "import openai, anthropic, jsonschema, importlib.metadata as m, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or anthropic.__version__ != '$ANTHROPIC_VERSION' or m.version('jsonschema') != '$JSONSCHEMA_VERSION' or m.version('openai-agents') != '$AGENTS_VERSION')" 2>/dev/null; then
+  echo "test-openai: installing openai==$OPENAI_VERSION, anthropic==$ANTHROPIC_VERSION, openai-agents==$AGENTS_VERSION and jsonschema==$JSONSCHEMA_VERSION into $venv" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION" "jsonschema==$JSONSCHEMA_VERSION" "openai-agents==$AGENTS_VERSION"
 fi
 
 # FERRUM_BIN: a binary built elsewhere (scripts/test-mpi.sh builds one with MPI).
@@ -41,4 +42,10 @@ if [ ! -s "$FERRUM_QWEN05" ] && [ -n "${CI:-}" ]; then
   echo "test-openai: $FERRUM_QWEN05 is missing (run scripts/fetch-model.sh qwen2.5-coder-0.5b)" >&2
   exit 1
 fi
+export FERRUM_QWEN15="${FERRUM_QWEN15:-${FERRUM_MODELS_DIR:-$PWD/models}/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf}"
+if [ ! -s "$FERRUM_QWEN15" ] && [ -n "${CI:-}" ]; then
+  echo "test-openai: $FERRUM_QWEN15 is missing (run scripts/fetch-model.sh qwen2.5-coder-1.5b)" >&2
+  exit 1
+fi
+export OPENAI_AGENTS_DISABLE_TRACING=1
 "$venv/bin/python" -m unittest discover -s tests/openai -t tests/openai -v "$@"

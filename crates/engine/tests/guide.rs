@@ -7,7 +7,7 @@
 
 use ferrum_engine::{Guide, GuideCompiler};
 use ferrum_tokenizer::{SpecialTokens, Tokenizer};
-use ferrum_types::{StructuredOutput, TokenId};
+use ferrum_types::{StructuredOutput, TokenId, Trigger};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -424,7 +424,7 @@ fn a_triggered_constraint_is_free_until_its_trigger() {
     let tok = byte_level();
     let v = tok.vocab_size();
     let spec = StructuredOutput::Triggered {
-        trigger: "a{".into(),
+        triggers: vec![Trigger::anywhere("a{")],
         grammar: "start: \"a{\" /[a-z]/ \"}\"".into(),
     };
     let mut g = compile(&tok, spec);
@@ -457,7 +457,7 @@ fn a_triggered_constraint_is_free_until_its_trigger() {
     assert!(g.is_stopped());
     // A trigger that is one token opens the grammar only as that token.
     let spec = StructuredOutput::Triggered {
-        trigger: "{\"".into(),
+        triggers: vec![Trigger::anywhere("{\"")],
         grammar: "start: <[259]> /[0-9]/".into(),
     };
     let mut g = compile(&tok, spec);
@@ -474,9 +474,78 @@ fn a_triggered_constraint_is_free_until_its_trigger() {
     let e = compile_err(
         &tok,
         StructuredOutput::Triggered {
-            trigger: "<x>".into(),
+            triggers: vec![Trigger::anywhere("<x>")],
             grammar: "start: \"y\"".into(),
         },
     );
     assert!(e.contains("does not start with its trigger"), "{e}");
+}
+
+/// Feeds `text` one byte token at a time to a triggered guide; whether the grammar is active
+/// at the end.
+fn opens(g: &Guide, text: &str) -> bool {
+    let mut g = g.fork();
+    for &b in text.as_bytes() {
+        g.compute_mask().unwrap();
+        assert!(!g.is_active() || g.allows(b as TokenId), "{text:?}");
+        g.consume(b as TokenId).unwrap();
+    }
+    g.is_active()
+}
+
+#[test]
+fn several_triggers_and_triggers_that_count_only_where_the_output_opens() {
+    let tok = byte_level();
+    let spec = StructuredOutput::Triggered {
+        triggers: vec![
+            Trigger::anywhere("<c>"),
+            Trigger::anywhere("```\n{"),
+            Trigger::at_start("{n"),
+        ],
+        grammar: "start: \"<c>\" /[a-z]/ | \"```\\n{\" /[a-z]/ \"}\" | \"{n\" /[a-z]/ \"}\"".into(),
+    };
+    let g = compile(&tok, spec);
+    // Any trigger anywhere; the at-start one where the output opens, after whitespace only.
+    assert!(opens(&g, "say <c>"));
+    assert!(opens(&g, "say ```\n{"));
+    assert!(opens(&g, "{n"));
+    assert!(opens(&g, " \n {n"));
+    assert!(!opens(&g, "say {n"));
+    assert!(!opens(&g, "x {n"));
+    assert!(!opens(&g, "{ n"));
+    // The earliest trigger in a token wins.
+    let mut h = g.fork();
+    for &b in b"ok ```\n" {
+        h.consume(b as TokenId).unwrap();
+    }
+    h.consume(merged(b"{\"")).unwrap();
+    assert!(
+        !h.is_active(),
+        "'{{\"' is not what the grammar takes after the fence"
+    );
+    for &b in b"<c>" {
+        h.consume(b as TokenId).unwrap();
+    }
+    assert!(h.is_active());
+    assert_eq!(
+        allowed(&mut h, tok.vocab_size()),
+        (b'a' as TokenId..=b'z' as TokenId).collect::<Vec<_>>()
+    );
+    // Each trigger must open the grammar.
+    let e = compile_err(
+        &tok,
+        StructuredOutput::Triggered {
+            triggers: vec![Trigger::anywhere("<c>"), Trigger::at_start("{m")],
+            grammar: "start: \"<c>\" /[a-z]/".into(),
+        },
+    );
+    assert!(e.contains("does not start with its trigger \"{m\""), "{e}");
+    let e = compile_err(
+        &tok,
+        StructuredOutput::Triggered {
+            triggers: vec![],
+            grammar: "start: \"<c>\"".into(),
+        },
+    );
+    assert!(e.contains("no trigger"), "{e}");
 }

@@ -11,7 +11,7 @@ use ferrum_engine::GuideCompiler;
 use ferrum_fuzz::harness::{run, Limits, Target};
 use ferrum_fuzz::mutate::Mutator;
 use ferrum_server::tools::parser::{parse_in_pieces, parse_whole};
-use ferrum_server::tools::ToolFormat;
+use ferrum_server::tools::{CallSyntax, ToolFormat};
 use ferrum_tokenizer::{load_special_tokens, Tokenizer};
 use ferrum_types::StructuredOutput;
 
@@ -34,6 +34,9 @@ const SEEDS: &[&str] = &[
     "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}, {\"arguments\": 3, \"name\": \"g\"}]",
     "{\"name\": \"f\", \"parameters\": {\"q\": \"\\\"\"}}; \"g\"}",
     "[TOOL_CALLS][{\"name\": \"f\", \"aruments\": 3, \"name\": \"g\"}]",
+    // Calls without markup: bare, opening the answer; fenced, after prose.
+    " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"`\"}}",
+    "Sure:\n```json\n{\"name\": \"f\", \"arguments\": {}}\n```\nand ``` more",
 ];
 
 fn tokenizer() -> Tokenizer {
@@ -72,6 +75,8 @@ fn fuzz_constraints() {
         "<[0]>",
         "<tool_call>",
         "</tool_call>",
+        "```json\n",
+        "```",
         "[TOOL_CALLS]",
         "{\"name\"",
         "\"arguments\"",
@@ -125,10 +130,12 @@ fn fuzz_constraints() {
             let r = compiler.compile(&spec);
             outcome.push_str(if r.is_ok() { " ok" } else { " err" });
         }
-        for format in [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral] {
-            let whole = parse_whole(format, &text);
+        for format in ToolFormat::ALL {
+            // Loose calls of two declared functions are read too.
+            let syntax = CallSyntax::new(format, ["f".to_string(), "get_weather".to_string()]);
+            let whole = parse_whole(&syntax, &text);
             for step in [1, 3, 17] {
-                if parse_in_pieces(format, &text, step)? != whole {
+                if parse_in_pieces(&syntax, &text, step)? != whole {
                     return Err(format!(
                         "{format:?}: pieces of {step} differ from the whole"
                     ));

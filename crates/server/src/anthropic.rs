@@ -58,7 +58,7 @@ pub async fn messages(
             tool_base,
             model: s.model_name.clone(),
             prompt_tokens: started.prompt_tokens,
-            parser: started.tool_format.map(ToolCallParser::new),
+            parser: started.calls.clone().map(ToolCallParser::new),
             blocks: 0,
             open: None,
             calls: 0,
@@ -254,5 +254,92 @@ impl FrameWriter for MessageEvents {
 
     fn keepalive(&self) -> Option<(Duration, String)> {
         Some((PING_AFTER, event("ping", json!({}))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::{CallSyntax, ToolFormat};
+
+    fn writer() -> MessageEvents {
+        MessageEvents {
+            id: "msg_abc".into(),
+            tool_base: "abc".into(),
+            model: "m".into(),
+            prompt_tokens: 12,
+            parser: Some(ToolCallParser::new(CallSyntax::new(
+                ToolFormat::Hermes,
+                ["get".to_string()],
+            ))),
+            blocks: 0,
+            open: None,
+            calls: 0,
+            finish: None,
+            usage: Usage::default(),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            prompt_tokens: 12,
+            completion_tokens: 9,
+            cached_tokens: 4,
+            ..Usage::default()
+        }
+    }
+
+    /// Every kind of event: text then two calls, a stop string, a cut answer, a failure, the
+    /// keep-alive; and the errors' and count_tokens' bodies.
+    fn streams() -> String {
+        let mut out = Vec::new();
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(
+            0,
+            "Let me \"check\". <tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": ",
+            None,
+        ));
+        out.extend(w.token(0, "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get\", \"arguments\": {}}\n</tool_call>", None));
+        w.usage(&usage());
+        out.extend(w.finish(0, "", &FinishReason::Eos(2)));
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(0, "Hello", None));
+        out.extend(w.finish(0, " world", &FinishReason::StopString("END".into())));
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.finish(0, "cut", &FinishReason::MaxTokens));
+        out.extend(w.end());
+        out.extend(w.error("the engine \"failed\""));
+        out.extend(w.keepalive().map(|(_, f)| f));
+        for e in [
+            crate::error::ServerError::param("max_tokens", "'max_tokens' must be positive"),
+            crate::error::ServerError::Internal("boom".into()),
+        ] {
+            out.push(format!(
+                "{}\n",
+                crate::protocol::response::to_json_string(&AnthropicError(e).body())
+            ));
+        }
+        out.push(crate::protocol::response::to_json_string(
+            &json!({"input_tokens": 7usize}),
+        ));
+        out.concat()
+    }
+
+    /// The events are byte for byte what they were when they were written as untyped JSON
+    /// (`testdata/messages.sse`, recorded then; `FERRUM_BLESS=1` records it anew).
+    #[test]
+    fn the_event_streams_are_unchanged() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/messages.sse");
+        let got = streams();
+        if std::env::var_os("FERRUM_BLESS").is_some() {
+            std::fs::write(path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(path).unwrap();
+        assert_eq!(got, want);
     }
 }

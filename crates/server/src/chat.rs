@@ -16,7 +16,7 @@ use crate::protocol::{AdmittedChat, ChatCompletionRequest};
 use crate::sse::{sse_response, ChunkFormat};
 use crate::state::{unix_now, AppState};
 use crate::tools::parser::{parse_whole, split_output};
-use crate::tools::{ParsedCall, ToolCallParser, ToolEvent, ToolFormat, ToolRequest};
+use crate::tools::{CallSyntax, ParsedCall, ToolCallParser, ToolEvent, ToolRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -37,7 +37,7 @@ pub async fn chat_completions(
     let mut req = req.admit()?;
     s.check_model(req.opts.model.as_deref())?;
     let started = start_chat(&s, &mut req).await?;
-    let (merged, tool_format, n) = (started.merged, started.tool_format, started.n);
+    let (merged, calls, n) = (started.merged, started.calls, started.n);
     let fmt = ChatChunks {
         env: Envelope {
             id: s.new_id("chatcmpl"),
@@ -53,7 +53,7 @@ pub async fn chat_completions(
         logprobs: req.logprobs,
         tokenizer: s.tokenizer.clone(),
         parsers: (0..n)
-            .map(|_| tool_format.map(ToolCallParser::new))
+            .map(|_| calls.clone().map(ToolCallParser::new))
             .collect(),
     };
     if req.opts.stream {
@@ -64,8 +64,8 @@ pub async fn chat_completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let (content, calls) = match tool_format {
-                Some(f) => parse_whole(f, &c.text),
+            let (content, calls) = match &calls {
+                Some(syntax) => parse_whole(syntax, &c.text),
                 None => (c.text.clone(), Vec::new()),
             };
             let tool_calls: Vec<ToolCallOut> = calls
@@ -107,8 +107,8 @@ pub async fn chat_completions(
 #[derive(Debug)]
 pub struct StartedChat {
     pub merged: Merged,
-    /// The tool-call format its output is parsed with, when it has tools.
-    pub tool_format: Option<ToolFormat>,
+    /// How its output is read for tool calls, when it has tools.
+    pub calls: Option<CallSyntax>,
     /// Prompt tokens (the rendered conversation).
     pub prompt_tokens: usize,
     pub n: usize,
@@ -128,8 +128,8 @@ pub struct WholeAnswer {
 pub async fn whole_answer(started: StartedChat) -> Result<WholeAnswer> {
     let (choices, usage) = collect(started.merged, 1, 1).await?;
     let choice = choices.into_iter().next().unwrap_or_default();
-    let (content, calls) = match started.tool_format {
-        Some(f) => parse_whole(f, &choice.text),
+    let (content, calls) = match &started.calls {
+        Some(syntax) => parse_whole(syntax, &choice.text),
         None => (choice.text, Vec::new()),
     };
     Ok(WholeAnswer {
@@ -173,7 +173,7 @@ pub async fn chat_prompt(s: &AppState, req: &AdmittedChat) -> Result<Vec<TokenId
 /// samples. `req.opts` is updated with what the tools imply.
 pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedChat> {
     let prompt = chat_prompt(s, req).await?;
-    let tool_format = match &req.tool_request {
+    let calls = match &req.tool_request {
         Some(tr) => {
             let format = s.tool_format.ok_or_else(|| {
                 ServerError::param(
@@ -187,7 +187,7 @@ pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedC
             if format.markup_is_special(&s.tokenizer) {
                 req.opts.params.skip_special_tokens = false;
             }
-            Some(format)
+            Some(format.syntax(tr))
         }
         None => None,
     };
@@ -205,7 +205,7 @@ pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedC
     let merged = Merged::submit(&s.engine, vec![request])?;
     Ok(StartedChat {
         merged,
-        tool_format,
+        calls,
         prompt_tokens,
         n,
     })

@@ -52,7 +52,7 @@ pub async fn responses(
         let writer = ResponseEvents {
             object,
             items,
-            parser: started.tool_format.map(ToolCallParser::new),
+            parser: started.calls.clone().map(ToolCallParser::new),
             open: None,
             seq: 0,
             finish: None,
@@ -392,5 +392,92 @@ impl FrameWriter for ResponseEvents {
         let r = self.snapshot();
         out.push(self.event("response.failed", json!({"response": r})));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::responses::ResponsesRequest;
+    use crate::tools::{CallSyntax, ToolFormat};
+
+    /// A writer for a fixed request, id and time.
+    fn writer() -> ResponseEvents {
+        let body = br#"{"model":"m","input":"weather?","instructions":"be brief","max_output_tokens":40,
+            "tools":[{"type":"function","name":"get","parameters":{"type":"object"}}],"metadata":{"k":"v"}}"#;
+        let req = ResponsesRequest::from_body(body).unwrap().admit().unwrap();
+        let object = ResponseObject::new("resp_abc".into(), "m".into(), 1_700_000_000, &req);
+        ResponseEvents {
+            items: Items::new(&object.id),
+            object,
+            parser: Some(ToolCallParser::new(CallSyntax::new(
+                ToolFormat::Hermes,
+                ["get".to_string()],
+            ))),
+            open: None,
+            seq: 0,
+            finish: None,
+            usage: Usage::default(),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            prompt_tokens: 12,
+            completion_tokens: 9,
+            cached_tokens: 4,
+            ..Usage::default()
+        }
+    }
+
+    /// Every kind of event, in the streams a client sees: text then a call, a cut answer,
+    /// an empty one, a loose call, and a failure inside a message.
+    fn streams() -> String {
+        let mut out = Vec::new();
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(0, "Let me ", None));
+        out.extend(w.token(
+            0,
+            "check. <tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\": ",
+            None,
+        ));
+        out.extend(w.token(0, "\"Paris\"}}\n</tool_call>", None));
+        w.usage(&usage());
+        out.extend(w.finish(0, "", &FinishReason::Eos(2)));
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(0, "Hello \"you\"", None));
+        out.extend(w.finish(0, " world", &FinishReason::MaxTokens));
+        w.usage(&usage());
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.finish(0, "", &FinishReason::Eos(2)));
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(0, "{\"name\": \"get\", \"arguments\": {\"a\": 1}}", None));
+        out.extend(w.finish(0, "", &FinishReason::ConstraintEnd));
+        out.extend(w.end());
+        let mut w = writer();
+        out.extend(w.start());
+        out.extend(w.token(0, "Par", None));
+        out.extend(w.error("the engine \"failed\""));
+        out.concat()
+    }
+
+    /// The events are byte for byte what they were when they were written as untyped JSON
+    /// (`testdata/responses.sse`, recorded then; `FERRUM_BLESS=1` records it anew).
+    #[test]
+    fn the_event_streams_are_unchanged() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/responses.sse");
+        let got = streams();
+        if std::env::var_os("FERRUM_BLESS").is_some() {
+            std::fs::write(path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(path).unwrap();
+        assert_eq!(got, want);
     }
 }

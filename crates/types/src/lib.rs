@@ -16,7 +16,7 @@ pub use error::{Result, TypesError};
 pub use finish::FinishReason;
 pub use sampling::{SamplingParams, MAX_LOGPROBS};
 pub use splitmix::SplitMix64;
-pub use structured::StructuredOutput;
+pub use structured::{StructuredOutput, Trigger};
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -22,11 +22,41 @@ pub enum StructuredOutput {
     Lark(String),
     /// A grammar in llama.cpp's GBNF.
     Gbnf(String),
-    /// Free text until the output produces `trigger` (a tool call opening, say), then a Lark
-    /// grammar whose output starts with the trigger itself. A trigger that is one token of the
-    /// vocabulary starts the grammar only as that token (its text spelled out in pieces is
-    /// free text).
-    Triggered { trigger: String, grammar: String },
+    /// Free text until the output produces one of `triggers` (a tool call opening, say), then
+    /// a Lark grammar whose output starts with that trigger itself (the grammar starts with
+    /// any of them). A trigger that is one token of the vocabulary starts the grammar only as
+    /// that token (its text spelled out in pieces is free text).
+    Triggered {
+        triggers: Vec<Trigger>,
+        grammar: String,
+    },
+}
+
+/// One opening of a [`StructuredOutput::Triggered`] grammar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub text: String,
+    /// Counts only where the output opens with it (after whitespace, if any): a bare call
+    /// object starting the answer is a call, the same object later in prose is not.
+    pub at_start: bool,
+}
+
+impl Trigger {
+    /// A trigger that counts anywhere in the output.
+    pub fn anywhere(text: impl Into<String>) -> Trigger {
+        Trigger {
+            text: text.into(),
+            at_start: false,
+        }
+    }
+
+    /// A trigger that counts only where the output opens with it.
+    pub fn at_start(text: impl Into<String>) -> Trigger {
+        Trigger {
+            text: text.into(),
+            at_start: true,
+        }
+    }
 }
 
 impl StructuredOutput {

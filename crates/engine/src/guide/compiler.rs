@@ -9,6 +9,7 @@
 //! that sets its own `x-guidance` options keeps them.
 
 use super::gbnf;
+use super::matcher::Watched;
 use super::Guide;
 use crate::{EngineError, Result};
 use ferrum_tokenizer::Tokenizer;
@@ -194,37 +195,45 @@ impl GuideCompiler {
             return Err(constraint_err(spec, e));
         }
         let mut guide = Guide::new(matcher, spec.kind(), self.model_vocab, self.eos.clone());
-        if let StructuredOutput::Triggered { trigger, .. } = spec {
-            if trigger.is_empty() {
-                return Err(constraint_err(spec, "the trigger is empty"));
+        if let StructuredOutput::Triggered { triggers, .. } = spec {
+            if triggers.is_empty() {
+                return Err(constraint_err(spec, "it has no trigger"));
             }
             let trie = self.factory.tok_env().tok_trie();
-            // The trigger as one token of the vocabulary (a special one is marked in the trie):
-            // a lookup, not a walk over every token.
-            let marked = [&[TokTrie::SPECIAL_TOKEN_MARKER], trigger.as_bytes()].concat();
-            let as_token = trie
-                .token_id(trigger.as_bytes())
-                .or_else(|| trie.token_id(&marked));
-            // The grammar must accept the trigger as the model would produce it.
-            let mut probe = guide.fork();
-            let opens = match as_token {
-                Some(t) => probe.consume(t),
-                None => trie
-                    .greedy_tokenize(trigger.as_bytes())
-                    .iter()
-                    .try_for_each(|&t| probe.consume(t)),
-            };
-            opens.map_err(|e| {
-                constraint_err(
-                    spec,
-                    format!("the grammar does not start with its trigger: {e}"),
-                )
-            })?;
-            guide.set_trigger(
-                trigger.as_bytes().to_vec(),
-                as_token,
-                self.factory.tok_env().clone(),
-            );
+            let mut watched = Vec::with_capacity(triggers.len());
+            for trigger in triggers {
+                let text = &trigger.text;
+                if text.is_empty() {
+                    return Err(constraint_err(spec, "a trigger is empty"));
+                }
+                // The trigger as one token of the vocabulary (a special one is marked in the
+                // trie): a lookup, not a walk over every token.
+                let marked = [&[TokTrie::SPECIAL_TOKEN_MARKER], text.as_bytes()].concat();
+                let as_token = trie
+                    .token_id(text.as_bytes())
+                    .or_else(|| trie.token_id(&marked));
+                // The grammar must accept the trigger as the model would produce it.
+                let mut probe = guide.fork();
+                let opens = match as_token {
+                    Some(t) => probe.consume(t),
+                    None => trie
+                        .greedy_tokenize(text.as_bytes())
+                        .iter()
+                        .try_for_each(|&t| probe.consume(t)),
+                };
+                opens.map_err(|e| {
+                    constraint_err(
+                        spec,
+                        format!("the grammar does not start with its trigger {text:?}: {e}"),
+                    )
+                })?;
+                watched.push(Watched {
+                    bytes: text.as_bytes().to_vec(),
+                    token: as_token,
+                    at_start: trigger.at_start,
+                });
+            }
+            guide.set_triggers(watched, self.factory.tok_env().clone());
             return Ok(guide);
         }
         guide.compute_mask().map_err(|e| constraint_err(spec, e))?;

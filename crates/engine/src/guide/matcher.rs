@@ -6,15 +6,36 @@ use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use llguidance::Matcher;
 use std::sync::Arc;
 
-/// A triggered constraint before its trigger: the output is free text, watched for the trigger.
+/// One opening of a triggered constraint, as the guide watches for it.
+#[derive(Clone, Debug)]
+pub(super) struct Watched {
+    pub bytes: Vec<u8>,
+    /// The trigger's one token, when it is one: only that token opens the grammar.
+    pub token: Option<TokenId>,
+    /// Counts only where the output opens with it (after whitespace).
+    pub at_start: bool,
+}
+
+/// Most bytes of output kept to find an at-start trigger (leading whitespace included).
+const MAX_HEAD: usize = 4096;
+
+/// A triggered constraint before its trigger: the output is free text, watched for the
+/// triggers.
 #[derive(Clone)]
 struct Pending {
-    trigger: Vec<u8>,
-    /// The trigger's one token, when it is one: only that token opens the grammar.
-    token: Option<TokenId>,
-    /// The output's last bytes (fewer than the trigger's), to find a trigger that spans tokens.
+    triggers: Vec<Watched>,
+    /// The output's last bytes (fewer than the longest trigger's), to find a trigger that
+    /// spans tokens.
     tail: Vec<u8>,
+    /// The whole output so far while it may still open with an at-start trigger (whitespace,
+    /// then a prefix of one); `None` once it cannot.
+    head: Option<Vec<u8>>,
     env: TokEnv,
+}
+
+fn trim_blank(b: &[u8]) -> &[u8] {
+    let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+    &b[n..]
 }
 
 /// A sequence's constraint: offers the mask of its current state, consumes sampled tokens.
@@ -58,14 +79,15 @@ impl Guide {
         }
     }
 
-    /// Makes this a triggered constraint: free text until `trigger` (as the token `token`
-    /// when it is one), then the grammar, which starts with the trigger.
-    pub(super) fn set_trigger(&mut self, trigger: Vec<u8>, token: Option<TokenId>, env: TokEnv) {
+    /// Makes this a triggered constraint: free text until one of `triggers`, then the
+    /// grammar, which starts with that trigger.
+    pub(super) fn set_triggers(&mut self, triggers: Vec<Watched>, env: TokEnv) {
         self.mask = None;
+        let head = triggers.iter().any(|w| w.at_start).then(Vec::new);
         self.pending = Some(Box::new(Pending {
-            trigger,
-            token,
+            triggers,
             tail: Vec::new(),
+            head,
             env,
         }));
     }
@@ -81,49 +103,82 @@ impl Guide {
         self.is_active() && self.mask.is_none()
     }
 
-    /// Watches a free-text token for the trigger; on it, the grammar starts with the output
-    /// from the trigger on.
-    /// The output from the trigger on may not fit the grammar (a token that completed the
-    /// trigger carried more text than the grammar takes there): then it was free text after
-    /// all, and watching goes on.
+    /// Watches a free-text token for the triggers; on one, the grammar starts with the output
+    /// from the trigger on. The output from the trigger on may not fit the grammar (a token
+    /// that completed the trigger carried more text than the grammar takes there): then it was
+    /// free text after all, and watching goes on.
     fn watch(&mut self, token: TokenId) {
         let Some(p) = self.pending.as_mut() else {
             return;
         };
         let trie: &TokTrie = p.env.tok_trie();
-        let opened: Vec<TokenId> = match p.token {
-            Some(t) if t == token => vec![t],
-            Some(_) => return,
-            None => {
-                // Ids past the tokenizer's vocabulary (a model's padding rows) are no text.
-                let b: &[u8] = if (token as usize) < trie.vocab_size() {
-                    trie.token(token)
-                } else {
-                    &[]
-                };
-                let b = b
-                    .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
-                    .unwrap_or(b);
-                p.tail.extend_from_slice(b);
-                let found = p
-                    .tail
-                    .windows(p.trigger.len())
-                    .position(|w| w == p.trigger.as_slice());
-                let keep = p.trigger.len() - 1;
-                match found {
-                    Some(at) => {
-                        let toks = trie.greedy_tokenize(&p.tail[at..]);
-                        // Whatever happens next, this occurrence is decided.
-                        p.tail.drain(..=at);
-                        toks
-                    }
-                    None => {
-                        let cut = p.tail.len().saturating_sub(keep);
-                        p.tail.drain(..cut);
-                        return;
-                    }
+        // Ids past the tokenizer's vocabulary (a model's padding rows) are no text.
+        let b: &[u8] = if (token as usize) < trie.vocab_size() {
+            trie.token(token)
+        } else {
+            &[]
+        };
+        let b = b
+            .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+            .unwrap_or(b);
+        let blank_before = p.head.as_deref().is_some_and(|h| trim_blank(h).is_empty());
+        let mut opened: Option<Vec<TokenId>> = None;
+        // A one-token trigger opens only as itself.
+        if let Some(w) = p.triggers.iter().find(|w| w.token == Some(token)) {
+            if !w.at_start || blank_before {
+                opened = Some(vec![token]);
+            }
+        }
+        // Text triggers where the output opens.
+        if let Some(head) = p.head.as_mut() {
+            head.extend_from_slice(b);
+            let body = trim_blank(head);
+            let mut starts = p
+                .triggers
+                .iter()
+                .filter(|w| w.at_start && w.token.is_none());
+            if opened.is_some() {
+                p.head = None;
+            } else if starts.clone().any(|w| body.starts_with(&w.bytes)) {
+                opened = Some(trie.greedy_tokenize(body));
+                p.head = None;
+            } else if head.len() > MAX_HEAD || !starts.any(|w| w.bytes.starts_with(body)) {
+                p.head = None;
+            }
+        }
+        // Text triggers anywhere: the earliest occurrence in the output's tail.
+        let keep = p
+            .triggers
+            .iter()
+            .filter(|w| !w.at_start && w.token.is_none())
+            .map(|w| w.bytes.len() - 1)
+            .max();
+        if let Some(keep) = keep {
+            p.tail.extend_from_slice(b);
+            let found = p
+                .triggers
+                .iter()
+                .filter(|w| !w.at_start && w.token.is_none())
+                .filter_map(|w| {
+                    p.tail
+                        .windows(w.bytes.len())
+                        .position(|x| x == w.bytes.as_slice())
+                })
+                .min();
+            match found {
+                Some(at) if opened.is_none() => {
+                    opened = Some(trie.greedy_tokenize(&p.tail[at..]));
+                    // Whatever happens next, this occurrence is decided.
+                    p.tail.drain(..=at);
+                }
+                _ => {
+                    let cut = p.tail.len().saturating_sub(keep);
+                    p.tail.drain(..cut);
                 }
             }
+        }
+        let Some(opened) = opened else {
+            return;
         };
         let mut trial = self.matcher.deep_clone();
         if opened.iter().all(|&t| trial.consume_token(t).is_ok()) && !trial.is_error() {

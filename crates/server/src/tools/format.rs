@@ -1,8 +1,9 @@
 //! The tool-call formats of the model families and the grammars that enforce them.
 
+use super::loose::{compact_openings, CallSyntax, Loose, FENCE};
 use super::request::{ToolChoice, ToolRequest};
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::StructuredOutput;
+use ferrum_types::{StructuredOutput, Trigger};
 use serde_json::{json, Value};
 
 /// How a model family writes its tool calls (see the module docs of [`super`]).
@@ -16,6 +17,8 @@ pub enum ToolFormat {
 impl ToolFormat {
     /// The names `--tool-call-parser` takes.
     pub const NAMES: &'static [&'static str] = &["hermes", "llama3", "mistral"];
+
+    pub const ALL: [ToolFormat; 3] = [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral];
 
     pub fn from_name(name: &str) -> Option<ToolFormat> {
         match name {
@@ -74,6 +77,18 @@ impl ToolFormat {
             ToolFormat::Llama3 => "parameters",
             _ => "arguments",
         }
+    }
+
+    /// Whether calls written without the markup (a bare or fenced call object,
+    /// [`super::loose`]) are read and triggered: not for `llama3`, whose markup is the bare
+    /// object itself.
+    pub fn takes_loose_calls(self) -> bool {
+        self != ToolFormat::Llama3
+    }
+
+    /// How a request's output is read for calls: this format and the request's functions.
+    pub fn syntax(self, req: &ToolRequest) -> CallSyntax {
+        CallSyntax::new(self, req.tools.iter().map(|t| t.name.clone()))
     }
 
     /// Whether the open text is kept in the call's JSON (`llama3`) rather than stripped.
@@ -138,20 +153,24 @@ impl ToolFormat {
     }
 
     /// The constraint for a request's tool calls: the calls only (`required`, a named
-    /// function), or free text until a call opens (`auto`); `None` for `none`.
+    /// function), or free text until a call opens (`auto`); `None` for `none`. With `auto`,
+    /// the loose openings of a call of a declared function (a bare object opening the answer,
+    /// a fenced one anywhere, in their compact spelling) trigger the grammar too, which then
+    /// takes one such call.
     pub fn constraint(self, req: &ToolRequest, tok: &Tokenizer) -> Option<StructuredOutput> {
         let many = req.parallel && !matches!(req.choice, ToolChoice::Function(_));
         let schema = Self::compact(self.call_schema(req));
-        let grammar = match self {
+        // `calls`: the family's markup around one or more calls.
+        let calls = match self {
             ToolFormat::Hermes => {
                 let open = Self::literal("<tool_call>", tok);
                 let close = Self::literal("</tool_call>", tok);
                 let rest = if many { " (\"\\n\" call)*" } else { "" };
-                format!("start: call{rest}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n")
+                format!("calls: call{rest}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n")
             }
             ToolFormat::Llama3 => {
                 let rest = if many { " (\"; \" body)*" } else { "" };
-                format!("start: body{rest}\nbody: %json {schema}\n")
+                format!("calls: body{rest}\nbody: %json {schema}\n")
             }
             ToolFormat::Mistral => {
                 let open = Self::literal("[TOOL_CALLS]", tok);
@@ -161,16 +180,34 @@ impl ToolFormat {
                     list["maxItems"] = json!(1);
                 }
                 let list = Self::compact(list);
-                format!("start: {open} body\nbody: %json {list}\n")
+                format!("calls: {open} body\nbody: %json {list}\n")
             }
         };
         match req.choice {
             ToolChoice::None => None,
-            ToolChoice::Required | ToolChoice::Function(_) => Some(StructuredOutput::Lark(grammar)),
-            ToolChoice::Auto => Some(StructuredOutput::Triggered {
-                trigger: self.open().to_string(),
-                grammar,
+            ToolChoice::Required | ToolChoice::Function(_) => {
+                Some(StructuredOutput::Lark(format!("start: calls\n{calls}")))
+            }
+            ToolChoice::Auto if !self.takes_loose_calls() => Some(StructuredOutput::Triggered {
+                triggers: vec![Trigger::anywhere(self.open())],
+                grammar: format!("start: calls\n{calls}"),
             }),
+            ToolChoice::Auto => {
+                let fence = serde_json::to_string(FENCE).unwrap_or_default();
+                let grammar = format!(
+                    "start: calls | loose\n{calls}loose: one | {fence} \"json\\n\" one \"\\n\" {fence} | {fence} \"\\n\" one \"\\n\" {fence}\none: %json {schema}\n"
+                );
+                let mut triggers = vec![Trigger::anywhere(self.open())];
+                for t in &req.tools {
+                    for (text, form) in compact_openings(&t.name) {
+                        triggers.push(match form {
+                            Loose::Bare => Trigger::at_start(text),
+                            Loose::Fenced => Trigger::anywhere(text),
+                        });
+                    }
+                }
+                Some(StructuredOutput::Triggered { triggers, grammar })
+            }
         }
     }
 }
@@ -233,11 +270,94 @@ mod tests {
                     "{format:?} {choice}: the grammar should be complete"
                 );
                 assert_eq!(
-                    parse_whole(format, &text),
+                    parse_whole(&format.syntax(&req), &text),
                     (prefix.to_string(), want.clone())
                 );
             }
         }
+    }
+
+    /// With `auto`, a call written without the family's markup (bare, opening the answer;
+    /// fenced, anywhere) triggers the grammar from its opening on and is read as a call; JSON
+    /// that does not call a declared function, or a bare object after prose, stays free text.
+    #[test]
+    fn loose_calls_trigger_the_grammar_and_are_read() {
+        let tok = tokenizer();
+        let eos = tok.special().stop_token_ids.clone();
+        let compiler = GuideCompiler::new(&tok, &eos, tok.vocab_size()).unwrap();
+        let tools = json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]);
+        let req = read(Some(&tools), Some(&json!("auto")), None)
+            .unwrap()
+            .unwrap();
+        let object = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
+        let want = vec![ParsedCall {
+            name: "get_weather".into(),
+            arguments: "{\"city\": \"Oslo\"}".into(),
+        }];
+        // (text, the grammar takes over, calls read)
+        let cases = [
+            (object.to_string(), true, want.clone()),
+            (format!("\n{object}"), true, want.clone()),
+            (
+                format!("Here it is:\n```json\n{object}\n```"),
+                true,
+                want.clone(),
+            ),
+            (format!("```\n{object}\n```"), true, want.clone()),
+            (format!("I would call {object}"), false, vec![]),
+            (
+                "{\"name\": \"Oslo\", \"arguments\": {}}".into(),
+                false,
+                vec![],
+            ),
+            ("```json\n{\"city\": \"Oslo\"}\n```".into(), false, vec![]),
+        ];
+        for format in [ToolFormat::Hermes, ToolFormat::Mistral] {
+            let spec = format.constraint(&req, &tok).unwrap();
+            let g = compiler
+                .compile(&spec)
+                .unwrap_or_else(|e| panic!("{format:?}: {e}"));
+            for (text, constrained, calls) in &cases {
+                let mut g = g.fork();
+                let mut was_active = false;
+                for t in tok.encode(text, false).unwrap() {
+                    g.compute_mask().unwrap();
+                    assert!(
+                        !g.is_active() || g.allows(t),
+                        "{format:?}: token {t} of {text:?} refused"
+                    );
+                    g.consume(t).unwrap();
+                    was_active |= g.is_active();
+                }
+                assert_eq!(was_active, *constrained, "{format:?}: {text:?}");
+                if *constrained {
+                    assert!(g.is_stopped(), "{format:?}: {text:?} should be complete");
+                }
+                let (_, read) = parse_whole(&format.syntax(&req), text);
+                assert_eq!(&read, calls, "{format:?}: {text:?}");
+            }
+        }
+        // The call is constrained from its opening: after `{"name": "now", ` only the
+        // arguments key may follow.
+        let spec = ToolFormat::Hermes.constraint(&req, &tok).unwrap();
+        let mut g = compiler.compile(&spec).unwrap();
+        for t in tok.encode("{\"name\": \"now\", ", false).unwrap() {
+            g.compute_mask().unwrap();
+            g.consume(t).unwrap();
+        }
+        assert!(g.is_active());
+        let refused = tok
+            .encode("\"city\": ", false)
+            .unwrap()
+            .into_iter()
+            .any(|t| {
+                g.compute_mask().unwrap();
+                !g.allows(t) || g.consume(t).is_err()
+            });
+        assert!(refused, "only \"arguments\" may follow");
     }
 
     #[test]

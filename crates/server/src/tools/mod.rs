@@ -8,15 +8,21 @@
 //! - `llama3` (Llama 3.1/3.2): `{"name": ..., "parameters": {...}}`, calls separated by `; `;
 //! - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
 //!
+//! With `auto`, calls written without the markup are read too (a bare call object opening the
+//! answer, a fenced JSON block holding one; [`loose`]), when they name a declared function.
+//!
 //! `tool_choice: "required"` and a named function constrain the whole output to calls whose
 //! arguments follow the function's `parameters` schema; `auto` leaves text free until the
-//! model opens a call (a triggered grammar), then constrains the call the same way; `none`
+//! model opens a call (a triggered grammar: the markup's opening, or a loose call's), then
+//! constrains the call the same way; `none`
 //! neither parses nor constrains.
 
 pub mod format;
+pub mod loose;
 pub mod parser;
 pub mod request;
 
 pub use format::ToolFormat;
+pub use loose::CallSyntax;
 pub use parser::{ParsedCall, ToolCallParser, ToolEvent};
 pub use request::{Tool, ToolChoice, ToolRequest};

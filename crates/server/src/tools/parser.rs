@@ -4,10 +4,14 @@
 //! ([`ToolEvent::Arguments`]). A whole answer is the same parser over the whole text, so a
 //! streamed answer reassembles to exactly the non-streamed one.
 //!
-//! Invariants: no text of the call markup (open and close texts, the call objects) reaches
-//! content; text that may be the start of an open text is held back until it is decided;
-//! whitespace between or after calls is not content.
+//! Besides the family's markup, calls written without it are read when the syntax names the
+//! declared functions ([`super::loose`]).
+//!
+//! Invariants: no text of the call markup (open and close texts, fences around a call, the
+//! call objects) reaches content; text that may be the start of an opening is held back until
+//! it is decided; whitespace between or after calls is not content.
 
+use super::loose::{self, CallSyntax, Loose, Opening, FENCE};
 use super::ToolFormat;
 
 /// What a piece of output produced.
@@ -192,14 +196,31 @@ enum State {
     Text,
     /// Inside a group of calls (after the open text).
     Calls,
-    /// After a call object, before the close text (`hermes`).
-    Close,
+    /// After a call object, before this close text (`hermes`, a fence).
+    Close(&'static str),
+}
+
+/// Where a call may open in the text being read.
+enum Found {
+    /// The family's open text at this offset.
+    Markup(usize),
+    /// A loose call opening at this offset, its object at the second.
+    Loose(usize, usize, Loose),
+    /// Something from this offset on may open a call: wait for more text.
+    Undecided(usize),
+    Nothing,
 }
 
 /// Splits one choice's output into content and tool calls; see the module docs.
 #[derive(Debug)]
 pub struct ToolCallParser {
     format: ToolFormat,
+    /// The declared functions' names, when loose calls are read (else empty).
+    names: std::sync::Arc<[String]>,
+    /// Whether the answer has said anything but whitespace (a bare call opens it only).
+    spoke: bool,
+    /// How the current call was written, when without the family's markup.
+    loose: Option<Loose>,
     state: State,
     /// Text not yet turned into events.
     buf: String,
@@ -219,9 +240,17 @@ pub struct ToolCallParser {
 }
 
 impl ToolCallParser {
-    pub fn new(format: ToolFormat) -> ToolCallParser {
+    pub fn new(syntax: CallSyntax) -> ToolCallParser {
+        let names = if syntax.reads_loose() {
+            syntax.names
+        } else {
+            std::sync::Arc::from(Vec::new())
+        };
         ToolCallParser {
-            format,
+            format: syntax.format,
+            names,
+            spoke: false,
+            loose: None,
             state: State::Text,
             buf: String::new(),
             calls: Vec::new(),
@@ -248,9 +277,38 @@ impl ToolCallParser {
         }
     }
 
-    fn content(&self, text: &str, out: &mut Vec<ToolEvent>) {
+    fn content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
         if !text.is_empty() {
+            self.spoke |= !text.trim().is_empty();
             out.push(ToolEvent::Content(text.to_string()));
+        }
+    }
+
+    /// The earliest place in the buffer where a call opens or may open.
+    fn find_opening(&self) -> Found {
+        let markup = self.buf.find(self.format.open());
+        if self.names.is_empty() {
+            return markup.map_or(Found::Nothing, Found::Markup);
+        }
+        let limit = markup.unwrap_or(self.buf.len());
+        let decide =
+            |at: usize, form: Loose| match loose::opening(&self.buf[at..], form, &self.names) {
+                Opening::Yes(obj) => Some(Found::Loose(at, at + obj, form)),
+                Opening::Maybe => Some(Found::Undecided(at)),
+                Opening::No => None,
+            };
+        if !self.spoke && self.calls.is_empty() {
+            if let Some(f) = decide(0, Loose::Bare) {
+                return f;
+            }
+        }
+        let fences = self.buf[..limit]
+            .match_indices('`')
+            .find_map(|(at, _)| decide(at, Loose::Fenced));
+        match (fences, markup) {
+            (Some(f), _) => f,
+            (None, Some(at)) => Found::Markup(at),
+            (None, None) => Found::Nothing,
         }
     }
 
@@ -265,6 +323,12 @@ impl ToolCallParser {
     /// Ends the output: held-back text is content; an unfinished call stays as far as it got.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = self.push("");
+        if let State::Close(close) = self.state {
+            // A close text cut short is markup still.
+            if close.starts_with(self.buf.trim()) {
+                self.buf.clear();
+            }
+        }
         if self.state == State::Text {
             let rest = std::mem::take(&mut self.buf);
             let rest = self.after_calls(&rest).to_string();
@@ -285,7 +349,21 @@ impl ToolCallParser {
         let open = self.format.open();
         match self.state {
             State::Text => {
-                if let Some(at) = self.buf.find(open) {
+                let found = self.find_opening();
+                if let Found::Loose(at, obj, form) = found {
+                    let before = self.after_calls(&self.buf[..at]).to_string();
+                    self.content(&before, out);
+                    self.buf.drain(..obj);
+                    self.state = State::Calls;
+                    self.loose = Some(form);
+                    self.scan = ObjectScan::default();
+                    return true;
+                }
+                let undecided = match found {
+                    Found::Undecided(at) => at,
+                    _ => self.buf.len(),
+                };
+                if let Found::Markup(at) = found {
                     let before = self.after_calls(&self.buf[..at]).to_string();
                     self.content(&before, out);
                     let skip = if self.format.open_is_json() {
@@ -300,7 +378,7 @@ impl ToolCallParser {
                     self.scan = ObjectScan::default();
                     return true;
                 }
-                // Hold back a tail that may be the start of the open text.
+                // Hold back a tail that may be the start of an opening.
                 let keep = (1..open.len().min(self.buf.len() + 1))
                     .rev()
                     .find(|&k| {
@@ -308,18 +386,15 @@ impl ToolCallParser {
                             && open.starts_with(&self.buf[self.buf.len() - k..])
                     })
                     .unwrap_or(0);
+                let held = (self.buf.len() - keep).min(undecided);
                 // After a call, trailing whitespace waits for text to follow it.
-                let cut = self.after_calls(&self.buf[..self.buf.len() - keep]).len();
+                let cut = self.after_calls(&self.buf[..held]).len();
                 let text: String = self.buf.drain(..cut).collect();
                 self.content(&text, out);
                 false
             }
             State::Calls => self.step_calls(out),
-            State::Close => {
-                let Some(close) = self.format.close() else {
-                    self.state = State::Text;
-                    return true;
-                };
+            State::Close(close) => {
                 let trimmed = self.buf.trim_start();
                 if let Some(rest) = trimmed.strip_prefix(close) {
                     self.buf = rest.to_string();
@@ -361,7 +436,7 @@ impl ToolCallParser {
         }
         // Before an object starts: the list's and the whitespace's markup.
         let fresh = self.scan.pos == 0;
-        if self.format == ToolFormat::Mistral && fresh {
+        if self.format == ToolFormat::Mistral && fresh && self.loose.is_none() {
             if !self.in_list {
                 match self.skip_space() {
                     None => return false,
@@ -454,10 +529,14 @@ impl ToolCallParser {
     /// Where the format goes after an object: its close text, the list's next element, or
     /// a `;` and the next call.
     fn after_object(&mut self) -> bool {
-        match self.format {
-            ToolFormat::Hermes => self.state = State::Close,
-            ToolFormat::Mistral => {}
-            ToolFormat::Llama3 => self.between = true,
+        match self.loose.take() {
+            Some(Loose::Fenced) => self.state = State::Close(FENCE),
+            Some(Loose::Bare) => self.state = State::Text,
+            None => match self.format {
+                ToolFormat::Hermes => self.state = State::Close(self.format.close().unwrap_or("")),
+                ToolFormat::Mistral => {}
+                ToolFormat::Llama3 => self.between = true,
+            },
         }
         true
     }
@@ -480,8 +559,8 @@ pub fn split_output(parser: Option<&mut ToolCallParser>, text: &str, last: bool)
 }
 
 /// Runs a whole output through the parser: the content and the calls.
-pub fn parse_whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) {
-    let mut p = ToolCallParser::new(format);
+pub fn parse_whole(syntax: &CallSyntax, text: &str) -> (String, Vec<ParsedCall>) {
+    let mut p = ToolCallParser::new(syntax.clone());
     let mut content = String::new();
     for ev in p.push(text).into_iter().chain(p.finish()) {
         if let ToolEvent::Content(c) = ev {
@@ -496,11 +575,11 @@ pub fn parse_whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) 
 /// what a client reassembles. Errors when the events come out of order (a call's start out
 /// of sequence, arguments before their call's start).
 pub fn parse_in_pieces(
-    format: ToolFormat,
+    syntax: &CallSyntax,
     text: &str,
     step: usize,
 ) -> Result<(String, Vec<ParsedCall>), String> {
-    let mut p = ToolCallParser::new(format);
+    let mut p = ToolCallParser::new(syntax.clone());
     let mut events = Vec::new();
     let mut i = 0;
     while i < text.len() {
@@ -536,8 +615,18 @@ pub fn parse_in_pieces(
 mod tests {
     use super::*;
 
+    /// The format, reading loose calls of the functions the cases declare.
+    fn syntax(format: ToolFormat) -> CallSyntax {
+        let names = ["get_weather", "now", "a", "b", "f", "w"];
+        CallSyntax::new(format, names.map(String::from))
+    }
+
     fn streamed(format: ToolFormat, text: &str, step: usize) -> (String, Vec<ParsedCall>) {
-        parse_in_pieces(format, text, step).unwrap()
+        parse_in_pieces(&syntax(format), text, step).unwrap()
+    }
+
+    fn whole(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) {
+        parse_whole(&syntax(format), text)
     }
 
     fn call(name: &str, args: &str) -> ParsedCall {
@@ -589,10 +678,48 @@ mod tests {
                 "{\"tool\": \"x\"}\nDone.",
                 vec![],
             ),
+            // Calls without the family's markup: a bare object opening the answer, a fenced
+            // block anywhere; only when the object names a declared function first.
+            (
+                ToolFormat::Hermes,
+                " \n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n",
+                "",
+                vec![call("get_weather", "{\"city\": \"Oslo\"}")],
+            ),
+            (
+                ToolFormat::Hermes,
+                "Here:\n```json\n{\"name\": \"now\", \"arguments\": {}}\n```\nDone `x`.",
+                "Here:\n\nDone `x`.",
+                vec![call("now", "{}")],
+            ),
+            (
+                ToolFormat::Mistral,
+                "```\n{ \"name\" : \"a\", \"arguments\": {\"q\": 1}}\n```",
+                "",
+                vec![call("a", "{\"q\": 1}")],
+            ),
+            (
+                ToolFormat::Hermes,
+                "{\"name\": \"Bob\", \"age\": 3}",
+                "{\"name\": \"Bob\", \"age\": 3}",
+                vec![],
+            ),
+            (
+                ToolFormat::Hermes,
+                "```json\n{\"city\": \"Oslo\", \"name\": \"now\"}\n```",
+                "```json\n{\"city\": \"Oslo\", \"name\": \"now\"}\n```",
+                vec![],
+            ),
+            (
+                ToolFormat::Hermes,
+                "Call {\"name\": \"now\", \"arguments\": {}} later, ``` or ``",
+                "Call {\"name\": \"now\", \"arguments\": {}} later, ``` or ``",
+                vec![],
+            ),
         ];
         for (format, text, content, calls) in cases {
             assert_eq!(
-                parse_whole(format, text),
+                whole(format, text),
                 (content.to_string(), calls.clone()),
                 "{text}"
             );
@@ -619,11 +746,30 @@ mod tests {
 
     #[test]
     fn an_unfinished_call_keeps_what_it_has() {
-        let (content, calls) = parse_whole(
+        let (content, calls) = whole(
             ToolFormat::Hermes,
             "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"par",
         );
         assert_eq!(content, "");
         assert_eq!(calls, vec![call("f", "{\"a\": \"par")]);
+        let (content, calls) = whole(
+            ToolFormat::Hermes,
+            "```json\n{\"name\": \"w\", \"arguments\": {\"s",
+        );
+        assert_eq!(content, "");
+        assert_eq!(calls, vec![call("w", "{\"s")]);
+    }
+
+    #[test]
+    fn loose_calls_need_the_declared_names() {
+        let bare = "{\"name\": \"now\", \"arguments\": {}}";
+        for format in ToolFormat::ALL {
+            let (content, calls) = parse_whole(&CallSyntax::markup_only(format), bare);
+            if format == ToolFormat::Llama3 {
+                assert_eq!((content.as_str(), calls.len()), ("", 1), "its own markup");
+            } else {
+                assert_eq!((content.as_str(), calls.len()), (bare, 0), "{format:?}");
+            }
+        }
     }
 }
