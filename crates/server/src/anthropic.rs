@@ -19,6 +19,10 @@
 use crate::chat::{chat_prompt, start_chat, whole_answer, WholeAnswer};
 use crate::generate::{add_usage, TokenLogprob};
 use crate::json::json_response;
+use crate::protocol::anthropic::events::{
+    BlockDelta, BlockStart, BlockStop, Delta, Empty, ErrorBody, ErrorDetail, Event, MessageDelta,
+    MessageStart, StartedBlock, StartedMessage, StopDelta, TokenCount,
+};
 use crate::protocol::anthropic::{
     stop_reason, tool_input, AnthropicError, Block, MessageObject, MessageUsage, MessagesRequest,
 };
@@ -33,7 +37,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use ferrum_engine::Usage;
 use ferrum_types::FinishReason;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,7 +114,9 @@ pub async fn count_tokens(
     let prompt = chat_prompt(&s, &req).await?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"input_tokens": prompt.len()}),
+        &TokenCount {
+            input_tokens: prompt.len(),
+        },
     ))
 }
 
@@ -136,29 +142,25 @@ struct MessageEvents {
     usage: Usage,
 }
 
-fn event(kind: &str, mut data: Value) -> String {
-    if let Some(o) = data.as_object_mut() {
-        o.insert("type".into(), json!(kind));
-    }
-    event_frame(kind, &data)
+fn event<B: Serialize>(kind: &'static str, body: B) -> String {
+    event_frame(kind, &Event { body, kind })
 }
 
 impl MessageEvents {
     fn close(&mut self, out: &mut Vec<String>) {
         if self.open.take().is_some() {
-            out.push(event(
-                "content_block_stop",
-                json!({"index": self.blocks - 1}),
-            ));
+            let index = self.blocks - 1;
+            out.push(event("content_block_stop", BlockStop { index }));
         }
     }
 
-    fn start_block(&mut self, out: &mut Vec<String>, open: Open, block: Value) {
+    fn start_block(&mut self, out: &mut Vec<String>, open: Open, block: StartedBlock<'_>) {
         self.close(out);
-        out.push(event(
-            "content_block_start",
-            json!({"index": self.blocks, "content_block": block}),
-        ));
+        let start = BlockStart {
+            index: self.blocks,
+            content_block: block,
+        };
+        out.push(event("content_block_start", start));
         self.blocks += 1;
         self.open = Some(open);
     }
@@ -169,30 +171,34 @@ impl MessageEvents {
             match ev {
                 ToolEvent::Content(text) => {
                     if self.open != Some(Open::Text) {
-                        self.start_block(&mut out, Open::Text, json!({"type": "text", "text": ""}));
+                        let block = StartedBlock::Text { text: "" };
+                        self.start_block(&mut out, Open::Text, block);
                     }
-                    out.push(event(
-                        "content_block_delta",
-                        json!({"index": self.blocks - 1,
-                               "delta": {"type": "text_delta", "text": text}}),
-                    ));
+                    let delta = BlockDelta {
+                        index: self.blocks - 1,
+                        delta: Delta::TextDelta { text: &text },
+                    };
+                    out.push(event("content_block_delta", delta));
                 }
                 ToolEvent::CallStart { name, .. } => {
                     let id = format!("toolu_{}_{}", self.tool_base, self.calls);
                     self.calls += 1;
-                    self.start_block(
-                        &mut out,
-                        Open::ToolUse,
-                        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
-                    );
+                    let block = StartedBlock::ToolUse {
+                        id: &id,
+                        name: &name,
+                        input: Empty {},
+                    };
+                    self.start_block(&mut out, Open::ToolUse, block);
                 }
                 ToolEvent::Arguments { text, .. } => {
                     if self.open == Some(Open::ToolUse) {
-                        out.push(event(
-                            "content_block_delta",
-                            json!({"index": self.blocks - 1,
-                                   "delta": {"type": "input_json_delta", "partial_json": text}}),
-                        ));
+                        let delta = BlockDelta {
+                            index: self.blocks - 1,
+                            delta: Delta::InputJsonDelta {
+                                partial_json: &text,
+                            },
+                        };
+                        out.push(event("content_block_delta", delta));
                     }
                 }
             }
@@ -203,15 +209,10 @@ impl MessageEvents {
 
 impl FrameWriter for MessageEvents {
     fn start(&mut self) -> Vec<String> {
-        let message = json!({
-            "id": self.id, "type": "message", "role": "assistant", "content": [],
-            "model": self.model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-        });
+        let message = StartedMessage::new(&self.id, &self.model, self.prompt_tokens);
         vec![
-            event("message_start", json!({ "message": message })),
-            event("ping", json!({})),
+            event("message_start", MessageStart { message }),
+            event("ping", Empty {}),
         ]
     }
 
@@ -236,24 +237,28 @@ impl FrameWriter for MessageEvents {
         let mut out = Vec::new();
         self.close(&mut out);
         let (reason, sequence) = stop_reason(self.finish.as_ref(), self.calls > 0);
-        let usage = MessageUsage::from(&self.usage);
-        out.push(event(
-            "message_delta",
-            json!({"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage}),
-        ));
-        out.push(event("message_stop", json!({})));
+        let delta = MessageDelta {
+            delta: StopDelta {
+                stop_reason: reason,
+                stop_sequence: sequence,
+            },
+            usage: MessageUsage::from(&self.usage),
+        };
+        out.push(event("message_delta", delta));
+        out.push(event("message_stop", Empty {}));
         out
     }
 
     fn error(&mut self, msg: &str) -> Vec<String> {
-        vec![event(
-            "error",
-            json!({"error": {"type": "api_error", "message": msg}}),
-        )]
+        let error = ErrorDetail {
+            kind: "api_error",
+            message: msg.to_string(),
+        };
+        vec![event("error", ErrorBody { error })]
     }
 
     fn keepalive(&self) -> Option<(Duration, String)> {
-        Some((PING_AFTER, event("ping", json!({}))))
+        Some((PING_AFTER, event("ping", Empty {})))
     }
 }
 
@@ -324,9 +329,9 @@ mod tests {
                 crate::protocol::response::to_json_string(&AnthropicError(e).body())
             ));
         }
-        out.push(crate::protocol::response::to_json_string(
-            &json!({"input_tokens": 7usize}),
-        ));
+        out.push(crate::protocol::response::to_json_string(&TokenCount {
+            input_tokens: 7,
+        }));
         out.concat()
     }
 

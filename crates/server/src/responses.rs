@@ -18,8 +18,12 @@ use crate::chat::{start_chat, whole_answer, WholeAnswer};
 use crate::error::{Result, ServerError};
 use crate::generate::{add_usage, TokenLogprob};
 use crate::json::json_response;
+use crate::protocol::responses::events::{
+    ArgumentsDelta, ArgumentsDone, Event, Item, ItemEvent, OpenCall, OpenMessage, PartEvent,
+    Snapshot, TextDelta, TextDone,
+};
 use crate::protocol::responses::{
-    IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponsesRequest,
+    IncompleteDetails, OutputItem, OutputText, ResponseError, ResponseObject, ResponsesRequest,
 };
 use crate::sse::{event_frame, event_stream, FrameWriter};
 use crate::state::{unix_now, AppState};
@@ -32,7 +36,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use ferrum_engine::Usage;
 use ferrum_types::FinishReason;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::sync::Arc;
 
 pub async fn responses(
@@ -183,13 +187,27 @@ struct ResponseEvents {
 }
 
 impl ResponseEvents {
-    fn event(&mut self, kind: &str, mut data: Value) -> String {
-        if let Some(o) = data.as_object_mut() {
-            o.insert("type".into(), json!(kind));
-            o.insert("sequence_number".into(), json!(self.seq));
-        }
+    fn event<B: Serialize>(&mut self, kind: &'static str, body: B) -> String {
+        let event = Event {
+            body,
+            kind,
+            sequence_number: self.seq,
+        };
         self.seq += 1;
-        event_frame(kind, &data)
+        event_frame(kind, &event)
+    }
+
+    /// An event carrying the whole object as it stands.
+    fn snapshot(&mut self, kind: &'static str) -> String {
+        let event = Event {
+            body: Snapshot {
+                response: &self.object,
+            },
+            kind,
+            sequence_number: self.seq,
+        };
+        self.seq += 1;
+        event_frame(kind, &event)
     }
 
     fn output_index(&self) -> usize {
@@ -198,17 +216,19 @@ impl ResponseEvents {
 
     fn open_message(&mut self, out: &mut Vec<String>) {
         let id = self.items.id("msg");
-        let item = json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
         let index = self.output_index();
-        out.push(self.event(
-            "response.output_item.added",
-            json!({"output_index": index, "item": item}),
-        ));
-        out.push(self.event(
-            "response.content_part.added",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "part": OutputText::new(String::new())}),
-        ));
+        let added = ItemEvent {
+            output_index: index,
+            item: Item::Message(OpenMessage::new(&id)),
+        };
+        out.push(self.event("response.output_item.added", added));
+        let part = PartEvent {
+            item_id: &id,
+            output_index: index,
+            content_index: 0,
+            part: OutputText::new(String::new()),
+        };
+        out.push(self.event("response.content_part.added", part));
         self.open = Some(Open::Message {
             id,
             text: String::new(),
@@ -222,16 +242,21 @@ impl ResponseEvents {
         let item = match self.open.take() {
             None => return,
             Some(Open::Message { id, text }) => {
-                out.push(self.event(
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "text": text, "logprobs": []}),
-                ));
-                out.push(self.event(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "part": OutputText::new(text.clone())}),
-                ));
+                let done = TextDone {
+                    item_id: &id,
+                    output_index: index,
+                    content_index: 0,
+                    text: &text,
+                    logprobs: [],
+                };
+                out.push(self.event("response.output_text.done", done));
+                let part = PartEvent {
+                    item_id: &id,
+                    output_index: index,
+                    content_index: 0,
+                    part: OutputText::new(text.clone()),
+                };
+                out.push(self.event("response.content_part.done", part));
                 OutputItem::Message {
                     content: vec![OutputText::new(text)],
                     id,
@@ -245,11 +270,13 @@ impl ResponseEvents {
                 name,
                 arguments,
             }) => {
-                out.push(self.event(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "name": name,
-                           "arguments": arguments}),
-                ));
+                let done = ArgumentsDone {
+                    item_id: &id,
+                    output_index: index,
+                    name: &name,
+                    arguments: &arguments,
+                };
+                out.push(self.event("response.function_call_arguments.done", done));
                 OutputItem::FunctionCall {
                     arguments,
                     call_id,
@@ -259,10 +286,11 @@ impl ResponseEvents {
                 }
             }
         };
-        out.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": index, "item": item}),
-        ));
+        let done = ItemEvent {
+            output_index: index,
+            item: Item::Done(&item),
+        };
+        out.push(self.event("response.output_item.done", done));
         self.object.output.push(item);
     }
 
@@ -283,11 +311,14 @@ impl ResponseEvents {
                         }
                         _ => continue,
                     };
-                    out.push(self.event(
-                        "response.output_text.delta",
-                        json!({"item_id": id, "output_index": index, "content_index": 0,
-                               "delta": t, "logprobs": []}),
-                    ));
+                    let delta = TextDelta {
+                        item_id: &id,
+                        output_index: index,
+                        content_index: 0,
+                        delta: &t,
+                        logprobs: [],
+                    };
+                    out.push(self.event("response.output_text.delta", delta));
                 }
                 ToolEvent::CallStart { name, .. } => {
                     self.close(&mut out, "completed");
@@ -296,13 +327,11 @@ impl ResponseEvents {
                     else {
                         continue;
                     };
-                    let item = json!({"type": "function_call", "id": id, "call_id": call_id,
-                                      "name": name, "arguments": "", "status": "in_progress"});
-                    let index = self.output_index();
-                    out.push(self.event(
-                        "response.output_item.added",
-                        json!({"output_index": index, "item": item}),
-                    ));
+                    let added = ItemEvent {
+                        output_index: self.output_index(),
+                        item: Item::Call(OpenCall::new(&id, &call_id, &name)),
+                    };
+                    out.push(self.event("response.output_item.added", added));
                     self.open = Some(Open::Call {
                         id,
                         call_id,
@@ -319,27 +348,24 @@ impl ResponseEvents {
                         }
                         _ => continue,
                     };
-                    out.push(self.event(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": index, "delta": text}),
-                    ));
+                    let delta = ArgumentsDelta {
+                        item_id: &id,
+                        output_index: index,
+                        delta: &text,
+                    };
+                    out.push(self.event("response.function_call_arguments.delta", delta));
                 }
             }
         }
         out
     }
-
-    fn snapshot(&self) -> Value {
-        serde_json::to_value(&self.object).unwrap_or_default()
-    }
 }
 
 impl FrameWriter for ResponseEvents {
     fn start(&mut self) -> Vec<String> {
-        let r = self.snapshot();
         vec![
-            self.event("response.created", json!({"response": r})),
-            self.event("response.in_progress", json!({"response": r})),
+            self.snapshot("response.created"),
+            self.snapshot("response.in_progress"),
         ]
     }
 
@@ -378,8 +404,7 @@ impl FrameWriter for ResponseEvents {
         } else {
             "response.completed"
         };
-        let r = self.snapshot();
-        out.push(self.event(kind, json!({"response": r})));
+        out.push(self.snapshot(kind));
         out
     }
 
@@ -388,9 +413,11 @@ impl FrameWriter for ResponseEvents {
         self.close(&mut out, "incomplete");
         let e = ServerError::Internal(msg.to_string());
         self.object.status = "failed";
-        self.object.error = Some(json!({"code": "server_error", "message": e.to_string()}));
-        let r = self.snapshot();
-        out.push(self.event("response.failed", json!({"response": r})));
+        self.object.error = Some(ResponseError {
+            code: "server_error",
+            message: e.to_string(),
+        });
+        out.push(self.snapshot("response.failed"));
         out
     }
 }
@@ -466,6 +493,20 @@ mod tests {
         out.extend(w.token(0, "Par", None));
         out.extend(w.error("the engine \"failed\""));
         out.concat()
+    }
+
+    /// A streamed snapshot writes the object's numbers as the whole object does (through a
+    /// JSON value, an f32 temperature of 0.7 came out as 0.699999988079071).
+    #[test]
+    fn snapshots_write_numbers_as_the_whole_object() {
+        let mut w = writer();
+        w.object.temperature = 0.7;
+        w.object.top_p = 0.9;
+        let frames = w.start().concat();
+        assert!(frames.contains("\"temperature\":0.7,"), "{frames}");
+        assert!(frames.contains("\"top_p\":0.9,"), "{frames}");
+        let whole = crate::protocol::response::to_json_string(&w.object);
+        assert!(frames.contains(&whole), "{frames}");
     }
 
     /// The events are byte for byte what they were when they were written as untyped JSON

@@ -1,9 +1,9 @@
 //! Anthropic's error shape and statuses for a [`ServerError`].
 
+use super::events::{ErrorDetail, ErrorResponse};
 use crate::error::ServerError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
 
 /// A [`ServerError`] in Anthropic's shape and statuses.
 #[derive(Debug)]
@@ -37,9 +37,15 @@ impl AnthropicError {
     }
 
     /// `{"type": "error", "error": {"type", "message"}}`.
-    pub fn body(&self) -> Value {
+    pub fn body(&self) -> ErrorResponse {
         let (_, kind) = self.status_and_type();
-        json!({"type": "error", "error": {"type": kind, "message": self.0.to_string()}})
+        ErrorResponse {
+            kind: "error",
+            error: ErrorDetail {
+                kind,
+                message: self.0.to_string(),
+            },
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 
 mod blocks;
 mod error;
+pub mod events;
 mod object;
 #[cfg(test)]
 mod tests;

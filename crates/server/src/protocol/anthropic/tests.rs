@@ -169,7 +169,7 @@ fn errors_name_the_parameter() {
         let e = admit(body).expect_err(body);
         let ae = AnthropicError(e);
         assert_eq!(ae.status_and_type().0, StatusCode::BAD_REQUEST, "{body}");
-        assert_eq!(ae.body()["error"]["type"], "invalid_request_error");
+        assert_eq!(ae.body().error.kind, "invalid_request_error");
         assert_eq!(ae.0.to_json()["error"]["param"], param, "{body}");
     }
     // Counting needs no max_tokens.

@@ -14,6 +14,7 @@
 //!   (hosted tools, images, reasoning settings, logprobs) are refused naming the parameter;
 //!   `reasoning` items in `input` are skipped (no model here reads them).
 
+pub mod events;
 mod input;
 mod object;
 #[cfg(test)]
@@ -21,7 +22,7 @@ mod tests;
 
 pub use object::{
     IncompleteDetails, InputTokensDetails, OutputItem, OutputText, OutputTokensDetails,
-    ResponseObject, ResponseUsage,
+    ResponseError, ResponseObject, ResponseUsage,
 };
 
 use crate::error::{Result, ServerError};

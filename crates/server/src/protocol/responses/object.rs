@@ -9,8 +9,8 @@ use serde_json::Value;
 pub struct ResponseObject {
     pub background: bool,
     pub created_at: u64,
-    /// `{"code", "message"}` when the response failed.
-    pub error: Option<Value>,
+    /// When the response failed.
+    pub error: Option<ResponseError>,
     pub id: String,
     pub incomplete_details: Option<IncompleteDetails>,
     pub instructions: Option<String>,
@@ -63,6 +63,14 @@ impl ResponseObject {
             user: r.user.clone(),
         }
     }
+}
+
+/// What made a response fail.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseError {
+    /// `server_error`.
+    pub code: &'static str,
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
