@@ -13,17 +13,27 @@
 //!   prefix cache;
 //! - [`KvCacheManager::free`]: a finished, aborted or preempted sequence's blocks go back.
 //!
+//! Tiers below the pool (host memory, disk: their I/O is the engine's) meet the manager in two
+//! places. Blocks the engine has read back and checked are *loadable*
+//! ([`KvCacheManager::add_loadable`]): a prompt's cached prefix continues through them after
+//! the pool's own hits, each taking a fresh block, and [`KvCacheManager::take_loads`] names
+//! the blocks the engine must fill before the step's forward pass reads them. With
+//! [`KvCacheManager::set_report_stores`], every block newly registered in the prefix cache is
+//! named by [`KvCacheManager::take_stores`], for the tiers to keep a copy.
+//!
 //! Invariants (checked by [`KvCacheManager::check`] and the property tests):
 //! - a block's ref count equals the number of block tables holding it; with no sequences the
 //!   pool is whole;
 //! - a sequence's first `num_cached` blocks were registered under `hashes[..num_cached]`
 //!   (the map keeps the first block registered for a hash), and a block enters the prefix
 //!   cache only once every token in it is final (never a proposal);
-//! - a failed [`KvCacheManager::allocate_slots`] changes nothing.
+//! - a failed [`KvCacheManager::allocate_slots`] changes nothing;
+//! - a block named by a load is registered in the prefix cache under the loaded hash, and the
+//!   engine fills it before any forward pass runs.
 
 use crate::{hash_block, BlockHash, BlockPool};
 use ferrum_types::{BlockId, RequestId, TokenId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One sequence's blocks.
 #[derive(Debug, Clone, Default)]
@@ -40,8 +50,17 @@ struct SeqBlocks {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ComputedBlocks {
     blocks: Vec<BlockId>,
-    /// Tokens whose K/V these blocks hold.
+    /// Loadable blocks that continue the pool's hits, in order.
+    loads: Vec<BlockHash>,
+    /// Tokens whose K/V these blocks hold (the pool's and the loaded ones).
     pub num_tokens: usize,
+}
+
+impl ComputedBlocks {
+    /// Tokens of these that come from a tier below the pool.
+    pub fn num_loaded_tokens(&self, block_size: usize) -> usize {
+        self.loads.len() * block_size
+    }
 }
 
 /// Block tables of all sequences over one pool.
@@ -51,6 +70,12 @@ pub struct KvCacheManager {
     enable_prefix_caching: bool,
     pool: BlockPool,
     seqs: HashMap<RequestId, SeqBlocks>,
+    /// Blocks the engine holds, checked, outside the pool (see the module docs).
+    loadable: HashSet<BlockHash>,
+    /// Blocks to fill from `loadable` before the next forward pass.
+    loads: Vec<(BlockId, BlockHash)>,
+    /// Blocks newly registered in the prefix cache, when reported.
+    stores: Option<Vec<(BlockId, BlockHash)>>,
 }
 
 impl KvCacheManager {
@@ -60,7 +85,44 @@ impl KvCacheManager {
             enable_prefix_caching,
             pool: BlockPool::new(num_blocks),
             seqs: HashMap::new(),
+            loadable: HashSet::new(),
+            loads: Vec::new(),
+            stores: None,
         }
+    }
+
+    /// The K/V of the full block `hash` is at hand outside the pool (read back and checked):
+    /// a prompt's cached prefix may continue through it.
+    pub fn add_loadable(&mut self, hash: BlockHash) {
+        if self.enable_prefix_caching {
+            self.loadable.insert(hash);
+        }
+    }
+
+    /// The block `hash` is no longer at hand outside the pool.
+    pub fn remove_loadable(&mut self, hash: BlockHash) {
+        self.loadable.remove(&hash);
+    }
+
+    pub fn is_loadable(&self, hash: BlockHash) -> bool {
+        self.loadable.contains(&hash)
+    }
+
+    /// The blocks to fill with loadable K/V before the next forward pass (taken once).
+    pub fn take_loads(&mut self) -> Vec<(BlockId, BlockHash)> {
+        std::mem::take(&mut self.loads)
+    }
+
+    /// Whether blocks newly registered in the prefix cache are reported by
+    /// [`KvCacheManager::take_stores`].
+    pub fn set_report_stores(&mut self, on: bool) {
+        self.stores = on.then(Vec::new);
+    }
+
+    /// The blocks registered in the prefix cache since the last call, whose K/V is computed
+    /// and final (taken once; empty unless reported).
+    pub fn take_stores(&mut self) -> Vec<(BlockId, BlockHash)> {
+        self.stores.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -93,15 +155,20 @@ impl KvCacheManager {
         let seq = self.seqs.entry(id).or_default();
         extend_hashes(&mut seq.hashes, tokens, reusable, bs);
         let mut blocks = Vec::new();
+        let mut loads = Vec::new();
         for h in &seq.hashes[..reusable] {
             match self.pool.lookup(*h) {
-                Some(b) => blocks.push(b),
-                None => break,
+                Some(b) if loads.is_empty() => blocks.push(b),
+                // Past the pool's hits: loadable blocks only (a block in the pool after a
+                // loadable one is loaded again rather than shared: rare, and simpler).
+                _ if self.loadable.contains(h) => loads.push(*h),
+                _ => break,
             }
         }
         ComputedBlocks {
-            num_tokens: blocks.len() * bs,
+            num_tokens: (blocks.len() + loads.len()) * bs,
             blocks,
+            loads,
         }
     }
 
@@ -120,15 +187,19 @@ impl KvCacheManager {
     ) -> bool {
         let need = self.blocks_for(num_computed + num_new + num_lookahead);
         let held = self.block_table(id).len();
+        let loads = hits.map_or(&[][..], |h| h.loads.as_slice());
         let hits = hits.map_or(&[][..], |h| h.blocks.as_slice());
-        debug_assert!(hits.is_empty() || held == 0, "hits only start a sequence");
-        let missing = need.saturating_sub(held + hits.len());
+        debug_assert!(
+            (hits.is_empty() && loads.is_empty()) || held == 0,
+            "hits only start a sequence"
+        );
+        let missing = need.saturating_sub(held + hits.len() + loads.len());
         // A cached block with no holder sits in the free queue: taking it costs a free block.
         let hits_free = hits
             .iter()
             .filter(|&&b| self.pool.ref_count(b) == 0)
             .count();
-        if missing + hits_free > self.pool.num_free() {
+        if missing + loads.len() + hits_free > self.pool.num_free() {
             return false;
         }
         let seq = self.seqs.entry(id).or_default();
@@ -136,7 +207,16 @@ impl KvCacheManager {
             self.pool.touch(b);
             seq.blocks.push(b);
         }
-        seq.num_cached = seq.num_cached.max(hits.len());
+        for &h in loads {
+            let Some(b) = self.pool.allocate() else {
+                unreachable!("free blocks were counted")
+            };
+            // Registered now: the engine fills it before the forward pass that reads it.
+            self.pool.cache(b, h);
+            self.loads.push((b, h));
+            seq.blocks.push(b);
+        }
+        seq.num_cached = seq.num_cached.max(hits.len() + loads.len());
         for _ in 0..missing {
             match self.pool.allocate() {
                 Some(b) => seq.blocks.push(b),
@@ -181,7 +261,14 @@ impl KvCacheManager {
         }
         extend_hashes(&mut seq.hashes, tokens, full, bs);
         for i in seq.num_cached..full {
-            self.pool.cache(seq.blocks[i], seq.hashes[i]);
+            let (b, h) = (seq.blocks[i], seq.hashes[i]);
+            // Only the block the map keeps for a hash is reported (a duplicate adds nothing).
+            self.pool.cache(b, h);
+            if let Some(stores) = self.stores.as_mut() {
+                if self.pool.lookup(h) == Some(b) {
+                    stores.push((b, h));
+                }
+            }
         }
         seq.num_cached = full;
     }
@@ -263,6 +350,51 @@ mod tests {
         m.check().unwrap();
         assert_eq!(m.pool().num_free(), 8);
         assert_eq!(m.pool().num_cached(), 2, "cached K/V outlives its holders");
+    }
+
+    #[test]
+    fn blocks_evicted_from_the_pool_come_back_as_loads() {
+        let mut m = KvCacheManager::new(3, 2, true);
+        m.set_report_stores(true);
+        let a: Vec<TokenId> = (0..5).collect();
+        let hits = m.computed_blocks(1, &a);
+        assert!(m.allocate_slots(1, 0, 5, 0, Some(&hits)));
+        m.cache_blocks(1, &a, 5);
+        let stored = m.take_stores();
+        assert_eq!(stored.len(), 2, "two full blocks");
+        assert!(m.take_stores().is_empty(), "taken once");
+        for &(_, h) in &stored {
+            m.add_loadable(h);
+        }
+        m.free(1);
+        // Another prompt takes every block: the first one's K/V is gone from the pool.
+        assert!(m.allocate_slots(2, 0, 5, 0, None));
+        m.free(2);
+        assert_eq!(m.pool().num_cached(), 0);
+        // Asked again, its prefix comes back from the tier: two loads, no recompute.
+        let hits = m.computed_blocks(3, &a);
+        assert_eq!((hits.num_tokens, hits.num_loaded_tokens(2)), (4, 4));
+        assert!(m.allocate_slots(3, 4, 1, 0, Some(&hits)));
+        let loads = m.take_loads();
+        let hashes: Vec<BlockHash> = loads.iter().map(|&(_, h)| h).collect();
+        assert_eq!(hashes, stored.iter().map(|&(_, h)| h).collect::<Vec<_>>());
+        assert_eq!(m.block_table(3)[..2], [loads[0].0, loads[1].0]);
+        assert_eq!(m.pool().lookup(hashes[1]), Some(loads[1].0));
+        // Loaded blocks are not stored again.
+        m.cache_blocks(3, &a, 5);
+        assert!(m.take_stores().is_empty());
+        m.check().unwrap();
+        m.free(3);
+        m.check().unwrap();
+        // Not loadable any more: nothing to load.
+        m.remove_loadable(hashes[0]);
+        let mut n = KvCacheManager::new(3, 2, true);
+        n.add_loadable(hashes[1]);
+        assert_eq!(
+            n.computed_blocks(4, &a).num_tokens,
+            0,
+            "a chain starts at its first block"
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   for prefix reuse.
 //! - [`KvCacheManager`]: every sequence's block table over the pool: allocate slots for new
 //!   tokens plus a look-ahead, roll back to a computed length, cache full blocks of final
-//!   tokens, free.
+//!   tokens, free; blocks a tier below the pool holds (loaded in) and blocks newly cached (for
+//!   the tiers to store) are named to the engine, which does the I/O.
+//! - [`TierIndex`]: what a tier below the pool holds and its eviction order (a segmented LRU).
 //! - [`Scheduler`]: vLLM V1's policy: decodes first, then prefill chunks, then admissions
 //!   (priority, then first come first served), within `max_num_batched_tokens` and
 //!   `max_num_seqs`; recompute preemption of the lowest-priority, most recently admitted
@@ -17,9 +19,11 @@ mod block_pool;
 mod error;
 mod kv_manager;
 mod scheduler;
+mod tier_index;
 
 pub use block_hash::{hash_block, BlockHash};
 pub use block_pool::BlockPool;
 pub use error::{Result, SchedulerError};
 pub use kv_manager::{ComputedBlocks, KvCacheManager};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats};
+pub use tier_index::{TierIndex, PROTECTED_SHARE};

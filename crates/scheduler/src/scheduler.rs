@@ -96,6 +96,9 @@ impl ScheduledSeq {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
+    /// Blocks to fill with K/V read back from a tier below the pool, before the forward pass
+    /// ([`KvCacheManager::take_loads`]).
+    pub kv_loads: Vec<(BlockId, crate::BlockHash)>,
     /// Sequences preempted in this step (their K/V is gone; they wait for recompute).
     pub preempted: Vec<RequestId>,
     pub num_batched_tokens: usize,
@@ -197,6 +200,26 @@ impl Scheduler {
 
     pub fn kv_manager(&self) -> &KvCacheManager {
         &self.kv
+    }
+
+    /// See [`KvCacheManager::add_loadable`].
+    pub fn add_loadable(&mut self, hash: crate::BlockHash) {
+        self.kv.add_loadable(hash);
+    }
+
+    /// See [`KvCacheManager::remove_loadable`].
+    pub fn remove_loadable(&mut self, hash: crate::BlockHash) {
+        self.kv.remove_loadable(hash);
+    }
+
+    /// See [`KvCacheManager::set_report_stores`].
+    pub fn set_report_stores(&mut self, on: bool) {
+        self.kv.set_report_stores(on);
+    }
+
+    /// See [`KvCacheManager::take_stores`].
+    pub fn take_kv_stores(&mut self) -> Vec<(BlockId, crate::BlockHash)> {
+        self.kv.take_stores()
     }
 
     /// Queues a sequence. Lower `priority` values run first. The caller bounds the total
@@ -385,6 +408,7 @@ impl Scheduler {
             budget -= n;
         }
         out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
+        out.kv_loads = self.kv.take_loads();
         out
     }
 

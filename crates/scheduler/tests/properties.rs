@@ -4,7 +4,7 @@
 //! sequence's computed prefix (reused blocks included) holds exactly its own tokens.
 #![allow(clippy::unwrap_used)]
 
-use ferrum_scheduler::{Scheduler, SchedulerConfig};
+use ferrum_scheduler::{BlockHash, Scheduler, SchedulerConfig, TierIndex};
 use ferrum_types::{ForwardBatch, RequestId, SplitMix64, TokenId};
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -133,10 +133,17 @@ fn run_step(
     Ok(())
 }
 
+/// A simulated tier below the pool: the slots of the blocks it stores, and its index.
+struct SimTier {
+    index: TierIndex,
+    blocks: HashMap<BlockHash, Vec<Option<(TokenId, usize)>>>,
+}
+
 fn simulate(
     cfg: SchedulerConfig,
     reqs: Vec<Req>,
     spec: Option<Speculation>,
+    tier_blocks: Option<u64>,
 ) -> Result<(), TestCaseError> {
     let bs = cfg.block_size;
     let mut rng = SplitMix64::new(spec.map_or(0, |p| p.seed));
@@ -147,6 +154,11 @@ fn simulate(
     let mut done: HashMap<RequestId, bool> = HashMap::new();
     let mut admitted: Vec<RequestId> = Vec::new();
     let mut batch = ForwardBatch::new();
+    let mut tier = tier_blocks.map(|n| SimTier {
+        index: TierIndex::new(n),
+        blocks: HashMap::new(),
+    });
+    s.set_report_stores(tier.is_some());
     let mut step = 0;
     while step < 5000 {
         arrive(&mut s, &reqs, step, &mut done, &mut prompt_len);
@@ -172,6 +184,19 @@ fn simulate(
             }
         }
         let out = s.schedule();
+        // Loads fill their blocks before the forward pass (which `run_step` checks reads
+        // every computed position's own K/V).
+        if let Some(t) = tier.as_mut() {
+            for &(b, h) in &out.kv_loads {
+                let data = t.blocks.get(&h);
+                prop_assert!(data.is_some(), "a load names a block the tier holds");
+                let b = b as usize;
+                kv[b * bs..(b + 1) * bs].clone_from_slice(data.unwrap());
+                t.index.touch(h);
+            }
+        } else {
+            prop_assert!(out.kv_loads.is_empty());
+        }
         prop_assert!(out.num_batched_tokens <= cfg.max_num_batched_tokens);
         prop_assert!(out.seqs.len() <= cfg.max_num_seqs);
         prop_assert!(s.num_running() <= cfg.max_num_seqs);
@@ -218,6 +243,27 @@ fn simulate(
             }
         }
         s.update(&out, &samples);
+        // Newly cached blocks go down to the tier (which may evict others), and what it holds
+        // is loadable.
+        if let Some(t) = tier.as_mut() {
+            for (b, h) in s.take_kv_stores() {
+                let b = b as usize;
+                let data = kv[b * bs..(b + 1) * bs].to_vec();
+                prop_assert!(
+                    data.iter().all(Option::is_some),
+                    "a stored block is computed"
+                );
+                for evicted in t.index.insert(h, 1) {
+                    t.blocks.remove(&evicted);
+                    s.remove_loadable(evicted);
+                }
+                if t.index.contains(h) {
+                    t.blocks.insert(h, data);
+                    s.add_loadable(h);
+                }
+                t.index.check().map_err(TestCaseError::fail)?;
+            }
+        }
         for x in &out.seqs {
             let toks = s.tokens(x.id).unwrap();
             prop_assert!(s.num_computed(x.id).unwrap() < toks.len() || !x.samples);
@@ -381,7 +427,7 @@ proptest! {
 
     #[test]
     fn budgets_hold_nothing_leaks_everything_finishes(cfg in config(), reqs in prop::collection::vec(req(), 1..24)) {
-        simulate(cfg, reqs, None)?;
+        simulate(cfg, reqs, None, None)?;
     }
 
     #[test]
@@ -390,7 +436,17 @@ proptest! {
         reqs in prop::collection::vec(req(), 1..24),
         spec in speculation(),
     ) {
-        simulate(cfg, reqs, spec)?;
+        simulate(cfg, reqs, spec, None)?;
+    }
+
+    #[test]
+    fn a_tier_below_the_pool_serves_each_sequence_its_own_kv(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..24),
+        spec in speculation(),
+        tier_blocks in 1..24u64,
+    ) {
+        simulate(cfg, reqs, spec, Some(tier_blocks))?;
     }
 }
 
