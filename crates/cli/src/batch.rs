@@ -56,7 +56,7 @@ pub fn run_batch(
             .with_context(|| format!("{}:{no}", input.display()))?;
         requests.push(req);
     }
-    let cfg = engine.config(model.max_model_len, requests.len())?;
+    let cfg = engine.config(model, requests.len())?;
     let handle = crate::common::start_engine(m, tokenizer, &cfg, &engine.speculative, model)?;
     let start = Instant::now();
     let mut streams = Vec::with_capacity(requests.len());

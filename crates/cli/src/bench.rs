@@ -349,9 +349,7 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
     }
     let (model, text, _) = load_parts(&args.model, launch)?;
     let device = model.device_name();
-    let engine_cfg = args
-        .engine
-        .config(args.model.max_model_len, args.num_prompts)?;
+    let engine_cfg = args.engine.config(&args.model, args.num_prompts)?;
     let tokenizer = match &cfg.structured {
         Some(_) => Some(crate::common::need_text(&text)?.tokenizer.clone()),
         None => None,

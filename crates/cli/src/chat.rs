@@ -42,6 +42,7 @@ pub fn chat(args: &ChatArgs, launch: &Launch) -> Result<()> {
         &args.model,
         usize::MAX,
         &args.speculative,
+        None,
     )?;
     let max_len = engine.max_model_len();
     let interactive = std::io::stdin().is_terminal();

@@ -6,7 +6,8 @@ use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{
-    EngineConfig, EngineHandle, KvCacheSize, NgramProposer, Proposer, SpeculativeConfig,
+    EngineConfig, EngineHandle, KvCacheSize, KvDiskConfig, NgramProposer, Proposer,
+    SpeculativeConfig,
 };
 use ferrum_models::parallel::Layout;
 use ferrum_models::{
@@ -337,6 +338,7 @@ pub fn single_engine(
     model_args: &ModelArgs,
     kv_tokens: usize,
     speculative: &SpeculativeArgs,
+    kv_disk: Option<KvDiskConfig>,
 ) -> Result<EngineHandle> {
     let max_model_len = model_args.max_model_len;
     const BLOCK_SIZE: usize = 16;
@@ -353,6 +355,7 @@ pub fn single_engine(
         prefault_kv_cache: false,
         speculative: speculative.config(),
         overlap_steps: !model_args.no_overlap,
+        kv_disk,
     };
     start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
@@ -445,6 +448,16 @@ pub struct EngineArgs {
     /// Turn off reuse of cached prompt prefixes.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Keep cached full KV blocks as files in DIR too (in a folder per model and cache
+    /// layout): a prefix evicted from the KV cache, or asked for after a restart, is read back
+    /// instead of recomputed. Every file is checked before use; a folder that cannot be
+    /// written to is a warning.
+    #[arg(long, value_name = "DIR")]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Most bytes the disk tier keeps (suffixes as --kv-cache-memory; default 16GiB); beyond
+    /// it, blocks used once go before blocks used again, least recently used first.
+    #[arg(long, value_name = "BYTES", requires = "kv_disk_dir")]
+    pub kv_disk_size: Option<String>,
     #[command(flatten, next_help_heading = "Speculative decoding")]
     pub speculative: SpeculativeArgs,
 }
@@ -571,7 +584,30 @@ impl SpeculativeArgs {
 }
 
 impl EngineArgs {
-    pub fn config(&self, max_model_len: Option<usize>, max_waiting: usize) -> Result<EngineConfig> {
+    /// The disk tier's setting for `model` (its identity read from its files), when asked for.
+    pub fn kv_disk(&self, model: &ModelArgs) -> Result<Option<KvDiskConfig>> {
+        let Some(dir) = &self.kv_disk_dir else {
+            return Ok(None);
+        };
+        let max_bytes = match self.kv_disk_size.as_deref() {
+            None => 16 << 30,
+            Some(s) => match parse_kv_memory(s) {
+                Ok(KvCacheSize::Bytes(b)) if b > 0 => b,
+                _ => bail!("--kv-disk-size {s:?}: expected bytes (e.g. 16GiB, 500M)"),
+            },
+        };
+        let path = model_path::resolve(&model.model)?;
+        let model_identity = ferrum_models::weights_identity(&path)
+            .with_context(|| format!("identifying {} for --kv-disk-dir", path.display()))?;
+        Ok(Some(KvDiskConfig {
+            dir: dir.clone(),
+            max_bytes,
+            model_identity,
+        }))
+    }
+
+    pub fn config(&self, model: &ModelArgs, max_waiting: usize) -> Result<EngineConfig> {
+        let max_model_len = model.max_model_len;
         let kv_cache = match (
             self.gpu_memory_utilization,
             &self.kv_cache_memory,
@@ -593,6 +629,7 @@ impl EngineArgs {
             prefault_kv_cache: false,
             speculative: self.speculative.config(),
             overlap_steps: true,
+            kv_disk: self.kv_disk(model)?,
         })
     }
 }

@@ -104,6 +104,7 @@ pub fn run(args: &RunArgs, launch: &Launch) -> Result<()> {
         &args.model,
         kv_tokens,
         &args.engine.speculative,
+        args.engine.kv_disk(&args.model)?,
     )?;
     let stream = !args.json && has_tokenizer;
     let mut stdout = std::io::stdout().lock();

@@ -75,9 +75,7 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
         tokenizer,
         chat_template,
     } = text.map_err(|why| anyhow::anyhow!("the server needs a tokenizer: {why}"))?;
-    let mut cfg = args
-        .engine
-        .config(args.model.max_model_len, args.max_waiting_requests)?;
+    let mut cfg = args.engine.config(&args.model, args.max_waiting_requests)?;
     // A server's KV cache becomes resident in its first idle seconds, not over hours of
     // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
@@ -92,6 +90,15 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
     )?;
     let max_model_len = engine.max_model_len();
     let kv_tokens = engine.metrics().kv_blocks_total * cfg.block_size;
+    let m = engine.metrics();
+    if let Some(dir) = &m.kv_disk_dir {
+        eprintln!(
+            "ferrum: KV disk tier in {} ({} blocks, {} bytes, from earlier runs)",
+            dir.display(),
+            m.kv_disk.blocks,
+            m.kv_disk.bytes
+        );
+    }
     let server = ServerConfig {
         host: args.host.clone(),
         port: args.port,

@@ -38,6 +38,8 @@ pub struct EngineConfig {
     /// come back by an asynchronous copy (stop conditions are then seen one step late); off,
     /// each step's tokens are on the host before the next step is scheduled.
     pub overlap_steps: bool,
+    /// The disk tier below the pool (`--kv-disk-dir`), when on.
+    pub kv_disk: Option<crate::tier::KvDiskConfig>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +55,7 @@ impl Default for EngineConfig {
             prefault_kv_cache: false,
             speculative: None,
             overlap_steps: true,
+            kv_disk: None,
         }
     }
 }

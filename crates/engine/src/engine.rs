@@ -25,7 +25,8 @@ use crate::requests::{
     compute_masks, Latency, MaskCounters, Processed, ReqState, Requests, Rows, SeqState,
 };
 use crate::sampler::Sampler;
-use crate::spec::{DraftModel, Proposer, SpeculativeConfig};
+use crate::spec::{DraftModel, SpeculativeConfig};
+use crate::tier::KvTiers;
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model, StepRows};
 use ferrum_scheduler::{Scheduler, SchedulerOutput};
@@ -39,20 +40,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+mod spec_steps;
+mod tiers;
+
 /// Messages from handles to the engine thread.
 #[derive(Debug)]
 pub(crate) enum Command {
-    Add {
-        id: RequestId,
-        request: Box<GenerateRequest>,
-        seed: u64,
-        tx: UnboundedSender<Event>,
-        arrived: Instant,
-        /// The compiled constraint of a constrained request, in its initial state.
-        guide: Option<Box<Guide>>,
-    },
+    Add(Box<NewRequest>),
     Abort(RequestId),
     Shutdown,
+}
+
+/// A request as it reaches the engine thread.
+#[derive(Debug)]
+pub(crate) struct NewRequest {
+    pub id: RequestId,
+    pub request: GenerateRequest,
+    pub seed: u64,
+    pub tx: UnboundedSender<Event>,
+    pub arrived: Instant,
+    /// The compiled constraint of a constrained request, in its initial state.
+    pub guide: Option<Box<Guide>>,
 }
 
 pub(crate) struct EngineCore {
@@ -93,6 +101,10 @@ pub(crate) struct EngineCore {
     /// Where the KV cache's next slice to make resident starts, while idle
     /// ([`KvCache::populate`]); `None`: nothing (more) to do.
     populate_at: Option<usize>,
+    /// Tiers below the pool (`--kv-disk-dir`), when on.
+    tiers: Option<KvTiers>,
+    /// Requests waiting for their blocks to be read from a tier, and since when.
+    parked: HashMap<RequestId, (NewRequest, Instant)>,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
 }
@@ -180,6 +192,8 @@ impl EngineCore {
             draft: None,
             proposing: Vec::new(),
             populate_at: None,
+            tiers: None,
+            parked: HashMap::new(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
         }
@@ -192,7 +206,8 @@ impl EngineCore {
         // reports unhealthy, so `generate` and `/health` fail fast.
         let _health = HealthGuard(self.metrics.clone());
         loop {
-            if !self.st.sched.has_unfinished() && self.st.reqs.is_empty() {
+            self.poll_tiers();
+            if !self.st.sched.has_unfinished() && self.st.reqs.is_empty() && !self.has_parked() {
                 // A step left in flight whose sequences all left: collected before the engine
                 // waits, so a failure in it is this step's, not the next request's.
                 if let Err(e) = self.finish_pending_idle() {
@@ -218,6 +233,12 @@ impl EngineCore {
                 }
                 // Aborts may have emptied the pool: show it before waiting for work.
                 self.publish_metrics();
+                // Requests waiting on a tier's reads: a short wait, not a spin.
+                if self.has_parked() {
+                    if let Ok(cmd) = rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                        self.handle(cmd);
+                    }
+                }
                 continue;
             }
             // A panic inside a step (a kernel or sampler bug) must not leave clients waiting on
@@ -232,6 +253,7 @@ impl EngineCore {
             }
             self.publish_metrics();
         }
+        self.close_tiers();
         self.publish_metrics();
         if let Ok(mut m) = self.metrics.lock() {
             m.healthy = false;
@@ -249,127 +271,13 @@ impl EngineCore {
             let _ = r.tx.send(Event::Error(msg.to_owned()));
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
+        self.fail_parked(msg);
     }
 
     /// Lets steps overlap on a GPU (on by default); off, each step's tokens are back on the
     /// host before the next is scheduled.
     pub(crate) fn set_overlap(&mut self, on: bool) {
         self.overlap = on;
-    }
-
-    /// Turns speculative decoding on; `Proposer::Draft` needs the draft model.
-    pub(crate) fn set_speculative(
-        &mut self,
-        spec: SpeculativeConfig,
-        draft: Option<Model>,
-    ) -> Result<()> {
-        self.draft = match (spec.proposer, draft) {
-            (Proposer::Draft, Some(model)) => Some(DraftModel::new(
-                model,
-                self.model.config().vocab_size,
-                self.kv.num_blocks(),
-                self.st.sched.config().block_size,
-            )?),
-            (Proposer::Draft, None) => {
-                return Err(EngineError::Config(
-                    "speculative decoding with a draft model needs the draft model (--speculative-model)".into(),
-                ))
-            }
-            (_, Some(_)) => {
-                return Err(EngineError::Config(
-                    "a draft model was given, but the speculative method is not draft".into(),
-                ))
-            }
-            (_, None) => None,
-        };
-        self.spec = Some(spec);
-        Ok(())
-    }
-
-    /// Whether sequence `id` decodes: every final token but the last computed.
-    fn is_decoding(sched: &Scheduler, id: RequestId) -> bool {
-        matches!(
-            (sched.num_computed(id), sched.tokens(id)),
-            (Some(c), Some(t)) if c + 1 == t.len()
-        )
-    }
-
-    /// The decoding sequences with the most tokens each may propose (one fewer than it may
-    /// still generate, at most `num_speculative_tokens`), into `self.proposing`; empty when
-    /// more sequences decode than `disable_by_batch_size`.
-    fn collect_proposing(&mut self, spec: &SpeculativeConfig) {
-        self.proposing.clear();
-        for (&id, seq) in &self.st.seqs {
-            if Self::is_decoding(&self.st.sched, id) && !self.st.finished.contains(&id) {
-                let k = spec
-                    .num_speculative_tokens
-                    .min(seq.output.remaining().saturating_sub(1));
-                self.proposing.push((id, k));
-            }
-        }
-        if self.proposing.len() > spec.disable_by_batch_size {
-            self.proposing.clear();
-        }
-    }
-
-    /// The draft model's proposals for the next step (end of a step).
-    fn draft_propose(&mut self) -> Result<()> {
-        let Some(spec) = self.spec else {
-            return Ok(());
-        };
-        if self.draft.is_none() {
-            return Ok(());
-        }
-        self.collect_proposing(&spec);
-        let proposing = std::mem::take(&mut self.proposing);
-        let result = match self.draft.as_mut() {
-            Some(d) => d.propose(&mut self.st.sched, &proposing),
-            None => Ok(()),
-        };
-        self.proposing = proposing;
-        result
-    }
-
-    /// Sets each decoding sequence's proposals for the coming step (speculative decoding),
-    /// unless more sequences decode than `disable_by_batch_size`; clears the others'. A
-    /// sequence proposes at most one token fewer than it may still generate.
-    fn propose(&mut self) -> Result<()> {
-        let Some(spec) = self.spec else {
-            return Ok(());
-        };
-        self.collect_proposing(&spec);
-        for &(id, k) in &self.proposing {
-            match (&spec.proposer, self.draft.as_mut()) {
-                (Proposer::Ngram(p), _) => {
-                    let tokens = self.st.sched.tokens(id).unwrap_or(&[]);
-                    p.propose(tokens, k, &mut self.proposal);
-                }
-                (Proposer::Draft, Some(d)) => {
-                    d.take(id, &mut self.proposal);
-                    self.proposal.truncate(k);
-                }
-                (Proposer::Draft, None) => self.proposal.clear(),
-            }
-            // A constrained sequence proposes only what its constraint accepts.
-            if let Some(g) = self.st.seqs.get_mut(&id).and_then(|q| q.guide.as_mut()) {
-                let n = g.valid_prefix(&self.proposal);
-                self.proposal.truncate(n);
-            }
-            self.st
-                .sched
-                .propose(id, &self.proposal)
-                .map_err(|e| EngineError::Internal(e.to_string()))?;
-        }
-        // Everyone else proposes nothing this step.
-        for &id in self.st.seqs.keys() {
-            if !self.proposing.iter().any(|&(p, _)| p == id) {
-                self.st
-                    .sched
-                    .propose(id, &[])
-                    .map_err(|e| EngineError::Internal(e.to_string()))?;
-            }
-        }
-        Ok(())
     }
 
     /// Makes the KV cache resident while the engine is idle (a server's setting), a slice at a
@@ -409,41 +317,46 @@ impl EngineCore {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add {
-                id,
-                request,
-                seed,
-                tx,
-                arrived,
-                guide,
-            } => {
-                let mut r = ReqState {
-                    guide,
-                    usage: Usage {
-                        prompt_tokens: request.prompt.len(),
-                        ..Usage::default()
-                    },
-                    unfinished: request.params.n,
-                    request: *request,
-                    seed,
-                    tx,
-                    arrived,
-                    seqs: Vec::new(),
-                    children_started: false,
-                };
-                if let Err(e) = self.start_sample(id, &mut r, 0) {
-                    let _ = r.tx.send(Event::Error(e.to_string()));
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    return;
-                }
-                if let Ok(mut m) = self.metrics.lock() {
-                    m.prompt_tokens += r.request.prompt.len() as u64;
-                }
-                self.st.reqs.insert(id, r);
-            }
+            // A request whose prompt's blocks are in a tier below the pool waits for them.
+            Command::Add(new) => self.admit(*new),
             Command::Abort(id) => self.abort(id),
             Command::Shutdown => self.shutting_down = true,
         }
+    }
+
+    /// Starts a request: its first sample joins the scheduler.
+    fn add_request(&mut self, new: NewRequest) {
+        let NewRequest {
+            id,
+            request,
+            seed,
+            tx,
+            arrived,
+            guide,
+        } = new;
+        let mut r = ReqState {
+            guide,
+            usage: Usage {
+                prompt_tokens: request.prompt.len(),
+                ..Usage::default()
+            },
+            unfinished: request.params.n,
+            request,
+            seed,
+            tx,
+            arrived,
+            seqs: Vec::new(),
+            children_started: false,
+        };
+        if let Err(e) = self.start_sample(id, &mut r, 0) {
+            let _ = r.tx.send(Event::Error(e.to_string()));
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        if let Ok(mut m) = self.metrics.lock() {
+            m.prompt_tokens += r.request.prompt.len() as u64;
+        }
+        self.st.reqs.insert(id, r);
     }
 
     /// Adds sample `index` of request `id` to the scheduler.
@@ -487,6 +400,9 @@ impl EngineCore {
     }
 
     fn abort(&mut self, id: RequestId) {
+        if self.abort_parked(id) {
+            return;
+        }
         let Some(r) = self.st.reqs.remove(&id) else {
             return;
         };
@@ -540,6 +456,8 @@ impl EngineCore {
                 "the scheduler could not schedule any of the pending sequences".into(),
             ));
         }
+        // Blocks read back from a tier, before the forward pass reads them.
+        self.load_blocks(&out)?;
         self.st.sched.fill_batch(&out, &mut self.batch)?;
         let vocab = self.model.config().vocab_size;
         let needs_masks = self
@@ -695,6 +613,7 @@ impl EngineCore {
             row += s.num_logits() as u32;
         }
         self.st.sched.update(&out, &self.st.sampled);
+        self.store_blocks()?;
         std::mem::swap(&mut self.batch, &mut self.prev_batch);
         self.pending = Some(InFlight { out, rows });
         if let Ok(mut m) = self.metrics.lock() {
@@ -760,6 +679,8 @@ impl EngineCore {
         } else {
             self.st.sched.update(out, &self.st.sampled);
         }
+        // Newly cached blocks go down to the tiers before any later step can reuse them.
+        self.store_blocks()?;
         // One lock per step, not per token.
         if let Ok(mut m) = self.metrics.lock() {
             m.steps += 1;

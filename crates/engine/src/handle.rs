@@ -3,7 +3,7 @@
 //! request.
 
 use crate::config::EngineConfig;
-use crate::engine::{Command, EngineCore};
+use crate::engine::{Command, EngineCore, NewRequest};
 use crate::guide::{Guide, GuideCompiler};
 use crate::metrics::Metrics;
 use crate::request::{Event, GenerateRequest};
@@ -225,6 +225,9 @@ impl EngineHandle {
             core.prefault_kv_cache();
         }
         core.set_overlap(cfg.overlap_steps);
+        if let Some(disk) = &cfg.kv_disk {
+            core.set_kv_disk(disk, cfg.block_size)?;
+        }
         if let Some(spec) = cfg.speculative {
             core.set_speculative(spec, draft)?;
         } else if draft.is_some() {
@@ -364,16 +367,16 @@ impl EngineHandle {
             s.tx.lock()
                 .map_err(|_| EngineError::Unavailable("the engine handle is poisoned".into()))?
                 .clone();
-        let cmd = Command::Add {
+        let cmd = Command::Add(Box::new(NewRequest {
             id,
-            request: Box::new(request),
+            request,
             seed: s
                 .seed_base
                 .wrapping_add(id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
             tx: etx,
             arrived: Instant::now(),
             guide,
-        };
+        }));
         if tx.send(cmd).is_err() {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::Unavailable("the engine has stopped".into()));

@@ -18,6 +18,7 @@ mod rng;
 pub mod sampler;
 mod single;
 pub mod spec;
+pub mod tier;
 
 #[cfg(feature = "fault-injection")]
 pub use config::FaultInjection;
@@ -32,3 +33,4 @@ pub use rng::{Draws, Rng};
 pub use sampler::{SampleOutput, Sampler};
 pub use single::{Generation, TokenEvent};
 pub use spec::{NgramProposer, Proposer, SpeculativeConfig};
+pub use tier::{KvDiskConfig, TierCounters};

@@ -141,6 +141,9 @@ pub struct Metrics {
     pub healthy: bool,
     /// The device the model runs on, in words (`cpu`, `NVIDIA H200 (sm_90)`).
     pub device: String,
+    /// The disk tier below the pool (`--kv-disk-dir`), and the folder of this cache's blocks.
+    pub kv_disk: crate::tier::TierCounters,
+    pub kv_disk_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Metrics {
@@ -171,6 +174,8 @@ impl Default for Metrics {
             spec: SpecCounters::default(),
             healthy: true,
             device: "cpu".to_string(),
+            kv_disk: crate::tier::TierCounters::default(),
+            kv_disk_dir: None,
         }
     }
 }

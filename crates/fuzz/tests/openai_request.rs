@@ -184,7 +184,7 @@ fn fuzz_openai_request() {
                             e.0
                         ));
                     }
-                    let body = e.body();
+                    let body = serde_json::to_value(e.body()).unwrap_or_default();
                     if body["type"] != "error"
                         || body["error"]["message"].as_str().is_none_or(str::is_empty)
                     {

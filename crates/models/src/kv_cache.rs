@@ -17,7 +17,7 @@ enum Layers {
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
     /// In a GPU's memory.
-    Device(KvDtype, Vec<(DeviceBuffer, DeviceBuffer)>),
+    Device(KvDtype, SharedGpu, Vec<(DeviceBuffer, DeviceBuffer)>),
 }
 
 /// `layers` pairs of zeroed (untouched) buffers of `len` elements.
@@ -39,6 +39,57 @@ fn buffers_mut<E>(layers: &mut [(Vec<E>, Vec<E>)]) -> Vec<(*mut u8, usize)> {
             )
         })
         .collect()
+}
+
+/// A device copy's failure, as the model's error.
+fn device_err(e: ferrum_runtime::RuntimeError) -> ModelError {
+    ModelError::Invalid(format!("copying a KV block: {e}"))
+}
+
+/// Host block `block` of every layer's keys then values, as bytes, into `chunks`.
+fn host_blocks<'a, E: KvElem>(
+    layers: &[(Vec<E>, Vec<E>)],
+    block: usize,
+    chunks: &mut impl Iterator<Item = &'a mut [u8]>,
+) {
+    for (k, v) in layers {
+        for buf in [k, v] {
+            let Some(dst) = chunks.next() else {
+                return;
+            };
+            let n = dst.len() / std::mem::size_of::<E>();
+            dst.copy_from_slice(bytes_of(&buf[block * n..(block + 1) * n]));
+        }
+    }
+}
+
+/// The reverse of [`host_blocks`].
+fn host_blocks_mut<'a, E: KvElem>(
+    layers: &mut [(Vec<E>, Vec<E>)],
+    block: usize,
+    chunks: &mut impl Iterator<Item = &'a [u8]>,
+) {
+    for (k, v) in layers {
+        for buf in [k, v] {
+            let Some(src) = chunks.next() else {
+                return;
+            };
+            let n = src.len() / std::mem::size_of::<E>();
+            bytes_of_mut(&mut buf[block * n..(block + 1) * n]).copy_from_slice(src);
+        }
+    }
+}
+
+/// A slice of KV elements as its bytes.
+fn bytes_of<E: KvElem>(s: &[E]) -> &[u8] {
+    // SAFETY: KV elements (f32, f16, bf16) are plain data without padding; the byte view
+    // covers exactly the slice's memory and lives no longer than it.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+fn bytes_of_mut<E: KvElem>(s: &mut [E]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; every bit pattern is a valid f32, f16 or bf16.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }
 
 /// Key and value storage for every layer.
@@ -96,7 +147,7 @@ impl KvCache {
             };
             buffers.push((alloc()?, alloc()?));
         }
-        let layers = Layers::Device(config.kv_cache_dtype, buffers);
+        let layers = Layers::Device(config.kv_cache_dtype, gpu.clone(), buffers);
         Ok(Self::with_layers(config, num_blocks, block_size, layers))
     }
 
@@ -143,7 +194,7 @@ impl KvCache {
             Layers::F32(_) => KvDtype::F32,
             Layers::F16(_) => KvDtype::F16,
             Layers::Bf16(_) => KvDtype::Bf16,
-            Layers::Device(dtype, _) => dtype,
+            Layers::Device(dtype, ..) => dtype,
         }
     }
 
@@ -204,6 +255,99 @@ impl KvCache {
         self.num_blocks
     }
 
+    /// How a block's bytes are laid out ([`KvCache::read_block`]): the element type and the
+    /// in-block order, which differs between the host (keys transposed) and a GPU (one row
+    /// per slot). K/V written in one layout means nothing in another.
+    pub fn layout(&self) -> String {
+        let order = if self.is_on_gpu() {
+            "slot-rows"
+        } else {
+            "host-blocks"
+        };
+        format!("{order}/{}", self.dtype().name())
+    }
+
+    /// Bytes of one block across layers: what [`KvCache::read_block`] gives.
+    pub fn block_bytes(&self) -> usize {
+        2 * self.num_layers * self.block_region()
+    }
+
+    /// Bytes of one block in one key (or value) buffer.
+    fn block_region(&self) -> usize {
+        self.block_size * self.num_kv_heads * self.head_dim * self.dtype().size()
+    }
+
+    fn check_block(&self, block: usize) -> Result<()> {
+        if block >= self.num_blocks {
+            return Err(ModelError::Invalid(format!(
+                "block {block} is outside the KV cache's {} blocks",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Block `block`'s K/V, every layer's keys then values in turn, into `out` (replacing its
+    /// contents): [`KvCache::block_bytes`] bytes, in [`KvCache::layout`]. On a GPU the copy
+    /// waits for the work already issued.
+    pub fn read_block(&self, block: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.check_block(block)?;
+        let region = self.block_region();
+        out.clear();
+        out.resize(self.block_bytes(), 0);
+        let mut chunks = out.chunks_exact_mut(region);
+        match &self.layers {
+            Layers::F32(l) => host_blocks(l, block, &mut chunks),
+            Layers::F16(l) => host_blocks(l, block, &mut chunks),
+            Layers::Bf16(l) => host_blocks(l, block, &mut chunks),
+            Layers::Device(_, gpu, l) => {
+                let mut g = gpu.lock();
+                for (k, v) in l.iter() {
+                    for buf in [k, v] {
+                        let at = buf.at(block * region).map_err(device_err)?;
+                        let Some(chunk) = chunks.next() else {
+                            break;
+                        };
+                        g.read(at, chunk).map_err(device_err)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a block's K/V as [`KvCache::read_block`] gave it. The length must match.
+    pub fn write_block(&mut self, block: usize, data: &[u8]) -> Result<()> {
+        self.check_block(block)?;
+        if data.len() != self.block_bytes() {
+            return Err(ModelError::Invalid(format!(
+                "a KV block of {} bytes for a cache whose blocks are {} bytes",
+                data.len(),
+                self.block_bytes()
+            )));
+        }
+        let region = self.block_region();
+        let mut chunks = data.chunks_exact(region);
+        match &mut self.layers {
+            Layers::F32(l) => host_blocks_mut(l, block, &mut chunks),
+            Layers::F16(l) => host_blocks_mut(l, block, &mut chunks),
+            Layers::Bf16(l) => host_blocks_mut(l, block, &mut chunks),
+            Layers::Device(_, gpu, l) => {
+                let mut g = gpu.lock();
+                for (k, v) in l.iter() {
+                    for buf in [k, v] {
+                        let at = buf.at(block * region).map_err(device_err)?;
+                        let Some(chunk) = chunks.next() else {
+                            break;
+                        };
+                        g.write(at, chunk).map_err(device_err)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }
@@ -246,7 +390,7 @@ impl KvCache {
     /// Key and value buffers of one layer, in a GPU's memory.
     pub fn device_layer(&self, layer: usize) -> Result<(DevicePtr, DevicePtr)> {
         match &self.layers {
-            Layers::Device(_, l) => l
+            Layers::Device(_, _, l) => l
                 .get(layer)
                 .map(|(k, v)| (k.ptr(), v.ptr()))
                 .ok_or_else(|| ModelError::Invalid(format!("no KV cache layer {layer}"))),
@@ -329,5 +473,40 @@ mod tests {
             ),
         } == (1.5, 1);
         assert!(kept, "contents untouched");
+    }
+}
+
+#[cfg(test)]
+mod block_tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny-llama/config.json");
+        ModelConfig::from_hf_file(&path).expect("config")
+    }
+
+    /// A block's bytes go out and come back exactly, into the right block only; bad blocks
+    /// and lengths are errors.
+    #[test]
+    fn blocks_round_trip_through_bytes() {
+        let mut config = config();
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            config.kv_cache_dtype = dtype;
+            let mut kv = KvCache::new(&config, 4, 8).expect("cache");
+            assert_eq!(kv.block_bytes(), KvCache::bytes_per_block(&config, 8));
+            assert_eq!(kv.layout(), format!("host-blocks/{}", dtype.name()));
+            let data: Vec<u8> = (0..kv.block_bytes()).map(|i| (i * 7 % 251) as u8).collect();
+            kv.write_block(2, &data).unwrap();
+            let mut out = Vec::new();
+            kv.read_block(2, &mut out).unwrap();
+            assert_eq!(out, data);
+            for other in [0, 1, 3] {
+                kv.read_block(other, &mut out).unwrap();
+                assert!(out.iter().all(|&b| b == 0), "block {other} untouched");
+            }
+            assert!(kv.read_block(4, &mut out).is_err());
+            assert!(kv.write_block(1, &data[1..]).is_err());
+        }
     }
 }

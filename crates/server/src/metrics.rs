@@ -49,6 +49,39 @@ impl Out {
     }
 }
 
+/// The disk tier's series (`--kv-disk-dir`), labelled `tier="disk"`.
+fn disk_tier(o: &mut Out, d: &ferrum_engine::TierCounters) {
+    let base = std::mem::take(&mut o.labels);
+    o.labels = format!("{base},tier=\"disk\"");
+    let counters = [
+        ("ferrum_kv_tier_hits_total", "KV blocks read back from a tier instead of recomputed.", d.hits as f64),
+        ("ferrum_kv_tier_misses_total", "KV blocks of prompt prefixes missing from the pool that the tier did not have either (recomputed).", d.misses as f64),
+        ("ferrum_kv_tier_read_bytes_total", "Bytes of K/V read back from a tier.", d.bytes_read as f64),
+        ("ferrum_kv_tier_written_bytes_total", "Bytes of K/V handed to a tier to keep.", d.bytes_written as f64),
+        ("ferrum_kv_tier_bad_files_total", "Block files found truncated, corrupt or foreign: ignored, deleted and recomputed.", d.bad_files as f64),
+        ("ferrum_kv_tier_write_failures_total", "Block writes that failed (writes stop after the first).", d.write_failures as f64),
+        ("ferrum_kv_tier_evictions_total", "Blocks a tier let go to stay within its size.", d.evictions as f64),
+        ("ferrum_kv_tier_read_seconds_total", "Seconds spent reading and checking blocks.", d.read_seconds),
+        ("ferrum_kv_tier_wait_seconds_total", "Seconds requests waited for their blocks before they were scheduled.", d.wait_seconds),
+    ];
+    for (name, help, v) in counters {
+        o.metric(name, "counter", help, v);
+    }
+    o.metric(
+        "ferrum_kv_tier_blocks",
+        "gauge",
+        "KV blocks a tier holds.",
+        d.blocks as f64,
+    );
+    o.metric(
+        "ferrum_kv_tier_bytes",
+        "gauge",
+        "Bytes a tier holds.",
+        d.bytes as f64,
+    );
+    o.labels = base;
+}
+
 /// Renders `m` for a scrape.
 pub fn render(m: &Metrics, model_name: &str) -> String {
     let mut o = Out {
@@ -165,6 +198,9 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     ];
     for (name, help, v) in counters {
         o.metric(name, "counter", help, v as f64);
+    }
+    if m.kv_disk.enabled {
+        disk_tier(&mut o, &m.kv_disk);
     }
     o.metric(
         "ferrum_engine_steps_total",

@@ -1,13 +1,8 @@
 //! Calls written without the family's markup, as small and code models often write them with
-//! `tool_choice: "auto"`: a bare call object opening the answer, or a fenced JSON block
-//! holding one anywhere in it:
-//!
-//! ```text
-//! {"name": "get_weather", "arguments": {"city": "Oslo"}}
-//! Let me look. ```json
-//! {"name": "get_weather", "arguments": {"city": "Oslo"}}
-//! ```
-//! ```
+//! `tool_choice: "auto"`: a bare call object opening the answer,
+//! `{"name": "get_weather", "arguments": {"city": "Oslo"}}`, or the same object in a fenced
+//! block (three backticks, optionally `json`, a line break, the object, a line break, three
+//! backticks) anywhere in it.
 //!
 //! Invariants: such an object is a call only when `name` is its first key and names a declared
 //! function ([`CallSyntax::names`]); any other JSON, fenced or not, stays content. The

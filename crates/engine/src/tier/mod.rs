@@ -1,0 +1,124 @@
+//! KV tiers below the pool: where a cached full block's K/V goes so it outlives the pool, and
+//! the process. Today one tier: the disk ([`disk::DiskTier`], `--kv-disk-dir`).
+//!
+//! How it meets the engine (`engine/tiers.rs`) and the pure scheduler:
+//! - every block newly registered in the prefix cache is copied out of the KV cache and
+//!   written by the tier's I/O thread (`KvCacheManager::take_stores`);
+//! - a new request whose prompt continues past the pool's cached prefix with blocks the tier
+//!   holds waits (alone: the engine goes on with the others) while they are read and checked;
+//!   they are then *loadable*, and the step that admits it fills fresh blocks with them before
+//!   its forward pass instead of recomputing them (`SchedulerOutput::kv_loads`);
+//! - files are keyed by the scheduler's specified block hash under a [`fingerprint`] of
+//!   everything that makes K/V differ, so a restarted server (another build, another machine
+//!   with the same model) finds what a previous run left.
+
+pub mod disk;
+pub mod file;
+
+use ferrum_scheduler::BlockHash;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// `--kv-disk-dir` and `--kv-disk-size`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvDiskConfig {
+    pub dir: PathBuf,
+    /// Most bytes of block files kept (header included).
+    pub max_bytes: u64,
+    /// What identifies the model's weights and tokenizer across runs (a digest of their
+    /// files, `ferrum_models::weights_identity`).
+    pub model_identity: String,
+}
+
+/// A tier's counters and gauges, as `/metrics` exports them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TierCounters {
+    /// Whether the tier is on.
+    pub enabled: bool,
+    /// Blocks served from the tier instead of being recomputed.
+    pub hits: u64,
+    /// Blocks of prompts' prefixes missing from the pool that the tier did not have either.
+    pub misses: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Files found bad (truncated, corrupt, foreign), ignored and recomputed.
+    pub bad_files: u64,
+    pub write_failures: u64,
+    pub evictions: u64,
+    /// Seconds the I/O thread spent reading and checking blocks.
+    pub read_seconds: f64,
+    /// Seconds requests waited for their blocks before they could be scheduled.
+    pub wait_seconds: f64,
+    /// Blocks and bytes held now.
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// A warning about a tier, on standard error (the server's log).
+pub fn warn(msg: &str) {
+    eprintln!("ferrum: KV disk tier: {msg}");
+}
+
+/// What makes a cache's K/V differ, as one digest: the model (its identity), and the cache's
+/// element type and layout, block size, attention shapes and RoPE. Equal fingerprints and equal
+/// block hashes mean equal K/V bytes.
+#[derive(Debug)]
+pub struct FingerprintParts<'a> {
+    pub model_identity: &'a str,
+    /// `KvCache::layout`.
+    pub layout: String,
+    pub block_size: usize,
+    pub block_bytes: usize,
+    pub config: &'a ferrum_models::ModelConfig,
+}
+
+/// SHA-256 over the parts, each written as `name=value;` in a fixed order.
+pub fn fingerprint(p: &FingerprintParts<'_>) -> [u8; 32] {
+    let c = p.config;
+    let text = format!(
+        "ferrum.kv.fingerprint.v1;model={};layout={};block_size={};block_bytes={};arch={};\
+         layers={};kv_heads={};head_dim={};rotary_dim={};rope_theta={:08x};rope_local_theta={};\
+         rope_scaling={:?};",
+        p.model_identity,
+        p.layout,
+        p.block_size,
+        p.block_bytes,
+        c.architecture,
+        c.num_hidden_layers,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.rotary_dim,
+        c.rope_theta.to_bits(),
+        c.rope_local_theta
+            .map_or("none".to_string(), |t| format!("{:08x}", t.to_bits())),
+        c.rope_scaling,
+    );
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// The tiers of one engine, and the blocks read back for requests, not yet in the pool.
+#[derive(Debug)]
+pub struct KvTiers {
+    pub disk: disk::DiskTier,
+    pub counters: TierCounters,
+    /// Blocks read back and checked, not yet in the pool: the request they were read for, and
+    /// the bytes.
+    pub staged: HashMap<BlockHash, (u64, Vec<u8>)>,
+    /// Scratch for a block's bytes.
+    pub buf: Vec<u8>,
+}
+
+impl KvTiers {
+    pub fn new(disk: disk::DiskTier, counters: TierCounters) -> KvTiers {
+        KvTiers {
+            disk,
+            counters: TierCounters {
+                enabled: true,
+                ..counters
+            },
+            staged: HashMap::new(),
+            buf: Vec::new(),
+        }
+    }
+}
