@@ -395,6 +395,17 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
                 "structured_masks": m.structured_masks,
                 "structured_mask_us": per_mask_us,
                 "structured_mask_wait_share": wait_share,
+                "kv_disk": m.kv_disk.enabled.then(|| json!({
+                    "hits": m.kv_disk.hits,
+                    "misses": m.kv_disk.misses,
+                    "bytes_read": m.kv_disk.bytes_read,
+                    "bytes_written": m.kv_disk.bytes_written,
+                    "bad_files": m.kv_disk.bad_files,
+                    "write_failures": m.kv_disk.write_failures,
+                    "evictions": m.kv_disk.evictions,
+                    "read_s": m.kv_disk.read_seconds,
+                    "wait_s": m.kv_disk.wait_seconds,
+                })),
             })
         );
     } else {
@@ -413,6 +424,21 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
             r.total_tok_s,
             r.requests_per_s
         );
+        if m.kv_disk.enabled {
+            let d = &m.kv_disk;
+            println!(
+                "KV disk tier: {} blocks read back ({} MB, {:.3} s reading, requests waited {:.3} s), {} recomputed, {} MB written, {} bad files, {} write failures, {} evicted",
+                d.hits,
+                d.bytes_read / 1_000_000,
+                d.read_seconds,
+                d.wait_seconds,
+                d.misses,
+                d.bytes_written / 1_000_000,
+                d.bad_files,
+                d.write_failures,
+                d.evictions
+            );
+        }
         if let Some(s) = &cfg.structured {
             println!(
                 "structured output ({}): {} masks, {per_mask_us:.0} us each; steps waited {:.3} s for masks ({:.1}% of the run)",
