@@ -99,6 +99,18 @@ class Server:
             self.proc.wait()
 
 
+def evict_from_page_cache(folder):
+    """Writes the folder's files out and drops them from the page cache."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def working_set(a, spec) -> int:
     n, d, blocks = (int(x) for x in spec.split(":"))
     rng = random.Random(99)
@@ -147,6 +159,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="the tier's folder (default: a temporary one)")
+    ap.add_argument("--cold-files", action="store_true",
+                    help="before each restart run, evict the tier's files from the page cache "
+                         "(posix_fadvise DONTNEED), so the blocks come from the disk itself")
     ap.add_argument("--working-set", metavar="N:D:B",
                     help="N documents of D tokens against a KV cache of B blocks instead")
     ap.add_argument("extra", nargs="*", help="more `ferrum serve` flags (after --)")
@@ -165,6 +180,8 @@ def main() -> int:
                 if kind == "cold":
                     shutil.rmtree(kv_dir, ignore_errors=True)
                     os.makedirs(kv_dir)
+                elif a.cold_files:
+                    evict_from_page_cache(kv_dir)
                 s = Server(a.bin, a.model, kv_dir, a.extra)
                 try:
                     ttft, text = s.first_token(prompt, a.max_tokens)
@@ -185,6 +202,7 @@ def main() -> int:
         "rounds": a.rounds,
         "ttft_cold_s": runs["cold"],
         "ttft_restart_s": runs["restart"],
+        "cold_files": a.cold_files,
         "median_cold_s": round(cold, 3),
         "median_restart_s": round(warm, 3),
         "speedup": round(cold / warm, 1),

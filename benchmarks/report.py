@@ -153,6 +153,7 @@ def real_files(d: pathlib.Path) -> None:
         for r in spec_rows:
             p(r)
         p("")
+    kv_disk(d)
     serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:
@@ -160,6 +161,41 @@ def real_files(d: pathlib.Path) -> None:
         p("f16 KV: `llama-server -np 16 -c 16384`, `ferrum serve --num-kv-blocks 1024`), after start,")
         p("one streamed token and Ferrum's KV cache made resident: "
           + ", ".join(f"{k} {v['peak_rss_mib']} MiB" for k, v in serve.items()) + ".\n")
+
+
+def kv_disk(d: pathlib.Path) -> None:
+    """The disk KV tier (benchmarks/kv_disk_restart.py) on Qwen2.5-Coder-1.5B."""
+    restart, ws = load(d / "kvdisk-restart.json"), load(d / "kvdisk-workingset.json")
+    if not restart and not ws:
+        return
+    p = print
+    p("### The disk KV tier (`--kv-disk-dir`)\n")
+    if restart:
+        p(f"A {restart['prefix_tokens']}-token prompt on {restart['model']}, {restart['rounds']} rounds of two runs:")
+        p("`cold`, the tier's folder emptied, so the prompt is computed; `restart`, a new server process on")
+        p("the folder the cold one left" + (", its files evicted from the page cache first (`--cold-files`), so "
+          "the blocks come from the disk." if restart.get("cold_files") else "."))
+        p("Time to the first streamed token, medians (`python3 benchmarks/kv_disk_restart.py --model M")
+        p(f"--prefix-tokens {restart['prefix_tokens']} --rounds {restart['rounds']}"
+          + (" --cold-files" if restart.get("cold_files") else "") + "`):\n")
+        p("| cold (recomputed) | after a restart (read back) | ratio | blocks read | read and check | same tokens |")
+        p("| --- | --- | --- | --- | --- | --- |")
+        t = restart["tier_after_restart"]
+        p(f"| {restart['median_cold_s']:.2f} s | {restart['median_restart_s']:.3f} s | {restart['speedup']}x | "
+          f"{t.get('ferrum_kv_tier_hits_total', 0):.0f} ({t.get('ferrum_kv_tier_read_bytes_total', 0) / 1e6:.0f} MB) | "
+          f"{t.get('ferrum_kv_tier_read_seconds_total', 0):.3f} s | {'yes' if restart['same_tokens'] else 'NO'} |\n")
+    if ws:
+        p(f"{ws['documents']} documents of {ws['doc_tokens']} tokens asked twice in turn against a KV cache of "
+          f"{ws['kv_blocks']} blocks of 16")
+        p("(room for 2 of them: a working set 4x the pool), one server with the tier and one without, passes")
+        p("alternated; in the second pass the tier reads what the pool evicted (`--working-set "
+          f"{ws['documents']}:{ws['doc_tokens']}:{ws['kv_blocks']} --max-tokens 8`):\n")
+        p("| | second pass, s | median TTFT, s | first pass, s |")
+        p("| --- | --- | --- | --- |")
+        for k in ("without", "with"):
+            p(f"| {k} the tier | {ws['second_pass_s'][k]} | {ws['second_pass_median_ttft_s'][k]} | {ws['first_pass_s'][k]} |")
+        p(f"\nSecond pass {ws['second_pass_speedup']}x faster with the tier; the same tokens: "
+          f"{'yes' if ws['same_tokens'] else 'NO'}.\n")
 
 
 def main() -> None:

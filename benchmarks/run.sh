@@ -150,6 +150,18 @@ PY
 done
 model="$smol"
 
+# The disk KV tier on the 1.5B: a 4000-token prompt asked again after a restart (the tier's
+# files evicted from the page cache first), and 8 documents of 1000 tokens asked twice in turn
+# against a KV cache that holds 2 of them, with and without the tier.
+if [ "$quick" = 0 ]; then
+  echo "== KV disk tier (Qwen2.5-Coder-1.5B)"
+  q15=$(bash scripts/fetch-model.sh qwen2.5-coder-1.5b | tail -n 1)
+  python3 benchmarks/kv_disk_restart.py --bin "$ferrum" --model "$q15" --prefix-tokens 4000 \
+    --rounds 3 --cold-files > "$out/kvdisk-restart.json" || rm -f "$out/kvdisk-restart.json"
+  python3 benchmarks/kv_disk_restart.py --bin "$ferrum" --model "$q15" --working-set 8:1000:140 \
+    --max-tokens 8 > "$out/kvdisk-workingset.json" || rm -f "$out/kvdisk-workingset.json"
+fi
+
 # The same raw speed on a busy machine: one CPU-bound process (a Python busy loop) shares the
 # cores with each engine's $threads threads. Both engines get the same competition.
 echo "== raw model speed beside one CPU-bound process"
