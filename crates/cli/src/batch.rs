@@ -226,5 +226,21 @@ fn parse_line(
         (None, None) => bail!("each line needs `prompt` or `prompt_ids`"),
     };
     p.validate(usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(GenerateRequest::new(prompt, p))
+    let priority = match obj.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(x) => x
+            .as_i64()
+            .and_then(|x| i32::try_from(x).ok())
+            .context("`priority` must be a 32-bit integer")?,
+    };
+    let tenant = match obj.get("user") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(u)) => Some(u.clone()),
+        Some(_) => bail!("`user` must be a string"),
+    };
+    Ok(GenerateRequest {
+        priority,
+        tenant,
+        ..GenerateRequest::new(prompt, p)
+    })
 }

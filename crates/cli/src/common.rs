@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{
     EngineConfig, EngineHandle, KvCacheSize, KvDiskConfig, NgramProposer, Proposer,
-    SpeculativeConfig,
+    SchedulingPolicy, SpeculativeConfig,
 };
 use ferrum_models::parallel::Layout;
 use ferrum_models::{
@@ -356,6 +356,8 @@ pub fn single_engine(
         speculative: speculative.config(),
         overlap_steps: !model_args.no_overlap,
         kv_disk,
+        scheduling: SchedulingPolicy::Priority,
+        tenant_weights: Vec::new(),
     };
     start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
@@ -458,6 +460,16 @@ pub struct EngineArgs {
     /// it, blocks used once go before blocks used again, least recently used first.
     #[arg(long, value_name = "BYTES", requires = "kv_disk_dir")]
     pub kv_disk_size: Option<String>,
+    /// The order waiting requests are admitted in, and which running one is preempted when KV
+    /// blocks run out: `priority` (a request's `priority`, lower first, then arrival), `fifo`
+    /// (arrival only), `fair` (a weighted fair queue between tenants, see --tenant-weights;
+    /// within a tenant, priority then arrival).
+    #[arg(long, value_enum, default_value_t = Scheduling::Priority)]
+    pub scheduling: Scheduling,
+    /// Tenants' weights under `--scheduling fair`, as NAME=WEIGHT,... (a request's tenant is
+    /// its `user`, or on the Messages API its `metadata.user_id`); unlisted tenants weigh 1.
+    #[arg(long, value_name = "NAME=W,...")]
+    pub tenant_weights: Option<String>,
     #[command(flatten, next_help_heading = "Speculative decoding")]
     pub speculative: SpeculativeArgs,
 }
@@ -583,7 +595,41 @@ impl SpeculativeArgs {
     }
 }
 
+/// `--scheduling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheduling {
+    Fifo,
+    Priority,
+    Fair,
+}
+
 impl EngineArgs {
+    /// `--tenant-weights` read: `NAME=W` pairs, weights at least 1, names once each.
+    fn tenant_weights(&self) -> Result<Vec<(String, u32)>> {
+        let Some(spec) = &self.tenant_weights else {
+            return Ok(Vec::new());
+        };
+        if self.scheduling != Scheduling::Fair {
+            bail!("--tenant-weights goes with --scheduling fair");
+        }
+        let mut out: Vec<(String, u32)> = Vec::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, w)) = part.split_once('=') else {
+                bail!("--tenant-weights: {part:?} is not NAME=WEIGHT");
+            };
+            let w: u32 = match w.trim().parse() {
+                Ok(w) if w >= 1 => w,
+                _ => bail!("--tenant-weights: the weight of {name:?} must be a whole number of at least 1, got {w:?}"),
+            };
+            let name = name.trim().to_string();
+            if name.is_empty() || out.iter().any(|(n, _)| *n == name) {
+                bail!("--tenant-weights: tenant names must be given once each and not be empty ({part:?})");
+            }
+            out.push((name, w));
+        }
+        Ok(out)
+    }
+
     /// The disk tier's setting for `model` (its identity read from its files), when asked for.
     pub fn kv_disk(&self, model: &ModelArgs) -> Result<Option<KvDiskConfig>> {
         let Some(dir) = &self.kv_disk_dir else {
@@ -630,6 +676,12 @@ impl EngineArgs {
             speculative: self.speculative.config(),
             overlap_steps: true,
             kv_disk: self.kv_disk(model)?,
+            scheduling: match self.scheduling {
+                Scheduling::Fifo => SchedulingPolicy::Fifo,
+                Scheduling::Priority => SchedulingPolicy::Priority,
+                Scheduling::Fair => SchedulingPolicy::Fair(Vec::new()),
+            },
+            tenant_weights: self.tenant_weights()?,
         })
     }
 }

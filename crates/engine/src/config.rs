@@ -40,6 +40,11 @@ pub struct EngineConfig {
     pub overlap_steps: bool,
     /// The disk tier below the pool (`--kv-disk-dir`), when on.
     pub kv_disk: Option<crate::tier::KvDiskConfig>,
+    /// The waiting order and preemption victim (`--scheduling`). Under `Fair`, the weights
+    /// come from `tenant_weights` (the policy's own list is replaced).
+    pub scheduling: ferrum_scheduler::SchedulingPolicy,
+    /// Tenants' weights by name (`--tenant-weights`); unlisted tenants weigh 1.
+    pub tenant_weights: Vec<(String, u32)>,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +61,8 @@ impl Default for EngineConfig {
             speculative: None,
             overlap_steps: true,
             kv_disk: None,
+            scheduling: ferrum_scheduler::SchedulingPolicy::Priority,
+            tenant_weights: Vec::new(),
         }
     }
 }

@@ -26,6 +26,7 @@ use crate::requests::{
 };
 use crate::sampler::Sampler;
 use crate::spec::{DraftModel, SpeculativeConfig};
+use crate::tenants::Tenants;
 use crate::tier::KvTiers;
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model, StepRows};
@@ -105,6 +106,8 @@ pub(crate) struct EngineCore {
     tiers: Option<KvTiers>,
     /// Requests waiting for their blocks to be read from a tier, and since when.
     parked: HashMap<RequestId, (NewRequest, Instant)>,
+    /// Tenants' names as the scheduler's numbers.
+    tenants: Tenants,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
 }
@@ -194,6 +197,7 @@ impl EngineCore {
             populate_at: None,
             tiers: None,
             parked: HashMap::new(),
+            tenants: Tenants::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
         }
@@ -272,6 +276,11 @@ impl EngineCore {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
         self.fail_parked(msg);
+    }
+
+    /// The tenants' numbering (weighted ones first), before any request arrives.
+    pub(crate) fn set_tenants(&mut self, tenants: Tenants) {
+        self.tenants = tenants;
     }
 
     /// Lets steps overlap on a GPU (on by default); off, each step's tokens are back on the
@@ -382,7 +391,12 @@ impl EngineCore {
         self.next_seq += 1;
         self.st
             .sched
-            .add(seq, &r.request.prompt, r.request.priority)
+            .add_for(
+                seq,
+                &r.request.prompt,
+                r.request.priority,
+                self.tenants.id(r.request.tenant.as_deref()),
+            )
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         self.st.seqs.insert(
             seq,

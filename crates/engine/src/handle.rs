@@ -7,9 +7,10 @@ use crate::engine::{Command, EngineCore, NewRequest};
 use crate::guide::{Guide, GuideCompiler};
 use crate::metrics::Metrics;
 use crate::request::{Event, GenerateRequest};
+use crate::tenants::Tenants;
 use crate::{EngineError, Result};
 use ferrum_models::Model;
-use ferrum_scheduler::{Scheduler, SchedulerConfig};
+use ferrum_scheduler::{Scheduler, SchedulerConfig, SchedulingPolicy};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{RequestId, StructuredOutput, TokenId};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -161,6 +162,12 @@ impl EngineHandle {
             model.kv_bytes_per_block(cfg.block_size),
             model.device_memory()?,
         )?;
+        if cfg.tenant_weights.iter().any(|(_, w)| *w == 0) {
+            return Err(EngineError::Config(
+                "a tenant's weight must be at least 1".into(),
+            ));
+        }
+        let (tenants, weights) = Tenants::new(&cfg.tenant_weights);
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -168,6 +175,10 @@ impl EngineHandle {
             num_blocks,
             // LongRoPE rotates a prompt's blocks by its length: not shareable across prompts.
             enable_prefix_caching: cfg.enable_prefix_caching && !mc.rope_depends_on_prompt_len(),
+            policy: match &cfg.scheduling {
+                SchedulingPolicy::Fair(_) => SchedulingPolicy::Fair(weights),
+                p => p.clone(),
+            },
         };
         let sched =
             Scheduler::new(sched_cfg.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
@@ -235,6 +246,7 @@ impl EngineHandle {
                 "a draft model was given without speculative decoding".into(),
             ));
         }
+        core.set_tenants(tenants);
         setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())

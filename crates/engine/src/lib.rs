@@ -18,12 +18,14 @@ mod rng;
 pub mod sampler;
 mod single;
 pub mod spec;
+mod tenants;
 pub mod tier;
 
 #[cfg(feature = "fault-injection")]
 pub use config::FaultInjection;
 pub use config::{available_memory, EngineConfig, KvCacheSize};
 pub use error::{EngineError, Result};
+pub use ferrum_scheduler::SchedulingPolicy;
 pub use guide::{Guide, GuideCompiler};
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, SpecCounters};

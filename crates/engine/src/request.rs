@@ -8,8 +8,12 @@ use ferrum_types::{FinishReason, SamplingParams, TokenId};
 pub struct GenerateRequest {
     pub prompt: Vec<TokenId>,
     pub params: SamplingParams,
-    /// Lower values are scheduled first; equal priorities are first come, first served.
+    /// Lower values are scheduled first; equal priorities are first come, first served
+    /// (under the `priority` and `fair` scheduling policies).
     pub priority: i32,
+    /// Whose share of the engine the request uses (the `fair` policy); `None`: the tenant of
+    /// requests that name none.
+    pub tenant: Option<String>,
     /// `params.structured` compiled already ([`crate::EngineHandle::compile_guide`], say on a
     /// blocking thread); when `None`, `generate` compiles it.
     pub guide: Option<Guide>,
@@ -21,6 +25,7 @@ impl GenerateRequest {
             prompt,
             params,
             priority: 0,
+            tenant: None,
             guide: None,
         }
     }

@@ -416,3 +416,66 @@ fn an_output_failure_fails_only_its_request() {
     wait_for_idle(&e);
     e.shutdown();
 }
+
+/// Every scheduling policy serves the same requests to the same tokens (greedy); tenants'
+/// weights are checked at start.
+#[test]
+fn scheduling_policies_and_tenants() {
+    use ferrum_engine::SchedulingPolicy;
+    let p = SamplingParams {
+        max_tokens: Some(6),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    let mut outputs = Vec::new();
+    for policy in [
+        SchedulingPolicy::Priority,
+        SchedulingPolicy::Fifo,
+        SchedulingPolicy::Fair(Vec::new()),
+    ] {
+        let e = engine(
+            "tiny-qwen2",
+            EngineConfig {
+                max_num_seqs: 2,
+                scheduling: policy.clone(),
+                tenant_weights: if matches!(policy, SchedulingPolicy::Fair(_)) {
+                    vec![("a".into(), 3), ("b".into(), 1)]
+                } else {
+                    Vec::new()
+                },
+                ..EngineConfig::default()
+            },
+        );
+        let streams: Vec<_> = prompts()[..8]
+            .iter()
+            .enumerate()
+            .map(|(i, prompt)| {
+                let r = GenerateRequest {
+                    priority: (i % 3) as i32,
+                    tenant: Some(["a", "b", "c"][i % 3].to_string()),
+                    ..GenerateRequest::new(prompt.clone(), p.clone())
+                };
+                e.generate(r).unwrap()
+            })
+            .collect();
+        outputs.push(
+            streams
+                .into_iter()
+                .map(|s| collect(s, 1).0)
+                .collect::<Vec<_>>(),
+        );
+        wait_for_idle(&e);
+        e.shutdown();
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]));
+    let bad = EngineHandle::start(
+        model("tiny-qwen2"),
+        None,
+        &EngineConfig {
+            scheduling: SchedulingPolicy::Fair(Vec::new()),
+            tenant_weights: vec![("a".into(), 0)],
+            ..EngineConfig::default()
+        },
+    );
+    assert!(bad.is_err_and(|e| e.to_string().contains("weight")));
+}

@@ -9,15 +9,17 @@
 //!   tokens, free; blocks a tier below the pool holds (loaded in) and blocks newly cached (for
 //!   the tiers to store) are named to the engine, which does the I/O.
 //! - [`TierIndex`]: what a tier below the pool holds and its eviction order (a segmented LRU).
-//! - [`Scheduler`]: vLLM V1's policy: decodes first, then prefill chunks, then admissions
-//!   (priority, then first come first served), within `max_num_batched_tokens` and
-//!   `max_num_seqs`; recompute preemption of the lowest-priority, most recently admitted
-//!   sequence when blocks run out.
+//! - [`Scheduler`]: vLLM V1's step: decodes first, then prefill chunks, then admissions in
+//!   the waiting queue's order, within `max_num_batched_tokens` and `max_num_seqs`; recompute
+//!   preemption of the policy's victim when blocks run out.
+//! - [`queue`]: the policy seam, [`RequestQueue`]: first come first served, priority (the
+//!   default), or a weighted fair queue between tenants ([`SchedulingPolicy`]).
 
 mod block_hash;
 mod block_pool;
 mod error;
 mod kv_manager;
+pub mod queue;
 mod scheduler;
 mod tier_index;
 
@@ -25,5 +27,6 @@ pub use block_hash::{hash_block, BlockHash};
 pub use block_pool::BlockPool;
 pub use error::{Result, SchedulerError};
 pub use kv_manager::{ComputedBlocks, KvCacheManager};
+pub use queue::{RequestQueue, SchedulingPolicy};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats};
 pub use tier_index::{TierIndex, PROTECTED_SHARE};

@@ -204,10 +204,7 @@ impl RequestQueue for FairQueue {
     }
 
     fn remove(&mut self, w: &Waiting) -> bool {
-        let removed = self
-            .tenants
-            .get_mut(&w.tenant)
-            .is_some_and(|q| q.remove(w));
+        let removed = self.tenants.get_mut(&w.tenant).is_some_and(|q| q.remove(w));
         if removed {
             self.len -= 1;
         }
@@ -310,7 +307,11 @@ mod tests {
             fair.charge(x.tenant, 30);
             admitted.push(x.tenant);
         }
-        assert_eq!(admitted.iter().filter(|&&t| t == 0).count(), 6, "{admitted:?}");
+        assert_eq!(
+            admitted.iter().filter(|&&t| t == 0).count(),
+            6,
+            "{admitted:?}"
+        );
         // The tenant most over its share gives up a running sequence.
         let running = [
             Running {

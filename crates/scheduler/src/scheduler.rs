@@ -26,9 +26,10 @@
 //!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
 //! - only final tokens enter the prefix cache.
 
+use crate::queue::{RequestQueue, Running, SchedulingPolicy, Waiting};
 use crate::{BlockPool, KvCacheManager, Result, SchedulerError};
 use ferrum_types::{BlockId, ForwardBatch, RequestId, TokenId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 /// Limits of the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,8 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Reuse the K/V of full blocks whose tokens (and everything before them) match.
     pub enable_prefix_caching: bool,
+    /// The waiting order and the preemption victim ([`crate::queue`]).
+    pub policy: SchedulingPolicy,
 }
 
 impl SchedulerConfig {
@@ -121,6 +124,7 @@ pub struct SchedulerStats {
 #[derive(Debug, Clone)]
 struct Seq {
     priority: i32,
+    tenant: u32,
     arrival: u64,
     admitted: u64,
     /// Final tokens (prompt, then output), then the proposals for the next step.
@@ -137,6 +141,16 @@ struct Seq {
 }
 
 impl Seq {
+    /// The sequence as the waiting queue holds it.
+    fn waiting(&self, id: RequestId) -> Waiting {
+        Waiting {
+            id,
+            priority: self.priority,
+            arrival: self.arrival,
+            tenant: self.tenant,
+        }
+    }
+
     fn num_proposals(&self) -> usize {
         self.tokens.len() - self.num_final
     }
@@ -163,8 +177,8 @@ pub struct Scheduler {
     seqs: HashMap<RequestId, Seq>,
     /// Running sequences in admission order.
     running: Vec<RequestId>,
-    /// Waiting sequences by (priority, arrival).
-    waiting: BTreeSet<(i32, u64, RequestId)>,
+    /// Waiting sequences, in the policy's order.
+    waiting: Box<dyn RequestQueue>,
     next_arrival: u64,
     next_admission: u64,
     stats: SchedulerStats,
@@ -178,10 +192,10 @@ impl Scheduler {
         cfg.validate()?;
         Ok(Scheduler {
             kv: KvCacheManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching),
+            waiting: cfg.policy.queue(),
             cfg,
             seqs: HashMap::new(),
             running: Vec::new(),
-            waiting: BTreeSet::new(),
             next_arrival: 0,
             next_admission: 0,
             stats: SchedulerStats::default(),
@@ -222,9 +236,21 @@ impl Scheduler {
         self.kv.take_stores()
     }
 
-    /// Queues a sequence. Lower `priority` values run first. The caller bounds the total
-    /// length (prompt + output) by [`SchedulerConfig::capacity_tokens`].
+    /// Queues a sequence of tenant 0. Lower `priority` values run first (under the
+    /// `priority` and `fair` policies). The caller bounds the total length (prompt + output)
+    /// by [`SchedulerConfig::capacity_tokens`].
     pub fn add(&mut self, id: RequestId, prompt: &[TokenId], priority: i32) -> Result<()> {
+        self.add_for(id, prompt, priority, 0)
+    }
+
+    /// [`Scheduler::add`] for a tenant (the `fair` policy shares the engine between tenants).
+    pub fn add_for(
+        &mut self,
+        id: RequestId,
+        prompt: &[TokenId],
+        priority: i32,
+        tenant: u32,
+    ) -> Result<()> {
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
@@ -244,6 +270,7 @@ impl Scheduler {
             id,
             Seq {
                 priority,
+                tenant,
                 arrival,
                 admitted: 0,
                 tokens: prompt.to_vec(),
@@ -255,7 +282,12 @@ impl Scheduler {
                 held: false,
             },
         );
-        self.waiting.insert((priority, arrival, id));
+        self.waiting.push(Waiting {
+            id,
+            priority,
+            arrival,
+            tenant,
+        });
         Ok(())
     }
 
@@ -341,7 +373,7 @@ impl Scheduler {
         if seq.running {
             self.running.retain(|&r| r != id);
         } else {
-            self.waiting.remove(&(seq.priority, seq.arrival, id));
+            self.waiting.remove(&seq.waiting(id));
         }
         self.kv.free(id);
     }
@@ -381,15 +413,23 @@ impl Scheduler {
                 }
             }
         }
+        // The running sequences' runs count for their tenants before anyone is admitted (the
+        // fair policy admits the least served).
+        for s in &out.seqs {
+            if let Some(seq) = self.seqs.get(&s.id) {
+                self.waiting.charge(seq.tenant, s.num_tokens);
+            }
+        }
         // Admissions, unless this step had to preempt (memory is short: let running finish).
         while out.preempted.is_empty() && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&(prio, arrival, id)) = self.waiting.first() else {
+            let Some(w) = self.waiting.first() else {
                 break;
             };
+            let id = w.id;
             let Some((n, k)) = self.try_admit(id, budget) else {
                 break;
             };
-            self.waiting.remove(&(prio, arrival, id));
+            self.waiting.remove(&w);
             let seq = self
                 .seqs
                 .get_mut(&id)
@@ -405,6 +445,8 @@ impl Scheduler {
                 num_proposed: k,
                 samples: seq.num_computed + n - k == seq.num_final,
             });
+            let tenant = seq.tenant;
+            self.waiting.charge(tenant, n);
             budget -= n;
         }
         out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
@@ -441,20 +483,22 @@ impl Scheduler {
         }
     }
 
-    /// The running sequence with the lowest priority, admitted last.
+    /// The running sequence the policy gives up (never a held one).
     fn pick_victim(&self) -> RequestId {
-        let mut best: Option<(i32, u64, RequestId)> = None;
-        for &r in &self.running {
-            let s = &self.seqs[&r];
-            if s.held {
-                continue;
-            }
-            let key = (s.priority, s.admitted, r);
-            if best.is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
-                best = Some(key);
-            }
-        }
-        best.map(|b| b.2)
+        let running: Vec<Running> = self
+            .running
+            .iter()
+            .map(|&id| (id, &self.seqs[&id]))
+            .filter(|(_, s)| !s.held)
+            .map(|(id, s)| Running {
+                id,
+                priority: s.priority,
+                admitted: s.admitted,
+                tenant: s.tenant,
+            })
+            .collect();
+        self.waiting
+            .victim(&running)
             .expect("preemption needs a running sequence")
     }
 
@@ -469,7 +513,8 @@ impl Scheduler {
         seq.num_computed = 0;
         seq.tokens.truncate(seq.num_final);
         seq.running = false;
-        self.waiting.insert((seq.priority, seq.arrival, id));
+        let w = seq.waiting(id);
+        self.waiting.push(w);
         out.preempted.push(id);
         self.stats.preemptions += 1;
     }

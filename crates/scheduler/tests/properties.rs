@@ -4,7 +4,7 @@
 //! sequence's computed prefix (reused blocks included) holds exactly its own tokens.
 #![allow(clippy::unwrap_used)]
 
-use ferrum_scheduler::{BlockHash, Scheduler, SchedulerConfig, TierIndex};
+use ferrum_scheduler::{BlockHash, Scheduler, SchedulerConfig, SchedulingPolicy, TierIndex};
 use ferrum_types::{ForwardBatch, RequestId, SplitMix64, TokenId};
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -47,15 +47,26 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         1..48usize,
         1..6usize,
         any::<bool>(),
+        prop::sample::select(vec![
+            SchedulingPolicy::Priority,
+            SchedulingPolicy::Fifo,
+            SchedulingPolicy::Fair(vec![(1, 3), (2, 1)]),
+        ]),
     )
-        .prop_map(|(bs, extra, budget, seqs, cache)| SchedulerConfig {
+        .prop_map(|(bs, extra, budget, seqs, cache, policy)| SchedulerConfig {
             // The longest sequence (39 prompt + 15 output tokens) must fit alone.
             num_blocks: 54usize.div_ceil(bs) + extra,
             block_size: bs,
             max_num_batched_tokens: budget,
             max_num_seqs: seqs,
             enable_prefix_caching: cache,
+            policy,
         })
+}
+
+/// The simulated requests' tenants: three, by id.
+fn tenant(id: RequestId) -> u32 {
+    (id % 3) as u32
 }
 
 /// Token a simulated model samples: depends only on the sequence and position.
@@ -94,7 +105,8 @@ fn arrive(
     for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
         let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
         prompt.extend(&r.tail);
-        s.add(i as RequestId, &prompt, r.priority).unwrap();
+        s.add_for(i as RequestId, &prompt, r.priority, tenant(i as RequestId))
+            .unwrap();
         done.insert(i as RequestId, false);
         prompt_len.insert(i as RequestId, prompt.len());
     }
@@ -290,13 +302,18 @@ fn simulate(
     prop_assert!(done.values().all(|&d| d));
     s.check().map_err(TestCaseError::fail)?;
     prop_assert_eq!(s.pool().num_free(), cfg.num_blocks, "blocks leaked");
-    // First come, first served among equal priorities, and never a lower priority first while
-    // a higher one waited since earlier.
+    // First come, first served: among equal priorities (`priority`), among all (`fifo`),
+    // within a tenant among equal priorities (`fair`).
     let arrival = |id: RequestId| (reqs[id as usize].arrive_at, id);
     for (a_pos, &a) in admitted.iter().enumerate() {
         for &b in &admitted[a_pos + 1..] {
             let (ra, rb) = (&reqs[a as usize], &reqs[b as usize]);
-            if ra.priority == rb.priority {
+            let ordered = match cfg.policy {
+                SchedulingPolicy::Fifo => true,
+                SchedulingPolicy::Priority => ra.priority == rb.priority,
+                SchedulingPolicy::Fair(_) => ra.priority == rb.priority && tenant(a) == tenant(b),
+            };
+            if ordered {
                 prop_assert!(
                     arrival(a) < arrival(b),
                     "{} admitted before {} against FCFS",
@@ -458,6 +475,7 @@ fn a_prompt_that_can_never_fit_is_refused() {
         max_num_batched_tokens: 64,
         max_num_seqs: 4,
         enable_prefix_caching: true,
+        policy: Default::default(),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let err = s.add(1, &[7; 16], 0).unwrap_err().to_string();
@@ -475,6 +493,7 @@ fn prefix_reuse_skips_cached_blocks_and_long_prompts_are_chunked() {
         max_num_batched_tokens: 8,
         max_num_seqs: 8,
         enable_prefix_caching: true,
+        policy: Default::default(),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let prompt: Vec<TokenId> = (0..18).collect();
@@ -513,6 +532,7 @@ fn preemption_evicts_the_lowest_priority_latest_admitted() {
         max_num_batched_tokens: 64,
         max_num_seqs: 4,
         enable_prefix_caching: false,
+        policy: Default::default(),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     s.add(1, &[1, 2, 3], 0).unwrap();
@@ -539,6 +559,7 @@ fn proposals_are_verified_in_one_run_and_rejected_ones_roll_back() {
         max_num_batched_tokens: 64,
         max_num_seqs: 4,
         enable_prefix_caching: true,
+        policy: Default::default(),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     s.add(1, &[1, 2, 3, 4, 5, 6], 0).unwrap();
@@ -585,6 +606,7 @@ fn proposals_never_cost_a_preemption() {
         max_num_batched_tokens: 64,
         max_num_seqs: 4,
         enable_prefix_caching: false,
+        policy: Default::default(),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     s.add(1, &[1, 2, 3, 4, 5, 6], 0).unwrap();
@@ -604,4 +626,87 @@ fn proposals_never_cost_a_preemption() {
     s.update(&out, &[(1, 8), (2, 9)]);
     assert_eq!(s.num_computed(1), Some(7));
     s.check().unwrap();
+}
+
+/// Two tenants weighted 3:1, both with more requests than the engine runs at once: the
+/// tokens computed for each follow the weights (within 10%) for as long as both wait; a tenant
+/// alone gets every running slot.
+#[test]
+fn weighted_tenants_share_the_engine_by_their_weights() {
+    let cfg = SchedulerConfig {
+        num_blocks: 256,
+        block_size: 4,
+        max_num_batched_tokens: 48,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+        policy: SchedulingPolicy::Fair(vec![(1, 3), (2, 1)]),
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut next = 0;
+    let mut owner: HashMap<RequestId, u32> = HashMap::new();
+    let mut add = |s: &mut Scheduler, t: u32, next: &mut RequestId| {
+        let prompt: Vec<TokenId> = (0..12).map(|j| j + 1000 * *next as TokenId).collect();
+        s.add_for(*next, &prompt, 0, t).unwrap();
+        owner.insert(*next, t);
+        *next += 1;
+    };
+    for _ in 0..60 {
+        add(&mut s, 1, &mut next);
+        add(&mut s, 2, &mut next);
+    }
+    let mut computed = [0usize; 3];
+    let mut outputs: HashMap<RequestId, usize> = HashMap::new();
+    let mut batch = ForwardBatch::new();
+    for _ in 0..400 {
+        let waiting = |t: u32| {
+            owner
+                .iter()
+                .any(|(id, &o)| o == t && s.num_computed(*id) == Some(0) && s.tokens(*id).is_some())
+        };
+        if !(waiting(1) && waiting(2)) {
+            break;
+        }
+        let out = s.schedule();
+        s.fill_batch(&out, &mut batch).unwrap();
+        let mut samples = Vec::new();
+        let mut finished = Vec::new();
+        for x in &out.seqs {
+            computed[owner[&x.id] as usize] += x.num_tokens;
+            if x.samples {
+                let n = outputs.entry(x.id).or_insert(0);
+                *n += 1;
+                samples.push((x.id, 7));
+                if *n == 12 {
+                    finished.push(x.id);
+                }
+            }
+        }
+        s.update(&out, &samples);
+        for id in finished {
+            s.remove(id);
+            owner.remove(&id);
+        }
+    }
+    let ratio = computed[1] as f64 / computed[2] as f64;
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "tenants computed {} and {} tokens: {ratio:.2}, not 3:1",
+        computed[1],
+        computed[2]
+    );
+    // Alone, a tenant fills every running slot.
+    let mut s = Scheduler::new(SchedulerConfig {
+        num_blocks: 256,
+        block_size: 4,
+        max_num_batched_tokens: 48,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+        policy: SchedulingPolicy::Fair(vec![(1, 3), (2, 1)]),
+    })
+    .unwrap();
+    for i in 0..8 {
+        s.add_for(i, &[1, 2, 3], 0, 2).unwrap();
+    }
+    s.schedule();
+    assert_eq!(s.num_running(), 4);
 }

@@ -202,6 +202,8 @@ pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedC
     let prompt_tokens = prompt.len();
     let mut request = GenerateRequest::new(prompt, params);
     request.guide = guide;
+    request.priority = req.opts.priority;
+    request.tenant = req.opts.tenant.clone();
     let merged = Merged::submit(&s.engine, vec![request])?;
     Ok(StartedChat {
         merged,

@@ -54,6 +54,7 @@ pub async fn completions(
     .await
     .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
     let guide = s.compile_constraint(&req.opts).await?;
+    let (priority, tenant) = (req.opts.priority, req.opts.tenant.clone());
     let params = req.opts.params;
     for (ids, _) in &encoded {
         if ids.is_empty() {
@@ -67,6 +68,8 @@ pub async fn completions(
         .iter()
         .map(|(ids, _)| GenerateRequest {
             guide: guide.as_ref().map(Guide::fork),
+            priority,
+            tenant: tenant.clone(),
             ..GenerateRequest::new(ids.clone(), params.clone())
         })
         .collect();

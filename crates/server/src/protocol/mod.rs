@@ -53,6 +53,10 @@ pub struct Options {
     pub include_usage: bool,
     /// The field the request's constraint (`params.structured`) came from.
     pub constraint_param: Option<String>,
+    /// `priority`: lower first.
+    pub priority: i32,
+    /// The tenant (`user`, or Anthropic's `metadata.user_id`).
+    pub tenant: Option<String>,
 }
 
 impl Options {
@@ -159,6 +163,37 @@ mod tests {
         assert_eq!(r.opts.params.top_k, None);
         assert_eq!(r.opts.params.logit_bias, vec![(7, -100.0)]);
         assert!(r.opts.stream && r.opts.include_usage);
+    }
+
+    /// `priority` and the tenant (`user`) reach the options of both endpoints; bad ones are
+    /// 400s naming the field.
+    #[test]
+    fn priority_and_tenant_are_read_and_checked() {
+        let c = chat(r#"{"messages":[{"role":"user","content":"x"}],"priority":-3,"user":"acme"}"#)
+            .unwrap();
+        assert_eq!(
+            (c.opts.priority, c.opts.tenant.as_deref()),
+            (-3, Some("acme"))
+        );
+        let c = completion(r#"{"prompt":"x","priority":7}"#).unwrap();
+        assert_eq!((c.opts.priority, c.opts.tenant), (7, None));
+        let long = "u".repeat(300);
+        for (body, param) in [
+            (
+                r#"{"prompt":"x","priority":"high"}"#.to_string(),
+                "priority",
+            ),
+            (r#"{"prompt":"x","priority":1.5}"#.to_string(), "priority"),
+            (
+                r#"{"prompt":"x","priority":3000000000}"#.to_string(),
+                "priority",
+            ),
+            (format!(r#"{{"prompt":"x","user":"{long}"}}"#), "user"),
+            (r#"{"prompt":"x","user":5}"#.to_string(), "user"),
+        ] {
+            let e = completion(&body).map(|_| ()).unwrap_err();
+            assert_eq!(param_of(e), param, "{body}");
+        }
     }
 
     #[test]

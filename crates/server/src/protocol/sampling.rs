@@ -30,8 +30,12 @@ pub struct SamplingFields {
     pub seed: Option<Seed>,
     pub stream: Option<Flag>,
     pub stream_options: Option<StreamOptions>,
-    /// Accepted and unused (OpenAI's end-user id).
+    /// OpenAI's end-user id: the tenant whose share of the engine the request uses (under
+    /// `--scheduling fair`).
     pub user: Option<Text>,
+    /// Lower values are scheduled first (vLLM's field; under `--scheduling priority` and
+    /// `fair`).
+    pub priority: Option<Int>,
     pub stop: Option<Strings>,
     pub stop_token_ids: Option<TokenIds>,
     pub ignore_eos: Option<Flag>,
@@ -46,6 +50,9 @@ pub struct StreamOptions {
     /// that `stream_options` needs `stream`.
     pub include_usage: Option<Value>,
 }
+
+/// Longest `user` (the tenant's name).
+pub const MAX_USER_BYTES: usize = 256;
 
 /// `max_tokens` of 0 is refused so the message names the field the client used.
 pub fn max_tokens(key: &str, v: Option<Count>) -> Result<Option<usize>> {
@@ -148,12 +155,33 @@ impl SamplingFields {
             skip_special_tokens: self.skip_special_tokens.is_none_or(|Flag(b)| b),
             structured: None,
         };
+        let priority = match self.priority.map(|Int(p)| p) {
+            None => 0,
+            Some(p) => i32::try_from(p).map_err(|_| {
+                ServerError::param(
+                    "priority",
+                    format!("'priority' must be a 32-bit integer, got {p}"),
+                )
+            })?,
+        };
+        let tenant = self.user.as_ref().map(|Text(u)| u.clone());
+        if let Some(u) = tenant.as_ref().filter(|u| u.len() > MAX_USER_BYTES) {
+            return Err(ServerError::param(
+                "user",
+                format!(
+                    "'user' is {} bytes; at most {MAX_USER_BYTES} are allowed",
+                    u.len()
+                ),
+            ));
+        }
         Ok(Options {
             model: self.model.as_ref().map(|Text(m)| m.clone()),
             params,
             stream,
             include_usage,
             constraint_param: None,
+            priority,
+            tenant,
         })
     }
 

@@ -347,6 +347,10 @@ pub(super) fn rename_stop(e: ServerError) -> ServerError {
                 .replace("stop strings", "stop sequences"),
             Some("stop_sequences".into()),
         ),
+        Some("user") => (
+            msg.replace("'user'", "metadata.user_id"),
+            Some("metadata.user_id".into()),
+        ),
         _ => (msg, param),
     })
 }

@@ -62,6 +62,8 @@ pub struct MessagesRequest {
     pub output_config: Option<Value>,
     pub container: Option<Value>,
     pub mcp_servers: Option<Value>,
+    /// Ferrum's (and vLLM's) scheduling priority: lower first.
+    pub priority: Option<Int>,
 }
 
 impl MessagesRequest {
@@ -116,8 +118,21 @@ impl MessagesRequest {
                 return Err(bad("metadata", "metadata: must be an object"));
             }
         }
+        // `metadata.user_id` names the tenant, as `user` does on OpenAI's APIs.
+        let user = match self.metadata.as_ref().and_then(|m| m.get("user_id")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(u)) => Some(Text(u.clone())),
+            Some(_) => {
+                return Err(bad(
+                    "metadata.user_id",
+                    "metadata.user_id: must be a string",
+                ))
+            }
+        };
         let sampling = SamplingFields {
             model: self.model.clone(),
+            user,
+            priority: self.priority,
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,

@@ -206,3 +206,26 @@ fn a_cut_answer_is_max_tokens_even_with_calls() {
         ("end_turn", None)
     );
 }
+
+#[test]
+fn priority_and_the_tenant_from_metadata() {
+    let r = admit(
+        r#"{"model":"m","max_tokens":3,"priority":2,"metadata":{"user_id":"acme"},"messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (r.opts.priority, r.opts.tenant.as_deref()),
+        (2, Some("acme"))
+    );
+    let e = admit(
+        r#"{"model":"m","max_tokens":3,"metadata":{"user_id":5},"messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.to_json()["error"]["param"], "metadata.user_id");
+    let long = "u".repeat(300);
+    let e = admit(&format!(
+        r#"{{"model":"m","max_tokens":3,"metadata":{{"user_id":"{long}"}},"messages":[{{"role":"user","content":"x"}}]}}"#
+    ))
+    .unwrap_err();
+    assert_eq!(e.to_json()["error"]["param"], "metadata.user_id");
+}
