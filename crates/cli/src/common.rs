@@ -358,6 +358,7 @@ pub fn single_engine(
         kv_disk,
         scheduling: SchedulingPolicy::Priority,
         tenant_weights: Vec::new(),
+        cost_seed: ferrum_engine::DEFAULT_COST_SEED,
     };
     start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
@@ -682,6 +683,7 @@ impl EngineArgs {
                 Scheduling::Fair => SchedulingPolicy::Fair(Vec::new()),
             },
             tenant_weights: self.tenant_weights()?,
+            cost_seed: ferrum_engine::DEFAULT_COST_SEED,
         })
     }
 }

@@ -32,7 +32,7 @@ enum Command {
     /// Chat with a model interactively, using its chat template.
     Chat(chat::ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Print the token ids of a text as {"ids": [...]}.
     Tokenize(tokenize::TokenizeArgs),
     /// Benchmarks: `latency` (prefill and decode speed of the model), `throughput`

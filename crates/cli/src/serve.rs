@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// http://localhost:3000; comma-separated or repeated; `*` allows any. Default: none.
     #[arg(long, value_name = "ORIGINS")]
     allowed_origins: Vec<String>,
+    /// A service-level class requests name with `"slo_class": NAME`: NAME:TTFT_MS, its
+    /// time-to-first-token target in milliseconds, and `:best-effort` to serve requests the
+    /// engine predicts will miss it instead of refusing them (429 with `Retry-After`).
+    /// Repeatable.
+    #[arg(long = "slo-class", value_name = "NAME:TTFT_MS[:best-effort]")]
+    slo_class: Vec<String>,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -113,6 +119,11 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
             .and_then(ferrum_server::tools::ToolFormat::from_name),
         web_ui: !args.no_web_ui,
         allowed_origins: args.allowed_origins.clone(),
+        slo_classes: args
+            .slo_class
+            .iter()
+            .map(|c| parse_slo_class(c))
+            .collect::<Result<_>>()?,
     };
     let has_template = chat_template.is_some();
     let web_ui = server.web_ui;
@@ -133,4 +144,66 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
         );
     })
     .context("serving")
+}
+
+/// `--slo-class NAME:TTFT_MS[:best-effort]`.
+fn parse_slo_class(spec: &str) -> Result<(String, ferrum_engine::Slo)> {
+    let bad = || {
+        anyhow::anyhow!(
+            "--slo-class {spec:?}: expected NAME:TTFT_MS or NAME:TTFT_MS:best-effort (TTFT_MS a whole number of milliseconds, at least 1)"
+        )
+    };
+    let mut parts = spec.split(':');
+    let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(bad)?;
+    let ms: u64 = parts
+        .next()
+        .and_then(|m| m.parse().ok())
+        .filter(|&m| m >= 1)
+        .ok_or_else(bad)?;
+    let best_effort = match parts.next() {
+        None => false,
+        Some("best-effort") => true,
+        Some(_) => return Err(bad()),
+    };
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok((
+        name.to_string(),
+        ferrum_engine::Slo {
+            ttft: Duration::from_millis(ms),
+            best_effort,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slo_classes_are_read_and_checked() {
+        let (n, s) = parse_slo_class("chat:800").unwrap();
+        assert_eq!(
+            (n.as_str(), s.ttft.as_millis(), s.best_effort),
+            ("chat", 800, false)
+        );
+        assert!(
+            parse_slo_class("batch:60000:best-effort")
+                .unwrap()
+                .1
+                .best_effort
+        );
+        for bad in [
+            "",
+            "x",
+            ":5",
+            "x:0",
+            "x:y",
+            "x:5:maybe",
+            "x:5:best-effort:1",
+        ] {
+            assert!(parse_slo_class(bad).is_err(), "{bad}");
+        }
+    }
 }

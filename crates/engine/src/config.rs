@@ -45,7 +45,14 @@ pub struct EngineConfig {
     pub scheduling: ferrum_scheduler::SchedulingPolicy,
     /// Tenants' weights by name (`--tenant-weights`); unlisted tenants weigh 1.
     pub tenant_weights: Vec<(String, u32)>,
+    /// Where the step cost model starts (seconds per step, per prefill token, per decode row,
+    /// per KV block) before the engine's own steps refine it.
+    pub cost_seed: [f64; 4],
 }
+
+/// A step cost to start from: a few milliseconds per step, a millisecond per prefill token and
+/// per decode row (a small model on a few cores); the engine's own steps replace it.
+pub const DEFAULT_COST_SEED: [f64; 4] = [0.005, 0.001, 0.001, 0.0];
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -63,6 +70,7 @@ impl Default for EngineConfig {
             kv_disk: None,
             scheduling: ferrum_scheduler::SchedulingPolicy::Priority,
             tenant_weights: Vec::new(),
+            cost_seed: DEFAULT_COST_SEED,
         }
     }
 }

@@ -30,7 +30,7 @@ use crate::tenants::Tenants;
 use crate::tier::KvTiers;
 use crate::{EngineError, Result};
 use ferrum_models::{ForwardBatch, KvCache, Model, StepRows};
-use ferrum_scheduler::{Scheduler, SchedulerOutput};
+use ferrum_scheduler::{CostModel, Scheduler, SchedulerOutput, StepShape};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{RequestId, TokenId};
 use std::collections::HashMap;
@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+mod lifecycle;
 mod spec_steps;
 mod tiers;
 
@@ -108,6 +109,9 @@ pub(crate) struct EngineCore {
     parked: HashMap<RequestId, (NewRequest, Instant)>,
     /// Tenants' names as the scheduler's numbers.
     tenants: Tenants,
+    /// The step cost, learned from the steps' timings, and the shape of the step being run.
+    cost: CostModel,
+    shape: StepShape,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
 }
@@ -198,6 +202,8 @@ impl EngineCore {
             tiers: None,
             parked: HashMap::new(),
             tenants: Tenants::default(),
+            cost: CostModel::new(crate::config::DEFAULT_COST_SEED),
+            shape: StepShape::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
         }
@@ -222,12 +228,21 @@ impl EngineCore {
                     break;
                 }
                 match self.next_command(&rx) {
-                    Some(cmd) => self.handle(cmd),
+                    Some(cmd) => {
+                        self.handle(cmd);
+                        self.publish_metrics();
+                    }
                     None => break,
                 }
             }
+            let mut took = false;
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
+                took = true;
+            }
+            if took {
+                // New requests count in what the next submissions are predicted to wait for.
+                self.publish_metrics();
             }
             if !self.st.sched.has_unfinished() {
                 // Likewise with requests still here but nothing to schedule.
@@ -250,7 +265,9 @@ impl EngineCore {
             let started = Instant::now();
             let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()))
                 .unwrap_or_else(|p| Err(EngineError::Internal(panic_message(p.as_ref()))));
-            self.step_seconds += started.elapsed().as_secs_f64();
+            let seconds = started.elapsed().as_secs_f64();
+            self.step_seconds += seconds;
+            self.cost.observe(self.shape, seconds);
             if let Err(e) = stepped {
                 self.fail_all(&format!("engine step failed: {e}"));
                 return;
@@ -264,18 +281,9 @@ impl EngineCore {
         }
     }
 
-    /// Ends the engine after a failed step: every request gets the error.
-    fn fail_all(&mut self, msg: &str) {
-        // Unhealthy before any client hears of the failure: one that reads its error and
-        // then asks `/health` must not be told all is well.
-        if let Ok(mut m) = self.metrics.lock() {
-            m.healthy = false;
-        }
-        for (_, r) in self.st.reqs.drain() {
-            let _ = r.tx.send(Event::Error(msg.to_owned()));
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.fail_parked(msg);
+    /// Where the step cost model starts.
+    pub(crate) fn set_cost_seed(&mut self, seed: [f64; 4]) {
+        self.cost = CostModel::new(seed);
     }
 
     /// The tenants' numbering (weighted ones first), before any request arrives.
@@ -413,40 +421,6 @@ impl EngineCore {
         Ok(())
     }
 
-    fn abort(&mut self, id: RequestId) {
-        if self.abort_parked(id) {
-            return;
-        }
-        let Some(r) = self.st.reqs.remove(&id) else {
-            return;
-        };
-        let tok = self.st.tokenizer.clone();
-        for seq in &r.seqs {
-            self.st.sched.remove(*seq);
-            if let Some(mut s) = self.st.seqs.remove(seq) {
-                if let Ok(o) = s.output.abort(tok.as_deref()) {
-                    let _ = r.tx.send(Event::Finished {
-                        index: s.index,
-                        reason: o.finish.unwrap_or(ferrum_types::FinishReason::Abort),
-                        text: o.text,
-                    });
-                }
-            }
-        }
-        self.count_finished(r.arrived, Instant::now());
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        let _ = r.tx.send(Event::Done { usage: r.usage });
-    }
-
-    /// A request left the engine (done, aborted or failed): the counter and the end-to-end
-    /// histogram see every one, as their help says.
-    fn count_finished(&self, arrived: Instant, now: Instant) {
-        if let Ok(mut m) = self.metrics.lock() {
-            m.e2e_latency.observe((now - arrived).as_secs_f64());
-            m.requests_finished += 1;
-        }
-    }
-
     fn step(&mut self) -> Result<()> {
         self.steps += 1;
         #[cfg(feature = "fault-injection")]
@@ -470,6 +444,7 @@ impl EngineCore {
                 "the scheduler could not schedule any of the pending sequences".into(),
             ));
         }
+        self.shape = self.st.sched.step_shape(&out);
         // Blocks read back from a tier, before the forward pass reads them.
         self.load_blocks(&out)?;
         self.st.sched.fill_batch(&out, &mut self.batch)?;
@@ -747,20 +722,6 @@ impl EngineCore {
         proposed
     }
 
-    /// Ends a request with an error: its sequences and blocks are released.
-    fn fail(&mut self, id: RequestId, msg: &str) {
-        let Some(r) = self.st.reqs.remove(&id) else {
-            return;
-        };
-        for seq in &r.seqs {
-            self.st.sched.remove(*seq);
-            self.st.seqs.remove(seq);
-        }
-        self.count_finished(r.arrived, Instant::now());
-        let _ = r.tx.send(Event::Error(msg.to_owned()));
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-
     fn finish_seq(&mut self, seq: RequestId, now: Instant) {
         self.st.sched.remove(seq);
         let Some(s) = self.st.seqs.remove(&seq) else {
@@ -793,6 +754,12 @@ impl EngineCore {
             m.prefix_cache_queries = st.prefix_queries;
             m.prefix_cache_hits = st.prefix_hits;
             m.preemptions = st.preemptions;
+            m.cost = self.cost.coefficients();
+            m.cost_ready = self.cost.is_ready();
+            m.pending_prefill_tokens = self.st.sched.pending_prefill_tokens();
+            m.decoding = self.st.sched.num_decoding();
+            m.kv_blocks_read = st.blocks_total - st.blocks_free;
+            m.max_num_batched_tokens = self.st.sched.config().max_num_batched_tokens;
         }
     }
 }

@@ -26,6 +26,13 @@ pub enum EngineError {
     /// A structured-output constraint that does not compile (or the model cannot take one).
     #[error("the {kind} cannot be used: {msg}")]
     Constraint { kind: &'static str, msg: String },
+    /// The cost model predicts the request's first token after its target: refused before any
+    /// compute; `retry_after` is when it could be met.
+    #[error("{msg}")]
+    Unmeetable {
+        msg: String,
+        retry_after: std::time::Duration,
+    },
     /// Too many requests are queued; try again later.
     #[error("the engine is at its limit of {0} queued and running requests")]
     Overloaded(usize),

@@ -247,6 +247,7 @@ impl EngineHandle {
             ));
         }
         core.set_tenants(tenants);
+        core.set_cost_seed(cfg.cost_seed);
         setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())
@@ -353,6 +354,10 @@ impl EngineHandle {
                 request.prompt.len(),
                 s.max_model_len
             )));
+        }
+        if let Some(slo) = &request.slo {
+            let m = s.metrics.lock().unwrap_or_else(|p| p.into_inner());
+            crate::slo::admit(&m, request.prompt.len(), slo)?;
         }
         if !request.params.stop.is_empty() && s.tokenizer.is_none() {
             return Err(EngineError::Request(

@@ -17,20 +17,21 @@ mod requests;
 mod rng;
 pub mod sampler;
 mod single;
+mod slo;
 pub mod spec;
 mod tenants;
 pub mod tier;
 
 #[cfg(feature = "fault-injection")]
 pub use config::FaultInjection;
-pub use config::{available_memory, EngineConfig, KvCacheSize};
+pub use config::{available_memory, EngineConfig, KvCacheSize, DEFAULT_COST_SEED};
 pub use error::{EngineError, Result};
 pub use ferrum_scheduler::SchedulingPolicy;
 pub use guide::{Guide, GuideCompiler};
 pub use handle::{EngineHandle, EventStream};
 pub use metrics::{Metrics, SpecCounters};
 pub use output::{OutputProcessor, TokenOutput};
-pub use request::{Event, GenerateRequest, Usage};
+pub use request::{Event, GenerateRequest, Slo, Usage};
 pub use rng::{Draws, Rng};
 pub use sampler::{SampleOutput, Sampler};
 pub use single::{Generation, TokenEvent};

@@ -144,6 +144,16 @@ pub struct Metrics {
     /// The disk tier below the pool (`--kv-disk-dir`), and the folder of this cache's blocks.
     pub kv_disk: crate::tier::TierCounters,
     pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// The step cost model ([`ferrum_scheduler::CostModel`]): seconds per step, per prefill
+    /// token, per decode row, per KV block read; and whether it has seen enough steps.
+    pub cost: [f64; 4],
+    pub cost_ready: bool,
+    /// What a new request's first token waits behind: prefill tokens still to compute,
+    /// decoding sequences, the KV blocks they read, and the step's token budget.
+    pub pending_prefill_tokens: usize,
+    pub decoding: usize,
+    pub kv_blocks_read: usize,
+    pub max_num_batched_tokens: usize,
 }
 
 impl Default for Metrics {
@@ -176,6 +186,12 @@ impl Default for Metrics {
             device: "cpu".to_string(),
             kv_disk: crate::tier::TierCounters::default(),
             kv_disk_dir: None,
+            cost: [0.0; 4],
+            cost_ready: false,
+            pending_prefill_tokens: 0,
+            decoding: 0,
+            kv_blocks_read: 0,
+            max_num_batched_tokens: 0,
         }
     }
 }

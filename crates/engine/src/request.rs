@@ -2,6 +2,16 @@
 
 use crate::guide::Guide;
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
+use std::time::Duration;
+
+/// A request's service-level target: its first token within `ttft`. Unless `best_effort`, a
+/// request the engine's cost model predicts cannot meet it is refused when submitted
+/// ([`crate::EngineError::Unmeetable`]), before any compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slo {
+    pub ttft: Duration,
+    pub best_effort: bool,
+}
 
 /// One generation request: a tokenized prompt and how to sample it.
 #[derive(Debug, Clone)]
@@ -14,6 +24,8 @@ pub struct GenerateRequest {
     /// Whose share of the engine the request uses (the `fair` policy); `None`: the tenant of
     /// requests that name none.
     pub tenant: Option<String>,
+    /// A time-to-first-token target, if any.
+    pub slo: Option<Slo>,
     /// `params.structured` compiled already ([`crate::EngineHandle::compile_guide`], say on a
     /// blocking thread); when `None`, `generate` compiles it.
     pub guide: Option<Guide>,
@@ -26,6 +38,7 @@ impl GenerateRequest {
             params,
             priority: 0,
             tenant: None,
+            slo: None,
             guide: None,
         }
     }

@@ -479,3 +479,88 @@ fn scheduling_policies_and_tenants() {
     );
     assert!(bad.is_err_and(|e| e.to_string().contains("weight")));
 }
+
+/// Admission by prediction with a fake cost (a second per prefill token, which the tiny
+/// model's own quick steps barely move: no step of theirs prefills much): behind waiting
+/// prompts, a request whose first-token target cannot be met is refused when submitted, with
+/// the excess as its retry time; a best-effort one is taken; a target its own prompt cannot
+/// meet is the client's error.
+#[test]
+fn requests_that_would_miss_their_first_token_target_are_refused_up_front() {
+    use ferrum_engine::{EngineError, Slo};
+    let e = engine(
+        "tiny-qwen2",
+        EngineConfig {
+            max_num_seqs: 1,
+            cost_seed: [0.0, 1.0, 0.0, 0.0],
+            ..EngineConfig::default()
+        },
+    );
+    let p = |n| SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    // Steps for the model to be trusted, then one long decode that holds the only slot.
+    collect(
+        e.generate(GenerateRequest::new(vec![5, 6, 7], p(12)))
+            .unwrap(),
+        1,
+    );
+    let running = e
+        .generate(GenerateRequest::new(vec![5, 6, 7], p(3000)))
+        .unwrap();
+    let waiting: Vec<_> = (0..3)
+        .map(|i| {
+            let prompt: Vec<TokenId> = (0..30).map(|j| 10 + i * 40 + j).collect();
+            e.generate(GenerateRequest::new(prompt, p(2))).unwrap()
+        })
+        .collect();
+    let t = Instant::now();
+    while e.metrics().num_waiting < 3 || e.metrics().pending_prefill_tokens < 87 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            e.metrics().num_waiting
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(e.metrics().cost_ready);
+    let with = |ms, best_effort| GenerateRequest {
+        slo: Some(Slo {
+            ttft: Duration::from_millis(ms),
+            best_effort,
+        }),
+        ..GenerateRequest::new(vec![3, 4, 5], p(1))
+    };
+    // About 89 s of prefill ahead and its own, against 10 s.
+    let asked = Instant::now();
+    match e.generate(with(10_000, false)) {
+        Err(EngineError::Unmeetable { retry_after, msg }) => {
+            let r = retry_after.as_secs_f64();
+            assert!((70.0..=90.0).contains(&r), "{r} {msg}");
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a request that must miss its target was taken"),
+    }
+    assert!(
+        asked.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    let taken = e.generate(with(10_000, true)).unwrap();
+    assert!(matches!(
+        e.generate(GenerateRequest {
+            prompt: (0..40).collect(),
+            ..with(10_000, false)
+        }),
+        Err(EngineError::Request(m)) if m.contains("alone")
+    ));
+    drop(running);
+    for s in waiting {
+        collect(s, 1);
+    }
+    collect(taken, 1);
+    wait_for_idle(&e);
+    e.shutdown();
+}

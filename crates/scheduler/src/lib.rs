@@ -17,6 +17,7 @@
 
 mod block_hash;
 mod block_pool;
+pub mod cost;
 mod error;
 mod kv_manager;
 pub mod queue;
@@ -25,6 +26,7 @@ mod tier_index;
 
 pub use block_hash::{hash_block, BlockHash};
 pub use block_pool::BlockPool;
+pub use cost::{predict_first_token, CostModel, StepShape};
 pub use error::{Result, SchedulerError};
 pub use kv_manager::{ComputedBlocks, KvCacheManager};
 pub use queue::{RequestQueue, SchedulingPolicy};

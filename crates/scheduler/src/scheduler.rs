@@ -216,6 +216,48 @@ impl Scheduler {
         &self.kv
     }
 
+    /// What a planned step computes, for the cost model: prefill tokens (runs that are not a
+    /// single decode), decode rows (a run of the last final token and its proposals), and the
+    /// KV blocks the scheduled sequences hold (what attention reads).
+    pub fn step_shape(&self, out: &SchedulerOutput) -> crate::StepShape {
+        let mut shape = crate::StepShape::default();
+        for s in &out.seqs {
+            let decode = self.seqs.get(&s.id).is_some_and(|q| {
+                s.start + s.num_tokens - s.num_proposed == q.num_final
+                    && s.num_tokens - s.num_proposed == 1
+            });
+            if decode {
+                shape.decode_rows += s.num_tokens;
+            } else {
+                shape.prefill_tokens += s.num_tokens;
+            }
+            shape.kv_blocks += self.kv.block_table(s.id).len();
+        }
+        shape
+    }
+
+    /// Prompt (or recompute) tokens still to be computed before sequences can decode: every
+    /// waiting sequence's, and the rest of running sequences still prefilling.
+    pub fn pending_prefill_tokens(&self) -> usize {
+        self.seqs
+            .values()
+            .filter(|q| !q.held)
+            .map(|q| q.num_final.saturating_sub(q.num_computed + 1))
+            .sum()
+    }
+
+    /// Running sequences that decode (every final token but the last computed).
+    pub fn num_decoding(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|id| {
+                self.seqs
+                    .get(id)
+                    .is_some_and(|q| q.num_computed + 1 >= q.num_final)
+            })
+            .count()
+    }
+
     /// See [`KvCacheManager::add_loadable`].
     pub fn add_loadable(&mut self, hash: crate::BlockHash) {
         self.kv.add_loadable(hash);

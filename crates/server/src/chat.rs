@@ -204,6 +204,7 @@ pub async fn start_chat(s: &AppState, req: &mut AdmittedChat) -> Result<StartedC
     request.guide = guide;
     request.priority = req.opts.priority;
     request.tenant = req.opts.tenant.clone();
+    request.slo = s.slo(req.opts.slo.as_ref())?;
     let merged = Merged::submit(&s.engine, vec![request])?;
     Ok(StartedChat {
         merged,

@@ -55,6 +55,7 @@ pub async fn completions(
     .map_err(|e| ServerError::Internal(format!("tokenizing failed: {e}")))??;
     let guide = s.compile_constraint(&req.opts).await?;
     let (priority, tenant) = (req.opts.priority, req.opts.tenant.clone());
+    let slo = s.slo(req.opts.slo.as_ref())?;
     let params = req.opts.params;
     for (ids, _) in &encoded {
         if ids.is_empty() {
@@ -70,6 +71,7 @@ pub async fn completions(
             guide: guide.as_ref().map(Guide::fork),
             priority,
             tenant: tenant.clone(),
+            slo,
             ..GenerateRequest::new(ids.clone(), params.clone())
         })
         .collect();

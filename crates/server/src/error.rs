@@ -38,6 +38,10 @@ pub enum ServerError {
     /// The engine's queue is full (503 with `Retry-After`).
     #[error("{0}")]
     Overloaded(String),
+    /// The request's time-to-first-token target cannot be met now (429 with `Retry-After`,
+    /// in whole seconds, when it could be).
+    #[error("{msg}")]
+    TooSoon { msg: String, retry_after_secs: u64 },
     /// The engine is stopping or has stopped (503).
     #[error("{0}")]
     Unavailable(String),
@@ -101,6 +105,7 @@ impl ServerError {
             ServerError::NotFound { .. } => StatusCode::NOT_FOUND,
             ServerError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ServerError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::TooSoon { .. } => StatusCode::TOO_MANY_REQUESTS,
             ServerError::Overloaded(_) | ServerError::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -125,6 +130,7 @@ impl ServerError {
                 ("invalid_request_error", None, Some("request_too_large"))
             }
             ServerError::Overloaded(_) => ("server_overloaded", None, Some("overloaded")),
+            ServerError::TooSoon { .. } => ("server_overloaded", None, Some("slo_unmeetable")),
             ServerError::Unavailable(_) => ("server_error", None, Some("unavailable")),
             ServerError::Internal(_) | ServerError::Io(_) => ("server_error", None, None),
         };
@@ -156,6 +162,10 @@ impl From<EngineError> for ServerError {
             EngineError::Config(msg) | EngineError::Internal(msg) => ServerError::Internal(msg),
             EngineError::Constraint { .. } => ServerError::bad(e.to_string()),
             EngineError::Overloaded(_) => ServerError::Overloaded(e.to_string()),
+            EngineError::Unmeetable { msg, retry_after } => ServerError::TooSoon {
+                msg,
+                retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            },
             EngineError::Unavailable(msg) => ServerError::Unavailable(msg),
             EngineError::Model(_) | EngineError::Tokenizer(_) => {
                 ServerError::Internal(e.to_string())
@@ -178,6 +188,13 @@ impl IntoResponse for ServerError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }
+        if let ServerError::TooSoon {
+            retry_after_secs, ..
+        } = self
+        {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
         if matches!(self, ServerError::Unauthorized(_)) {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -196,6 +213,14 @@ mod tests {
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         let r = e.into_response();
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let e: ServerError = EngineError::Unmeetable {
+            msg: "late".into(),
+            retry_after: std::time::Duration::from_millis(2300),
+        }
+        .into();
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.to_json()["error"]["code"], "slo_unmeetable");
+        assert_eq!(e.into_response().headers()[header::RETRY_AFTER], "3");
         let e: ServerError = EngineError::Params(TypesError::InvalidParam {
             param: "top_p",
             msg: "2 is outside (0, 1]".into(),

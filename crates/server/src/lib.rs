@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub web_ui: bool,
     /// `--allowed-origins`: origins (or `*`) whose browser pages may call the API.
     pub allowed_origins: Vec<String>,
+    /// `--slo-class`: service-level classes a request names with `slo_class`.
+    pub slo_classes: Vec<(String, ferrum_engine::Slo)>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +84,7 @@ impl Default for ServerConfig {
             tool_call_parser: None,
             web_ui: true,
             allowed_origins: Vec::new(),
+            slo_classes: Vec::new(),
         }
     }
 }
@@ -129,6 +132,7 @@ pub fn run(
         state.tool_format = cfg.tool_call_parser;
     }
     state.web_ui = cfg.web_ui;
+    state.slo_classes = cfg.slo_classes.iter().cloned().collect();
     state.allowed_origins = cors::parse_origins(&cfg.allowed_origins)?;
     let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -202,6 +202,39 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     if m.kv_disk.enabled {
         disk_tier(&mut o, &m.kv_disk);
     }
+    let cost = [
+        (
+            "ferrum_cost_step_seconds",
+            "Fitted seconds a step costs, whatever it computes.",
+        ),
+        (
+            "ferrum_cost_prefill_token_seconds",
+            "Fitted seconds per prefill token in a step.",
+        ),
+        (
+            "ferrum_cost_decode_row_seconds",
+            "Fitted seconds per decode row in a step.",
+        ),
+        (
+            "ferrum_cost_kv_block_seconds",
+            "Fitted seconds per KV block attention reads in a step.",
+        ),
+    ];
+    for ((name, help), v) in cost.into_iter().zip(m.cost) {
+        o.metric(name, "gauge", help, v);
+    }
+    o.metric(
+        "ferrum_cost_model_ready",
+        "gauge",
+        "1 once the step cost model has seen enough steps to refuse requests on its word.",
+        if m.cost_ready { 1.0 } else { 0.0 },
+    );
+    o.metric(
+        "ferrum_pending_prefill_tokens",
+        "gauge",
+        "Prompt tokens still to be computed (what a new request's first token waits behind).",
+        m.pending_prefill_tokens as f64,
+    );
     o.metric(
         "ferrum_engine_steps_total",
         "counter",

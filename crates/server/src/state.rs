@@ -33,6 +33,8 @@ pub struct AppState {
     pub allowed_origins: Origins,
     /// When the server started (Unix seconds), reported as the model's `created`.
     pub created: u64,
+    /// `--slo-class`: service-level classes by name.
+    pub slo_classes: std::collections::HashMap<String, ferrum_engine::Slo>,
     next_id: AtomicU64,
     id_salt: u64,
 }
@@ -45,6 +47,31 @@ pub fn unix_now() -> u64 {
 }
 
 impl AppState {
+    /// The engine's target for what a request asked (`slo_class` must name a class of the
+    /// server's).
+    pub fn slo(
+        &self,
+        ask: Option<&crate::protocol::sampling::SloAsk>,
+    ) -> Result<Option<ferrum_engine::Slo>> {
+        use crate::protocol::sampling::SloAsk;
+        Ok(match ask {
+            None => None,
+            Some(SloAsk::Target {
+                ttft_ms,
+                best_effort,
+            }) => Some(ferrum_engine::Slo {
+                ttft: std::time::Duration::from_millis(*ttft_ms),
+                best_effort: *best_effort,
+            }),
+            Some(SloAsk::Class(c)) => Some(*self.slo_classes.get(c).ok_or_else(|| {
+                crate::error::ServerError::param(
+                    "slo_class",
+                    format!("no service-level class {c:?} on this server (see --slo-class)"),
+                )
+            })?),
+        })
+    }
+
     pub fn new(
         engine: EngineHandle,
         template: Option<ChatTemplate>,
@@ -74,6 +101,7 @@ impl AppState {
             web_ui: true,
             allowed_origins: Origins::None,
             created: unix_now(),
+            slo_classes: Default::default(),
             next_id: AtomicU64::new(0),
             id_salt: salt,
         })

@@ -57,6 +57,8 @@ pub struct Options {
     pub priority: i32,
     /// The tenant (`user`, or Anthropic's `metadata.user_id`).
     pub tenant: Option<String>,
+    /// The service-level target asked for (`slo` or `slo_class`).
+    pub slo: Option<sampling::SloAsk>,
 }
 
 impl Options {
@@ -177,6 +179,17 @@ mod tests {
         );
         let c = completion(r#"{"prompt":"x","priority":7}"#).unwrap();
         assert_eq!((c.opts.priority, c.opts.tenant), (7, None));
+        use sampling::SloAsk;
+        let c = completion(r#"{"prompt":"x","slo":{"ttft_ms":800,"best_effort":true}}"#).unwrap();
+        assert_eq!(
+            c.opts.slo,
+            Some(SloAsk::Target {
+                ttft_ms: 800,
+                best_effort: true
+            })
+        );
+        let c = chat(r#"{"messages":[{"role":"user","content":"x"}],"slo_class":"chat"}"#).unwrap();
+        assert_eq!(c.opts.slo, Some(SloAsk::Class("chat".into())));
         let long = "u".repeat(300);
         for (body, param) in [
             (
@@ -190,6 +203,20 @@ mod tests {
             ),
             (format!(r#"{{"prompt":"x","user":"{long}"}}"#), "user"),
             (r#"{"prompt":"x","user":5}"#.to_string(), "user"),
+            (
+                r#"{"prompt":"x","slo":{"ttft_ms":0}}"#.to_string(),
+                "slo.ttft_ms",
+            ),
+            (r#"{"prompt":"x","slo":{}}"#.to_string(), "slo.ttft_ms"),
+            (
+                r#"{"prompt":"x","slo":{"ttft_ms":5,"tpot_ms":50}}"#.to_string(),
+                "slo.tpot_ms",
+            ),
+            (
+                r#"{"prompt":"x","slo":{"ttft_ms":5},"slo_class":"a"}"#.to_string(),
+                "slo_class",
+            ),
+            (r#"{"prompt":"x","slo":5}"#.to_string(), "slo"),
         ] {
             let e = completion(&body).map(|_| ()).unwrap_err();
             assert_eq!(param_of(e), param, "{body}");

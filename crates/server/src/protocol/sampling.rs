@@ -40,6 +40,27 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<TokenIds>,
     pub ignore_eos: Option<Flag>,
     pub skip_special_tokens: Option<Flag>,
+    /// A service-level target: `{"ttft_ms": N, "best_effort": bool}`.
+    pub slo: Option<SloFields>,
+    /// A service-level class of the server's (`--slo-class`).
+    pub slo_class: Option<Text>,
+}
+
+/// `slo`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(expecting = "an object")]
+pub struct SloFields {
+    pub ttft_ms: Option<Count>,
+    /// Not served yet: a 400 naming it.
+    pub tpot_ms: Option<Value>,
+    pub best_effort: Option<Flag>,
+}
+
+/// The service-level target a request asks for, as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SloAsk {
+    Target { ttft_ms: u64, best_effort: bool },
+    Class(String),
 }
 
 /// `stream_options`.
@@ -182,7 +203,43 @@ impl SamplingFields {
             constraint_param: None,
             priority,
             tenant,
+            slo: self.slo_ask()?,
         })
+    }
+
+    /// `slo` or `slo_class`, checked.
+    fn slo_ask(&self) -> Result<Option<SloAsk>> {
+        match (&self.slo, &self.slo_class) {
+            (Some(_), Some(_)) => Err(ServerError::param(
+                "slo_class",
+                "give 'slo' or 'slo_class', not both",
+            )),
+            (None, None) => Ok(None),
+            (None, Some(Text(c))) => Ok(Some(SloAsk::Class(c.clone()))),
+            (Some(s), None) => {
+                if s.tpot_ms.as_ref().is_some_and(|v| !v.is_null()) {
+                    return Err(ServerError::param(
+                        "slo.tpot_ms",
+                        "'slo.tpot_ms' is not supported yet: only a time-to-first-token target \
+                         ('slo.ttft_ms') is served",
+                    ));
+                }
+                match s.ttft_ms {
+                    None => Err(ServerError::param(
+                        "slo.ttft_ms",
+                        "'slo' needs 'ttft_ms', the time-to-first-token target in milliseconds",
+                    )),
+                    Some(Count(0)) => Err(ServerError::param(
+                        "slo.ttft_ms",
+                        "'slo.ttft_ms' must be at least 1",
+                    )),
+                    Some(Count(ms)) => Ok(Some(SloAsk::Target {
+                        ttft_ms: ms as u64,
+                        best_effort: s.best_effort.is_some_and(|Flag(b)| b),
+                    })),
+                }
+            }
+        }
     }
 
     /// `logit_bias` as (token id, bias) pairs, keys in the order the body's object keeps them.

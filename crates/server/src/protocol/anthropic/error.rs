@@ -30,6 +30,7 @@ impl AnthropicError {
                 "overloaded_error",
             ),
             ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "api_error"),
+            ServerError::TooSoon { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
             ServerError::Internal(_) | ServerError::Io(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "api_error")
             }
@@ -58,6 +59,13 @@ impl IntoResponse for AnthropicError {
                 header::RETRY_AFTER,
                 HeaderValue::from(crate::error::RETRY_AFTER_SECS),
             );
+        }
+        if let ServerError::TooSoon {
+            retry_after_secs, ..
+        } = self.0
+        {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }
         r
     }

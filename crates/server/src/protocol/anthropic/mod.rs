@@ -64,6 +64,9 @@ pub struct MessagesRequest {
     pub mcp_servers: Option<Value>,
     /// Ferrum's (and vLLM's) scheduling priority: lower first.
     pub priority: Option<Int>,
+    /// Ferrum's service-level target and class (as on the OpenAI routes).
+    pub slo: Option<crate::protocol::sampling::SloFields>,
+    pub slo_class: Option<Text>,
 }
 
 impl MessagesRequest {
@@ -133,6 +136,8 @@ impl MessagesRequest {
             model: self.model.clone(),
             user,
             priority: self.priority,
+            slo: self.slo.clone(),
+            slo_class: self.slo_class.clone(),
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,

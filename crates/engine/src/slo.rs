@@ -1,0 +1,118 @@
+//! Admission by prediction: a request with a time-to-first-token target is refused when it is
+//! submitted if the step cost model ([`ferrum_scheduler::CostModel`], fitted from the engine's
+//! own steps) predicts its first token after the target, given the prefill work ahead of it
+//! and the running decodes (a snapshot the engine publishes each step). Refusing costs no
+//! compute and tells the client when to come back, instead of failing it late.
+//!
+//! The prediction ([`ferrum_scheduler::predict_first_token`]) pushes the prefill tokens ahead
+//! and the request's own through steps of the token budget shared with the decodes. The
+//! retry time is the excess: once the work ahead has gone down by that much, the target can be
+//! met (if nothing arrives meanwhile). A target that the request's own prefill cannot meet even
+//! on an idle engine is the client's to mend (a 400), not a matter of waiting.
+//!
+//! Invariants: nothing is refused before the model has seen enough steps to be trusted, nor a
+//! best-effort request.
+
+use crate::metrics::Metrics;
+use crate::request::Slo;
+use crate::{EngineError, Result};
+use ferrum_scheduler::{predict_first_token, CostModel};
+use std::time::Duration;
+
+/// Refuses a request whose target `slo` the snapshot `m` predicts it cannot meet.
+pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
+    if slo.best_effort || !m.cost_ready {
+        return Ok(());
+    }
+    let model = CostModel::new(m.cost);
+    let target = slo.ttft.as_secs_f64();
+    let predict = |ahead| {
+        predict_first_token(
+            &model,
+            ahead,
+            prompt_len,
+            m.max_num_batched_tokens,
+            m.decoding,
+            m.kv_blocks_read,
+        )
+    };
+    let alone = predict_first_token(&model, 0, prompt_len, m.max_num_batched_tokens, 0, 0);
+    if alone > target {
+        return Err(EngineError::Request(format!(
+            "a time-to-first-token target of {} ms cannot be met for a {prompt_len}-token \
+             prompt: its prefill alone is predicted to take {:.0} ms on this engine",
+            slo.ttft.as_millis(),
+            alone * 1e3
+        )));
+    }
+    let predicted = predict(m.pending_prefill_tokens);
+    if predicted > target {
+        let excess = predicted - target;
+        return Err(EngineError::Unmeetable {
+            msg: format!(
+                "the first token is predicted after {:.0} ms ({} prompt tokens queued ahead), \
+                 past the target of {} ms; retry in {:.1} s",
+                predicted * 1e3,
+                m.pending_prefill_tokens,
+                slo.ttft.as_millis(),
+                excess
+            ),
+            retry_after: Duration::from_secs_f64(excess),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With a fake cost (1 ms a prefill token, 10 ms a step), a budget of 100: the queue ahead
+    /// decides; the retry time is the excess; an untrained model or a best-effort request is
+    /// never refused; a target the prompt alone cannot meet is the client's error.
+    #[test]
+    fn refusals_follow_the_predicted_first_token() {
+        let m = Metrics {
+            cost: [0.01, 0.001, 0.0, 0.0],
+            cost_ready: true,
+            max_num_batched_tokens: 100,
+            pending_prefill_tokens: 900,
+            ..Metrics::default()
+        };
+        let slo = |ms| Slo {
+            ttft: Duration::from_millis(ms),
+            best_effort: false,
+        };
+        // 1000 tokens: 10 steps of 110 ms.
+        assert!(admit(&m, 100, &slo(1200)).is_ok());
+        match admit(&m, 100, &slo(600)) {
+            Err(EngineError::Unmeetable { retry_after, msg }) => {
+                assert!((retry_after.as_secs_f64() - 0.5).abs() < 1e-6, "{msg}");
+                assert!(msg.contains("900 prompt tokens queued ahead"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(admit(
+            &m,
+            100,
+            &Slo {
+                best_effort: true,
+                ..slo(600)
+            }
+        )
+        .is_ok());
+        assert!(admit(
+            &Metrics {
+                cost_ready: false,
+                ..m.clone()
+            },
+            100,
+            &slo(600)
+        )
+        .is_ok());
+        assert!(matches!(
+            admit(&m, 1000, &slo(500)),
+            Err(EngineError::Request(msg)) if msg.contains("alone")
+        ));
+    }
+}
