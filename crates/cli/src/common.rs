@@ -464,7 +464,8 @@ pub struct EngineArgs {
     /// The order waiting requests are admitted in, and which running one is preempted when KV
     /// blocks run out: `priority` (a request's `priority`, lower first, then arrival), `fifo`
     /// (arrival only), `fair` (a weighted fair queue between tenants, see --tenant-weights;
-    /// within a tenant, priority then arrival).
+    /// within a tenant, priority then arrival), `slo` (priority, then the least slack to a
+    /// request's first-token target, `slo`/`slo_class`; the victim has the most slack).
     #[arg(long, value_enum, default_value_t = Scheduling::Priority)]
     pub scheduling: Scheduling,
     /// Tenants' weights under `--scheduling fair`, as NAME=WEIGHT,... (a request's tenant is
@@ -602,6 +603,7 @@ pub enum Scheduling {
     Fifo,
     Priority,
     Fair,
+    Slo,
 }
 
 impl EngineArgs {
@@ -681,6 +683,7 @@ impl EngineArgs {
                 Scheduling::Fifo => SchedulingPolicy::Fifo,
                 Scheduling::Priority => SchedulingPolicy::Priority,
                 Scheduling::Fair => SchedulingPolicy::Fair(Vec::new()),
+                Scheduling::Slo => SchedulingPolicy::Slo,
             },
             tenant_weights: self.tenant_weights()?,
             cost_seed: ferrum_engine::DEFAULT_COST_SEED,

@@ -111,6 +111,8 @@ pub(crate) struct EngineCore {
     tenants: Tenants,
     /// The step cost, learned from the steps' timings, and the shape of the step being run.
     cost: CostModel,
+    /// The clock deadlines are counted on (`slo` scheduling).
+    epoch: Instant,
     shape: StepShape,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
@@ -203,6 +205,7 @@ impl EngineCore {
             parked: HashMap::new(),
             tenants: Tenants::default(),
             cost: CostModel::new(crate::config::DEFAULT_COST_SEED),
+            epoch: Instant::now(),
             shape: StepShape::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
@@ -397,14 +400,12 @@ impl EngineCore {
         let guide = r.guide.as_deref().map(Guide::fork);
         let seq = self.next_seq;
         self.next_seq += 1;
+        let latest = crate::slo::latest_start(self.epoch, r, &self.cost);
+        let tenant = self.tenants.id(r.request.tenant.as_deref());
+        let priority = r.request.priority;
         self.st
             .sched
-            .add_for(
-                seq,
-                &r.request.prompt,
-                r.request.priority,
-                self.tenants.id(r.request.tenant.as_deref()),
-            )
+            .add_with(seq, &r.request.prompt, priority, tenant, latest)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         self.st.seqs.insert(
             seq,

@@ -10,14 +10,37 @@
 //! met (if nothing arrives meanwhile). A target that the request's own prefill cannot meet even
 //! on an idle engine is the client's to mend (a 400), not a matter of waiting.
 //!
+//! Under `--scheduling slo`, [`latest_start`] gives the scheduler each request's slack.
+//!
 //! Invariants: nothing is refused before the model has seen enough steps to be trusted, nor a
 //! best-effort request.
 
 use crate::metrics::Metrics;
 use crate::request::Slo;
+use crate::requests::ReqState;
 use crate::{EngineError, Result};
-use ferrum_scheduler::{predict_first_token, CostModel};
-use std::time::Duration;
+use ferrum_scheduler::{predict_first_token, CostModel, StepShape, NO_DEADLINE};
+use std::time::{Duration, Instant};
+
+/// The latest start (microseconds since `epoch`) at which a request still meets its
+/// first-token deadline: the deadline less its own predicted prefill. [`NO_DEADLINE`] without
+/// a target; 0 when it is already late.
+pub(crate) fn latest_start(epoch: Instant, r: &ReqState, cost: &CostModel) -> u64 {
+    let Some(slo) = r.request.slo else {
+        return NO_DEADLINE;
+    };
+    let own = cost.predict(StepShape {
+        prefill_tokens: r.request.prompt.len(),
+        ..StepShape::default()
+    });
+    let deadline = (r.arrived + slo.ttft).saturating_duration_since(epoch);
+    let start = deadline.as_secs_f64() - own;
+    if start <= 0.0 {
+        0
+    } else {
+        (start * 1e6) as u64
+    }
+}
 
 /// Refuses a request whose target `slo` the snapshot `m` predicts it cannot meet.
 pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {

@@ -29,6 +29,6 @@ pub use block_pool::BlockPool;
 pub use cost::{predict_first_token, CostModel, StepShape};
 pub use error::{Result, SchedulerError};
 pub use kv_manager::{ComputedBlocks, KvCacheManager};
-pub use queue::{RequestQueue, SchedulingPolicy};
+pub use queue::{RequestQueue, SchedulingPolicy, NO_DEADLINE};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats};
 pub use tier_index::{TierIndex, PROTECTED_SHARE};

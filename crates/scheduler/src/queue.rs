@@ -9,7 +9,14 @@
 //!   under contention each tenant's computed tokens follow the weights, and an idle tenant's
 //!   share goes to whoever asks. A tenant that starts asking joins at the least-served active
 //!   tenant's level (it cannot bank credit while idle). The victim is the running sequence of
-//!   the tenant most over its share (by weight), admitted last.
+//!   the tenant most over its share (by weight), admitted last;
+//! - `slo`: priority first, then the least slack: the latest time a request may start and
+//!   still get its first token by its deadline (its deadline less its own predicted prefill,
+//!   [`Waiting::latest_start`]; requests without a target after those with one), then
+//!   arrival. With equal requests this is earliest-deadline-first, which meets every deadline
+//!   whenever some order does. The victim has the lowest priority, then the most slack: a
+//!   sequence still owing its first token under a deadline goes last, and of the others the
+//!   one admitted last.
 //!
 //! Invariants: a queue holds each waiting sequence once; `first` is a sequence it holds; the
 //! policies never look at the clock (the scheduler stays pure).
@@ -25,7 +32,13 @@ pub struct Waiting {
     /// Arrival order: unique and increasing.
     pub arrival: u64,
     pub tenant: u32,
+    /// The latest start that still meets the first-token deadline, in the caller's clock
+    /// (microseconds); [`NO_DEADLINE`] without one.
+    pub latest_start: u64,
 }
+
+/// [`Waiting::latest_start`] and [`Running::deadline`] of a request without a target.
+pub const NO_DEADLINE: u64 = u64::MAX;
 
 /// A running sequence as the victim rule sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +48,9 @@ pub struct Running {
     /// Admission order: unique and increasing.
     pub admitted: u64,
     pub tenant: u32,
+    /// The first-token deadline it still owes ([`NO_DEADLINE`] when it has none, or its first
+    /// token is out).
+    pub deadline: u64,
 }
 
 /// The waiting order and the victim rule; see the module docs.
@@ -74,6 +90,8 @@ pub enum SchedulingPolicy {
     Priority,
     /// Tenants' weights (tenant id, weight >= 1); unlisted tenants weigh 1.
     Fair(Vec<(u32, u32)>),
+    /// Priority, then least slack to the first-token deadline.
+    Slo,
 }
 
 impl SchedulingPolicy {
@@ -82,6 +100,7 @@ impl SchedulingPolicy {
             SchedulingPolicy::Fifo => Box::new(FifoQueue::default()),
             SchedulingPolicy::Priority => Box::new(PriorityQueue::default()),
             SchedulingPolicy::Fair(w) => Box::new(FairQueue::new(w)),
+            SchedulingPolicy::Slo => Box::new(SloQueue::default()),
         }
     }
 }
@@ -107,6 +126,7 @@ impl RequestQueue for FifoQueue {
                 priority,
                 arrival,
                 tenant,
+                latest_start: NO_DEADLINE,
             })
     }
     fn len(&self) -> usize {
@@ -141,10 +161,51 @@ impl RequestQueue for PriorityQueue {
                 priority,
                 arrival,
                 tenant,
+                latest_start: NO_DEADLINE,
             })
     }
     fn len(&self) -> usize {
         self.set.len()
+    }
+    fn clone_box(&self) -> Box<dyn RequestQueue> {
+        Box::new(self.clone())
+    }
+}
+
+/// (priority, latest start, arrival) order; see the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct SloQueue {
+    set: BTreeSet<(i32, u64, u64, RequestId, u32)>,
+}
+
+impl RequestQueue for SloQueue {
+    fn push(&mut self, w: Waiting) {
+        self.set
+            .insert((w.priority, w.latest_start, w.arrival, w.id, w.tenant));
+    }
+    fn remove(&mut self, w: &Waiting) -> bool {
+        self.set
+            .remove(&(w.priority, w.latest_start, w.arrival, w.id, w.tenant))
+    }
+    fn first(&self) -> Option<Waiting> {
+        self.set
+            .first()
+            .map(|&(priority, latest_start, arrival, id, tenant)| Waiting {
+                id,
+                priority,
+                arrival,
+                tenant,
+                latest_start,
+            })
+    }
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+    fn victim(&self, running: &[Running]) -> Option<RequestId> {
+        running
+            .iter()
+            .max_by_key(|r| (r.priority, r.deadline, r.admitted))
+            .map(|r| r.id)
     }
     fn clone_box(&self) -> Box<dyn RequestQueue> {
         Box::new(self.clone())
@@ -255,6 +316,7 @@ mod tests {
             priority,
             arrival: id,
             tenant,
+            latest_start: NO_DEADLINE,
         }
     }
 
@@ -284,12 +346,14 @@ mod tests {
                 priority: 5,
                 admitted: 0,
                 tenant: 0,
+                deadline: NO_DEADLINE,
             },
             Running {
                 id: 8,
                 priority: 0,
                 admitted: 1,
                 tenant: 1,
+                deadline: NO_DEADLINE,
             },
         ];
         assert_eq!(fifo.victim(&running), Some(8));
@@ -319,12 +383,14 @@ mod tests {
                 priority: 0,
                 admitted: 0,
                 tenant: 0,
+                deadline: NO_DEADLINE,
             },
             Running {
                 id: 2,
                 priority: 0,
                 admitted: 1,
                 tenant: 1,
+                deadline: NO_DEADLINE,
             },
         ];
         fair.charge(1, 1000);

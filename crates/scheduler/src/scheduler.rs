@@ -26,7 +26,7 @@
 //!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
 //! - only final tokens enter the prefix cache.
 
-use crate::queue::{RequestQueue, Running, SchedulingPolicy, Waiting};
+use crate::queue::{RequestQueue, Running, SchedulingPolicy, Waiting, NO_DEADLINE};
 use crate::{BlockPool, KvCacheManager, Result, SchedulerError};
 use ferrum_types::{BlockId, ForwardBatch, RequestId, TokenId};
 use std::collections::HashMap;
@@ -125,6 +125,8 @@ pub struct SchedulerStats {
 struct Seq {
     priority: i32,
     tenant: u32,
+    /// The latest start that meets its first-token deadline ([`NO_DEADLINE`]: none).
+    latest_start: u64,
     arrival: u64,
     admitted: u64,
     /// Final tokens (prompt, then output), then the proposals for the next step.
@@ -148,6 +150,7 @@ impl Seq {
             priority: self.priority,
             arrival: self.arrival,
             tenant: self.tenant,
+            latest_start: self.latest_start,
         }
     }
 
@@ -293,6 +296,19 @@ impl Scheduler {
         priority: i32,
         tenant: u32,
     ) -> Result<()> {
+        self.add_with(id, prompt, priority, tenant, NO_DEADLINE)
+    }
+
+    /// [`Scheduler::add_for`] with the latest start that meets the sequence's first-token
+    /// deadline (the `slo` policy orders by it), in the caller's clock.
+    pub fn add_with(
+        &mut self,
+        id: RequestId,
+        prompt: &[TokenId],
+        priority: i32,
+        tenant: u32,
+        latest_start: u64,
+    ) -> Result<()> {
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
@@ -313,6 +329,7 @@ impl Scheduler {
             Seq {
                 priority,
                 tenant,
+                latest_start,
                 arrival,
                 admitted: 0,
                 tokens: prompt.to_vec(),
@@ -329,6 +346,7 @@ impl Scheduler {
             priority,
             arrival,
             tenant,
+            latest_start,
         });
         Ok(())
     }
@@ -537,6 +555,12 @@ impl Scheduler {
                 priority: s.priority,
                 admitted: s.admitted,
                 tenant: s.tenant,
+                // Owed while no output token is out.
+                deadline: if s.num_final == s.prompt_len {
+                    s.latest_start
+                } else {
+                    NO_DEADLINE
+                },
             })
             .collect();
         self.waiting

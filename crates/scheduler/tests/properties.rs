@@ -51,6 +51,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
             SchedulingPolicy::Priority,
             SchedulingPolicy::Fifo,
             SchedulingPolicy::Fair(vec![(1, 3), (2, 1)]),
+            SchedulingPolicy::Slo,
         ]),
     )
         .prop_map(|(bs, extra, budget, seqs, cache, policy)| SchedulerConfig {
@@ -67,6 +68,11 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
 /// The simulated requests' tenants: three, by id.
 fn tenant(id: RequestId) -> u32 {
     (id % 3) as u32
+}
+
+/// The simulated requests' latest starts (the `slo` policy's order): a few values, by id.
+fn latest_start(id: RequestId) -> u64 {
+    id * 37 % 11
 }
 
 /// Token a simulated model samples: depends only on the sequence and position.
@@ -105,7 +111,8 @@ fn arrive(
     for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.arrive_at == step) {
         let mut prompt: Vec<TokenId> = (1..=r.prefix as TokenId).collect();
         prompt.extend(&r.tail);
-        s.add_for(i as RequestId, &prompt, r.priority, tenant(i as RequestId))
+        let id = i as RequestId;
+        s.add_with(id, &prompt, r.priority, tenant(id), latest_start(id))
             .unwrap();
         done.insert(i as RequestId, false);
         prompt_len.insert(i as RequestId, prompt.len());
@@ -312,6 +319,9 @@ fn simulate(
                 SchedulingPolicy::Fifo => true,
                 SchedulingPolicy::Priority => ra.priority == rb.priority,
                 SchedulingPolicy::Fair(_) => ra.priority == rb.priority && tenant(a) == tenant(b),
+                SchedulingPolicy::Slo => {
+                    ra.priority == rb.priority && latest_start(a) == latest_start(b)
+                }
             };
             if ordered {
                 prop_assert!(
@@ -709,4 +719,89 @@ fn weighted_tenants_share_the_engine_by_their_weights() {
     }
     s.schedule();
     assert_eq!(s.num_running(), 4);
+}
+
+/// Equal requests, one at a time (each a one-step prefill then decodes), with first-token
+/// deadlines on a simulated clock of steps: whenever some order meets every deadline (checked
+/// by trying them all), the `slo` policy's order meets them.
+#[test]
+fn the_slo_policy_meets_every_deadline_some_order_meets() {
+    const LEN: usize = 4; // steps per request: its prefill (first token), then 3 decodes
+    let mut rng = SplitMix64::new(11);
+    let mut feasible_cases = 0;
+    for _ in 0..300 {
+        let n = 2 + (rng.next_u64() % 3) as usize;
+        let deadlines: Vec<u64> = (0..n)
+            .map(|_| 1 + rng.next_u64() % (LEN * n) as u64)
+            .collect();
+        // Feasible: some order gives the k-th request its first token at step k*LEN + 1.
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut feasible = false;
+        permute(&mut order, 0, &mut |o| {
+            feasible |= o
+                .iter()
+                .enumerate()
+                .all(|(k, &r)| (k * LEN + 1) as u64 <= deadlines[r]);
+        });
+        if !feasible {
+            continue;
+        }
+        feasible_cases += 1;
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_blocks: 64,
+            block_size: 4,
+            max_num_batched_tokens: 64,
+            max_num_seqs: 1,
+            enable_prefix_caching: false,
+            policy: SchedulingPolicy::Slo,
+        })
+        .unwrap();
+        for (i, &d) in deadlines.iter().enumerate() {
+            let prompt: Vec<TokenId> = (0..6).map(|j| 100 * i as TokenId + j).collect();
+            // The prefill takes one step: the latest start is a step before the deadline.
+            s.add_with(i as RequestId, &prompt, 0, 0, d - 1).unwrap();
+        }
+        let mut batch = ForwardBatch::new();
+        let mut outs: HashMap<RequestId, usize> = HashMap::new();
+        for step in 1..=(n * LEN) as u64 {
+            let out = s.schedule();
+            s.fill_batch(&out, &mut batch).unwrap();
+            let mut samples = Vec::new();
+            let mut done = Vec::new();
+            for x in out.seqs.iter().filter(|x| x.samples) {
+                let c = outs.entry(x.id).or_insert(0);
+                if *c == 0 {
+                    assert!(
+                        step <= deadlines[x.id as usize],
+                        "request {} got its first token at step {step}, deadline {} ({deadlines:?})",
+                        x.id,
+                        deadlines[x.id as usize]
+                    );
+                }
+                *c += 1;
+                samples.push((x.id, 1));
+                if *c == LEN {
+                    done.push(x.id);
+                }
+            }
+            s.update(&out, &samples);
+            for id in done {
+                s.remove(id);
+            }
+        }
+        assert!(!s.has_unfinished());
+    }
+    assert!(feasible_cases > 50, "{feasible_cases}");
+}
+
+fn permute(v: &mut Vec<usize>, k: usize, f: &mut impl FnMut(&[usize])) {
+    if k == v.len() {
+        f(v);
+        return;
+    }
+    for i in k..v.len() {
+        v.swap(k, i);
+        permute(v, k + 1, f);
+        v.swap(k, i);
+    }
 }
