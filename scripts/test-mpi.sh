@@ -16,10 +16,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # --workspace with the feature named by package, in both builds: dependencies keep the features
 # the workspace build gave them, and the MPI crates are built once for both.
 echo "== parallel forward against one process (cargo test --features mpi --test parallel)"
-cargo test --workspace --features ferrum-cli/mpi --test parallel "$@"
+# With the CLI's `apis` tests (a second), so this one build also makes the `ferrum` binary
+# with MPI (a package's integration tests build its binaries; `cargo build` would compile the
+# workspace again, with the features the dev-dependencies do not add).
+cargo test --workspace --features ferrum-cli/mpi --test parallel --test apis "$@"
 
 echo "== ferrum with MPI"
-cargo build --quiet --workspace --features ferrum-cli/mpi --bin ferrum
 mkdir -p target/mpi
 cp target/debug/ferrum target/mpi/ferrum
 bin="$PWD/target/mpi/ferrum"

@@ -126,6 +126,47 @@ _Builder.create_fp_ext = _cast_impl
 _Builder.create_fp_to_fp = _fp_to_fp
 _Builder.create_dot = _dot
 
+# --- triton.language patched once per process ---------------------------------------------
+# The interpreter swaps triton.language's builtins for its own at every launch and at every
+# nested @jit call, scanning the modules each time (a fifth of a launch's time here), then
+# restores them. Every kernel this process runs is interpreted, so the modules are patched the
+# first time a kernel sees them and stay patched.
+
+_orig_patch_lang = _interp._patch_lang
+_patched_langs = set()
+
+
+class _NoRestore:
+    def restore(self):
+        pass
+
+
+def _patch_lang_once(fn):
+    langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+    if not langs <= _patched_langs:
+        _orig_patch_lang(fn)
+        _patched_langs.update(langs)
+    return _NoRestore()
+
+
+_interp._patch_lang = _patch_lang_once
+
+# The interpreter's numpy dtype of a Triton type, which it rebuilds a table for at every
+# call: memoized by the type's name (what a Triton type's equality and hash are).
+_orig_np_dtype = _interp._get_np_dtype
+_np_dtypes = {}
+
+
+def _np_dtype_cached(tt_dtype):
+    name = tt_dtype.name
+    found = _np_dtypes.get(name)
+    if found is None:
+        found = _np_dtypes[name] = _orig_np_dtype(tt_dtype)
+    return found
+
+
+_interp._get_np_dtype = _np_dtype_cached
+
 _SCALARS = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
             "fp32": np.float32}
 
