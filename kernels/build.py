@@ -3,7 +3,9 @@
     python kernels/build.py [--out DIR] [--check]
 
 For each architecture in ``ARCHS`` and each specialization in ``specs.all_specs()``, Triton
-compiles the kernel to a cubin (no GPU or driver is needed). The cubins of one architecture
+compiles the kernel to two cubins (no GPU or driver is needed): the generic one, and the
+aligned one that assumes the parameters of ``specs.aligned_hints`` divisible by 16 (the
+manifest lists them under ``aligned``; the launcher takes it only when every one qualifies). The cubins of one architecture
 are concatenated into one blob, written zstd-compressed as ``<arch>.bin.zst`` (the binary embeds
 it compressed and decompresses it once when a GPU of that architecture loads its kernels);
 ``manifest.json`` gives each blob's length and each kernel's place in it (offset, length,
@@ -45,13 +47,22 @@ DEFAULT_OUT = os.path.join(HERE, "..", "crates", "runtime", "kernels")
 ZSTD_LEVEL = 19
 
 
-def compile_spec(spec, arch, cc):
+# The two binaries of every kernel: generic (no assumption on its arguments) and aligned
+# (``specs.aligned_hints``: divisibility by 16 of the hinted parameters, as the JIT infers).
+VARIANTS = ("generic", "aligned")
+
+
+def compile_spec(spec, arch, cc, variant="generic"):
     module = importlib.import_module(f"ferrum_kernels.{spec['module']}")
     fn = getattr(module, spec["function"])
     signature = dict(spec["params"])
     for name in spec["constexprs"]:
         signature[name] = "constexpr"
-    src = ASTSource(fn=fn, signature=signature, constexprs=dict(spec["constexprs"]))
+    attrs = {}
+    if variant == "aligned":
+        attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]
+                 for name in specs.aligned_hints(spec)}
+    src = ASTSource(fn=fn, signature=signature, constexprs=dict(spec["constexprs"]), attrs=attrs)
     options = {"num_warps": spec["num_warps"]}
     if spec.get("num_stages") is not None:
         options["num_stages"] = spec["num_stages"][arch]
@@ -59,10 +70,11 @@ def compile_spec(spec, arch, cc):
 
 
 def compile_job(job):
-    """One (spec, arch) compilation, in a worker: the cubin and the compiler's figures."""
-    i, arch, cc = job
+    """One (spec, arch, variant) compilation, in a worker: the cubin and the compiler's
+    figures."""
+    i, arch, cc, variant = job
     spec = specs.all_specs()[i]
-    compiled = compile_spec(spec, arch, cc)
+    compiled = compile_spec(spec, arch, cc, variant)
     md = compiled.metadata
     figures = {k: getattr(md, k) for k in (
         "num_warps", "num_stages", "shared", "global_scratch_size", "global_scratch_align",
@@ -76,7 +88,8 @@ def build(out):
     manifest = {"triton": triton.__version__, "archs": [a for a, _ in ARCHS], "kernels": []}
     blobs = {arch: bytearray() for arch, _ in ARCHS}
     all_specs = specs.all_specs()
-    jobs = [(i, arch, cc) for i in range(len(all_specs)) for arch, cc in ARCHS]
+    jobs = [(i, arch, cc, v) for i in range(len(all_specs)) for arch, cc in ARCHS
+            for v in VARIANTS]
     # Each compilation is independent and single-threaded (Triton, then ptxas): one worker per
     # core. The results are laid out in the jobs' order, so the output does not depend on it.
     workers = int(os.environ.get("FERRUM_BUILD_JOBS", os.cpu_count() or 1))
@@ -85,22 +98,27 @@ def build(out):
             results = pool.map(compile_job, jobs, chunksize=1)
     else:
         results = [compile_job(j) for j in jobs]
-    compiled = dict(zip(((i, arch) for i, arch, _ in jobs), results))
+    compiled = dict(zip(((i, arch, v) for i, arch, _, v in jobs), results))
+
+    def place(i, arch, variant):
+        cubin, figures = compiled[(i, arch, variant)]
+        blob = blobs[arch]
+        # cuModuleLoadData wants an 8-byte-aligned image; keep each at a 64-byte boundary.
+        blob.extend(b"\0" * (-len(blob) % 64))
+        offset = len(blob)
+        blob.extend(cubin)
+        return dict(figures, offset=offset, sha256=hashlib.sha256(cubin).hexdigest(),
+                    bytes=len(cubin))
+
     for i, spec in enumerate(all_specs):
         entry = {k: spec[k] for k in ("name", "module", "function", "num_warps")}
         entry["params"] = [list(p) for p in spec["params"]]
         entry["constexprs"] = dict(spec["constexprs"])
-        entry["binaries"] = {}
-        for arch, _ in ARCHS:
-            cubin, figures = compiled[(i, arch)]
-            blob = blobs[arch]
-            # cuModuleLoadData wants an 8-byte-aligned image; keep each at a 64-byte boundary.
-            blob.extend(b"\0" * (-len(blob) % 64))
-            offset = len(blob)
-            blob.extend(cubin)
-            entry["binaries"][arch] = dict(
-                figures, offset=offset, sha256=hashlib.sha256(cubin).hexdigest(),
-                bytes=len(cubin))
+        entry["binaries"] = {arch: place(i, arch, "generic") for arch, _ in ARCHS}
+        entry["aligned"] = {
+            "hints": specs.aligned_hints(spec),
+            "binaries": {arch: place(i, arch, "aligned") for arch, _ in ARCHS},
+        }
         manifest["kernels"].append(entry)
     manifest["blobs"] = {arch: {"bytes": len(blob)} for arch, blob in blobs.items()}
     zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
@@ -162,7 +180,8 @@ def main():
     m, blobs = build(out)
     total = sum(len(b) for b in blobs.values())
     packed = sum(os.path.getsize(os.path.join(out, f"{arch}.bin.zst")) for arch in blobs)
-    print(f"{len(m['kernels'])} kernels x {len(ARCHS)} archs, {total} bytes of cubins, "
+    print(f"{len(m['kernels'])} kernels x {len(ARCHS)} archs x {len(VARIANTS)} variants, "
+          f"{total} bytes of cubins, "
           f"{packed} compressed")
 
 

@@ -40,6 +40,24 @@ PREFILL_M = 64
 PREFILL_N = {32: 64, 64: 64, 128: 32, 256: 16}
 
 
+# The aligned variant: beside each generic binary, the build compiles one that may assume every
+# pointer 16-byte aligned and these integer parameters multiples of 16, as Triton's JIT
+# specializes on the values it sees (``tt.divisibility`` 16). Sizes, strides, head sizes and
+# row bytes are multiples of 16 on every real model; row counts, group sizes, windows and
+# split counts are not, and stay unhinted. The launcher checks each hinted argument at every
+# launch and takes the generic binary when one does not qualify.
+ALIGNED_INTS = frozenset({
+    "k", "n", "n_cols", "head_dim", "k_per_split", "row_bytes", "block_size", "rot_half",
+    "x_stride", "y_stride", "out_stride", "q_stride", "src_stride", "row_stride", "res_stride",
+    "gate_stride", "up_stride"})
+
+
+def aligned_hints(spec):
+    """The parameters the aligned variant of ``spec`` assumes divisible by 16, in order."""
+    return [name for name, ty in spec["params"]
+            if ty.startswith("*") or (ty in ("i32", "u32") and name in ALIGNED_INTS)]
+
+
 def _spec(name, module, function, params, constexprs, num_warps=4, num_stages=None):
     return {
         "name": name,

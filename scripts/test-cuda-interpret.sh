@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA backend without a GPU: installs the pinned Triton (kernels/requirements.txt) into
 # target/triton-venv, checks that the embedded kernel binaries are what the sources give
-# (kernels/build.py --check), runs every kernel in the Triton interpreter against its numpy
-# reference (kernels/tests), then the backend's device layer on the interpreted device
+# (kernels/build.py --check), reads their resources and disassembly against the record
+# (kernels/inspect_binaries.py: spills, load widths, pipelining, occupancy), runs every
+# kernel in the Triton interpreter against its numpy reference (kernels/tests), then the backend's device layer on the interpreted device
 # (crates/runtime/tests/cuda_kernels.rs: the Rust launches of every embedded kernel, executed
 # by the interpreter in a worker process). scripts/test.sh runs this first.
 set -euo pipefail
@@ -18,6 +19,8 @@ if ! "$venv/bin/python" -c 'import triton, numpy' 2>/dev/null \
 fi
 echo "== embedded kernels against their sources (kernels/build.py --check)"
 TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
+echo "== the shipped binaries, read statically (kernels/inspect_binaries.py)"
+"$venv/bin/python" kernels/inspect_binaries.py
 echo "== kernels in the Triton interpreter (kernels/tests)"
 # The two modules in two processes (the interpreter runs on one core), the second's output
 # printed after the first's.
@@ -26,7 +29,7 @@ sampling_log="$(mktemp)"
     >"$sampling_log" 2>&1 &
 sampling=$!
 kernels_status=0
-(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels) \
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_worker) \
     || kernels_status=$?
 sampling_status=0
 wait "$sampling" || sampling_status=$?

@@ -8,11 +8,13 @@ arrive on stdin as JSON lines, replies leave on stdout the same way (see
 * ``alloc {bytes}`` -> ``{ptr}``: a zeroed, 256-byte-aligned buffer; ``free {ptr}``;
 * ``write {ptr, bytes}`` + raw bytes; ``read {ptr, bytes}`` -> ``{}`` + raw bytes; both must
   lie inside one live allocation;
-* ``load {name, module, function, params, constexprs}`` -> ``{handle}``;
+* ``load {name, variant, module, function, params, constexprs, hints}`` -> ``{handle}``;
 * ``launch {handle, grid, args}``: args in the kernel's parameter order; pointers are
   addresses from ``alloc`` (plus offsets) and must fall inside a live allocation, and so must
   every byte the kernel loads or stores (an out-of-bounds access is an error naming the
-  kernel: on a GPU it would corrupt memory silently).
+  kernel: on a GPU it would corrupt memory silently). The ``hints`` of an aligned variant
+  must hold: each named pointer or integer divisible by 16, as its compiled binary assumes
+  (a launch that breaks one is an error: on a GPU it would read misaligned vectors).
 
 Any failure is answered ``{"error": "..."}`` and the worker carries on.
 """
@@ -114,10 +116,23 @@ def main():
                 module = importlib.import_module(f"ferrum_kernels.{req['module']}")
                 fn = getattr(module, req["function"])
                 params = [tuple(p) for p in req["params"]]
-                kernels.append((req["name"], fn, params, req["constexprs"]))
+                hints = req.get("hints", [])
+                unknown = set(hints) - {p for p, _ in params}
+                if unknown:
+                    raise ValueError(f"hints {sorted(unknown)} name no parameter")
+                name = req["name"]
+                if req.get("variant", "generic") != "generic":
+                    name = f"{name} ({req['variant']})"
+                kernels.append((name, fn, params, req["constexprs"], set(hints)))
                 reply({"handle": len(kernels) - 1})
             elif op == "launch":
-                name, fn, params, constexprs = kernels[req["handle"]]
+                name, fn, params, constexprs, hints = kernels[req["handle"]]
+                broken = [f"{p} = {v}" for (p, _), v in zip(params, req["args"])
+                          if p in hints and int(v) % 16 != 0]
+                if broken:
+                    reply({"error": f"kernel {name}: hinted arguments not divisible by 16: "
+                                    + ", ".join(broken)})
+                    continue
                 args = []
                 for (pname, ty), value in zip(params, req["args"]):
                     if ty.startswith("*"):

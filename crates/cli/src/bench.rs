@@ -7,6 +7,7 @@ use crate::parallel::Launch;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use ferrum_bench::{LatencyConfig, ThroughputConfig};
+use ferrum_runtime::cuda::Variant;
 use ferrum_runtime::ThreadPool;
 use serde_json::json;
 
@@ -227,6 +228,7 @@ fn profile_json(p: &ferrum_bench::DecodeProfile) -> serde_json::Value {
         "device_ms_per_step": per_step(p.device_s() * 1e3),
         "kernels": p.kernels.iter().map(|k| json!({
             "name": k.name,
+            "variant": k.variant.as_str(),
             "grid": k.grid,
             "launches_per_step": k.launches as f64 / p.steps.max(1) as f64,
             "ms_per_step": per_step(k.total_ms),
@@ -248,9 +250,15 @@ fn print_profile(p: &ferrum_bench::DecodeProfile) {
         "kernel", "grid", "launches", "ms/step", "share"
     );
     for k in p.kernels.iter().take(PROFILE_TOP) {
+        // An aligned binary is marked `*`: the generic one ran where it is not.
+        let mark = if k.variant == Variant::Aligned {
+            "*"
+        } else {
+            ""
+        };
         println!(
             "  {:<34} {:>16} {:>10.1} {:>12.4} {:>6.1}%",
-            k.name,
+            format!("{}{mark}", k.name),
             format!("{}x{}x{}", k.grid[0], k.grid[1], k.grid[2]),
             k.launches as f64 / steps,
             k.total_ms / steps,
@@ -267,6 +275,13 @@ fn print_profile(p: &ferrum_bench::DecodeProfile) {
             rest / steps,
             100.0 * rest / steps / device.max(1e-9)
         );
+    }
+    if p.kernels
+        .iter()
+        .take(PROFILE_TOP)
+        .any(|k| k.variant == Variant::Aligned)
+    {
+        println!("  * the aligned binary (every hinted argument divisible by 16)");
     }
 }
 

@@ -639,3 +639,46 @@ fn deferred_steps_take_their_inputs_on_the_device() {
         }
     }
 }
+
+/// The model's own launches take the aligned binaries where its shapes allow: the tiny
+/// fixtures' sizes, strides and head sizes are multiples of 16, so every product, norm and
+/// attention launch qualifies (and the interpreted worker checks each aligned launch's hints
+/// as it runs it).
+#[test]
+fn a_model_with_aligned_shapes_launches_the_aligned_binaries() {
+    let dir = fixtures().join("tiny-llama-bf16");
+    let names: Vec<String> = ferrum_runtime::cuda::Manifest::embedded()
+        .unwrap()
+        .kernels
+        .into_iter()
+        .map(|k| k.name)
+        .collect();
+    for gpu in devices() {
+        let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu.clone()).unwrap();
+        let ids = greedy(&mut model, &[1, 2, 3, 4, 5, 6, 7], 3);
+        assert_eq!(ids.len(), 3);
+        let g = gpu.lock();
+        let mut hot = 0;
+        for name in &names {
+            let Some(n) = g.variant_launches(name) else {
+                continue;
+            };
+            if n.generic + n.aligned > 0 {
+                eprintln!("{name}: {} generic, {} aligned", n.generic, n.aligned);
+            }
+            let is_hot = ["gemm_", "paged_attention", "prefill_attention", "rms_norm"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            if is_hot {
+                assert_eq!(
+                    n.generic,
+                    0,
+                    "{}: {name} took the generic binary",
+                    g.describe()
+                );
+                hot += n.aligned;
+            }
+        }
+        assert!(hot > 0, "no hot kernel launched");
+    }
+}

@@ -894,8 +894,14 @@ impl Backend for CudaBackend {
         self.logits
             .ensure(&self.gpu, 4 * self.device_rows * dims.vocab)?;
         // Indices: ids, positions, slots, block-table start per token, rows, block tables.
+        // Each section starts on a 16-byte boundary, so the kernels that read one take their
+        // aligned binaries (a hinted pointer must be a multiple of 16 bytes).
+        fn align(h: &mut Vec<u32>) -> usize {
+            h.resize(h.len().next_multiple_of(4), 0);
+            h.len()
+        }
         fn put(h: &mut Vec<u32>, xs: &[u32], pad: usize) -> usize {
-            let at = h.len();
+            let at = align(h);
             h.extend_from_slice(xs);
             if let Some(&last) = xs.last() {
                 h.extend(std::iter::repeat_n(last, pad));
@@ -907,7 +913,7 @@ impl Backend for CudaBackend {
         let ids = put(h, &batch.token_ids, pad);
         let positions = put(h, &batch.positions, pad);
         let slots = put(h, &batch.slot_mapping, pad);
-        let bt_start = h.len();
+        let bt_start = align(h);
         for s in &batch.seqs {
             h.extend(std::iter::repeat_n(s.block_table_start as u32, s.query_len));
         }
@@ -918,7 +924,7 @@ impl Backend for CudaBackend {
         // of decodes (padding included), else the one-token sequences beside prompt chunks,
         // which take the tiles (so a decode's arithmetic never depends on its batch mates).
         let prefill = batch.seqs.iter().any(|s| s.query_len > 1);
-        let toks = h.len();
+        let toks = align(h);
         if prefill {
             for s in batch.seqs.iter().filter(|s| s.query_len == 1) {
                 h.push(s.query_start as u32);
@@ -943,14 +949,14 @@ impl Backend for CudaBackend {
             .div_ceil(self.split_keys)
             .clamp(1, ATTENTION_RANGES)
             .next_power_of_two();
-        let rows = h.len();
+        let rows = align(h);
         h.extend_from_slice(&batch.logits_indices);
         // A padded bucket computes a row per token; the padding's are never read.
         h.extend((self.num_logits..self.device_rows).map(|i| i as u32));
         let block_tables = put(h, &batch.block_tables, 0);
         // Chunks of query tokens attend in tiles on the tensor cores.
         let tiles = if prefill {
-            let at = h.len();
+            let at = align(h);
             for s in batch.seqs.iter().filter(|s| s.query_len > 1) {
                 for first in (0..s.query_len).step_by(PREFILL_M) {
                     h.extend([
@@ -966,7 +972,7 @@ impl Backend for CudaBackend {
         };
         // Pending inputs, and the padding's copies of a pending last token: the padding
         // writes its K/V into the last token's slot, so it must be the same token.
-        let pending = h.len();
+        let pending = align(h);
         for pair in self.overlap.pending.chunks_exact(2) {
             h.extend_from_slice(pair);
             if pair[0] as usize + 1 == real {

@@ -18,7 +18,7 @@ use std::ffi::{c_void, CString};
 use cudarc::driver::{result, sys};
 
 use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally, GRAPH_HANDLE};
-use super::manifest::KernelSpec;
+use super::manifest::{KernelBinary, KernelSpec, Variant};
 use crate::{Result, RuntimeError};
 
 /// Shared memory a block may use without opting in.
@@ -370,12 +370,23 @@ impl Driver for CudaDriver {
         Ok(())
     }
 
-    fn load(&mut self, spec: &KernelSpec, image: Option<&[u8]>) -> Result<KernelHandle> {
+    fn load(
+        &mut self,
+        spec: &KernelSpec,
+        variant: Variant,
+        image: Option<(&KernelBinary, &[u8])>,
+    ) -> Result<KernelHandle> {
         self.bind()?;
-        let image =
+        let (bin, image) =
             image.ok_or_else(|| RuntimeError::Kernels(format!("{}: no cubin", spec.name)))?;
-        let bin = &spec.binaries[&self.arch];
-        let step = |s: &str| format!("loading kernel {} ({}): {s}", spec.name, self.arch);
+        let step = |s: &str| {
+            format!(
+                "loading kernel {} ({}, {}): {s}",
+                spec.name,
+                self.arch,
+                variant.as_str()
+            )
+        };
         // SAFETY: `image` is a whole, 8-byte-aligned cubin checked by the manifest.
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
             .map_err(|e| cuda_err(&step("cuModuleLoadData"), e))?;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::driver::CudaDriver;
 use super::interpreted::{InterpretedDriver, InterpreterConfig};
-use super::manifest::{ArgKind, KernelSpec, Manifest};
+use super::manifest::{ArgKind, KernelBinary, KernelSpec, Manifest, Variant};
 use crate::{Result, RuntimeError};
 
 /// An address in a [`Gpu`]'s memory.
@@ -86,8 +86,15 @@ pub(crate) trait Driver: fmt::Debug + Send {
     /// Waits for read `slot` ([`Driver::read_start`]) and copies its bytes into `dst`, which
     /// is as long as the read; the slot is free again.
     fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()>;
-    /// Loads one kernel (its cubin for [`Driver::arch`], or its spec for the interpreter).
-    fn load(&mut self, spec: &KernelSpec, image: Option<&[u8]>) -> Result<KernelHandle>;
+    /// Loads one binary of a kernel: `variant`'s cubin for [`Driver::arch`] with its figures,
+    /// or, for the interpreter, the spec (which checks an aligned variant's hints at each
+    /// launch, as the compiled binary assumes them).
+    fn load(
+        &mut self,
+        spec: &KernelSpec,
+        variant: Variant,
+        image: Option<(&KernelBinary, &[u8])>,
+    ) -> Result<KernelHandle>;
     /// Launches a loaded kernel.
     fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()>;
     /// Waits for all issued work.
@@ -121,10 +128,36 @@ pub(crate) const GRAPH_HANDLE: KernelHandle = KernelHandle(usize::MAX);
 struct Loaded {
     spec: KernelSpec,
     kinds: Vec<ArgKind>,
-    handle: KernelHandle,
     block: u32,
+    generic: LoadedBinary,
+    /// The aligned variant and the indices of the parameters it assumes divisible by 16.
+    aligned: Option<(LoadedBinary, Vec<usize>)>,
+}
+
+/// One loaded binary of a kernel.
+#[derive(Debug, Clone, Copy)]
+struct LoadedBinary {
+    handle: KernelHandle,
     shared: u32,
     global_scratch: u64,
+}
+
+/// Whether every hinted argument is divisible by 16: a pointer's address in bytes (offsets
+/// into buffers included), an integer's value.
+fn qualifies(args: &[KernelArg], hinted: &[usize]) -> bool {
+    hinted.iter().all(|&i| match args.get(i) {
+        Some(KernelArg::Ptr(p)) => p.0 % 16 == 0,
+        Some(KernelArg::I32(v)) => v % 16 == 0,
+        Some(KernelArg::U32(v)) => v % 16 == 0,
+        Some(KernelArg::F32(_)) | None => false,
+    })
+}
+
+/// How many launches of one kernel took each of its binaries ([`Gpu::variant_launches`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VariantLaunches {
+    pub generic: u64,
+    pub aligned: u64,
 }
 
 /// A copy to the host in flight ([`Gpu::start_read`]), to be finished by [`Gpu::finish_read`]
@@ -155,6 +188,8 @@ pub struct GraphId(usize);
 pub struct KernelTime {
     /// The kernel's name; `graph replay` for whole replayed graphs.
     pub name: String,
+    /// Which of its binaries ran (graph replays: generic).
+    pub variant: Variant,
     pub grid: [u32; 3],
     pub launches: u64,
     /// Device time summed over the launches, in milliseconds.
@@ -175,6 +210,8 @@ pub struct Gpu {
     /// The open capture's launches, kept so that they can be issued plainly when the driver
     /// cannot make a graph of them.
     shadow: Vec<(KernelHandle, LaunchDims, Vec<KernelArg>)>,
+    /// Launches per kernel (as `kernels`) by the binary they took.
+    variant_launches: Vec<VariantLaunches>,
 }
 
 impl fmt::Debug for Gpu {
@@ -206,20 +243,45 @@ impl Gpu {
         let blob = arch.as_deref().map(|a| manifest.blob(a)).transpose()?;
         let mut kernels = Vec::with_capacity(manifest.kernels.len());
         for spec in &manifest.kernels {
-            let (image, bin) = match (&arch, &blob) {
-                (Some(arch), Some(blob)) => (
-                    Some(manifest.cubin(spec, arch, blob)?),
-                    Some(&spec.binaries[arch]),
-                ),
-                _ => (None, None),
+            let mut load = |variant: Variant| -> Result<LoadedBinary> {
+                let image = match (&arch, &blob) {
+                    (Some(arch), Some(blob)) => {
+                        let bin = spec.binary(variant, arch).ok_or_else(|| {
+                            RuntimeError::Kernels(format!(
+                                "kernel {} has no {} binary for {arch}",
+                                spec.name,
+                                variant.as_str()
+                            ))
+                        })?;
+                        Some((bin, manifest.cubin(spec, variant, arch, blob)?))
+                    }
+                    _ => None,
+                };
+                if image.is_some_and(|(b, _)| b.profile_scratch_size > 0) {
+                    return Err(RuntimeError::Kernels(format!(
+                        "kernel {} was compiled with profiling scratch; rebuild without it",
+                        spec.name
+                    )));
+                }
+                Ok(LoadedBinary {
+                    handle: driver.load(spec, variant, image)?,
+                    shared: image.map_or(0, |(b, _)| b.shared),
+                    global_scratch: image.map_or(0, |(b, _)| b.global_scratch_size),
+                })
             };
-            if bin.is_some_and(|b| b.profile_scratch_size > 0) {
-                return Err(RuntimeError::Kernels(format!(
-                    "kernel {} was compiled with profiling scratch; rebuild without it",
-                    spec.name
-                )));
-            }
-            let handle = driver.load(spec, image)?;
+            let generic = load(Variant::Generic)?;
+            let aligned = match &spec.aligned {
+                Some(_) => {
+                    let hinted = spec.hinted_params().ok_or_else(|| {
+                        RuntimeError::Kernels(format!(
+                            "kernel {}: a hint names no parameter",
+                            spec.name
+                        ))
+                    })?;
+                    Some((load(Variant::Aligned)?, hinted))
+                }
+                None => None,
+            };
             let kinds = spec
                 .params
                 .iter()
@@ -229,10 +291,9 @@ impl Gpu {
             kernels.push(Loaded {
                 spec: spec.clone(),
                 kinds,
-                handle,
                 block: spec.num_warps * 32,
-                shared: bin.map_or(0, |b| b.shared),
-                global_scratch: bin.map_or(0, |b| b.global_scratch_size),
+                generic,
+                aligned,
             });
         }
         let by_name = kernels
@@ -248,6 +309,7 @@ impl Gpu {
             scratch: None,
             capturing: None,
             shadow: Vec::new(),
+            variant_launches: vec![VariantLaunches::default(); manifest.kernels.len()],
         })
     }
 
@@ -361,13 +423,23 @@ impl Gpu {
         self.driver.synchronize()
     }
 
+    /// How many launches of kernel `name` took its generic and its aligned binary since the
+    /// device was opened (launches recorded into a graph count once, when recorded).
+    pub fn variant_launches(&self, name: &str) -> Option<VariantLaunches> {
+        self.by_name.get(name).map(|&i| self.variant_launches[i])
+    }
+
     /// Launches kernel `name` over `grid` with `args`, checked against the manifest: the
     /// kernel must exist, the arguments must match its parameters in number and kind, and no
-    /// grid dimension may be zero or over the hardware's limits.
+    /// grid dimension may be zero or over the hardware's limits. The aligned binary runs when
+    /// the kernel has one and every argument it assumes divisible by 16 is; the generic one
+    /// otherwise.
     pub fn launch(&mut self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
-        let k = self
-            .loaded(name)
+        let index = *self
+            .by_name
+            .get(name)
             .ok_or_else(|| RuntimeError::Kernels(format!("no kernel named {name}")))?;
+        let k = &self.kernels[index];
         if args.len() != k.kinds.len() {
             return Err(RuntimeError::Kernels(format!(
                 "kernel {name} takes {} arguments, got {}",
@@ -388,9 +460,13 @@ impl Gpu {
                 "kernel {name}: grid {grid:?} is empty or over the device's limits"
             )));
         }
-        let (handle, block, shared) = (k.handle, k.block, k.shared);
+        let (binary, variant) = match &k.aligned {
+            Some((aligned, hinted)) if qualifies(args, hinted) => (*aligned, Variant::Aligned),
+            _ => (k.generic, Variant::Generic),
+        };
+        let (handle, block, shared) = (binary.handle, k.block, binary.shared);
         let programs = grid.iter().map(|&g| g as usize).product::<usize>();
-        let scratch = k.global_scratch as usize * programs;
+        let scratch = binary.global_scratch as usize * programs;
         if self
             .capturing
             .is_some_and(|t| t != std::thread::current().id())
@@ -408,7 +484,13 @@ impl Gpu {
         if self.capturing.is_some() {
             self.shadow.push((handle, dims, args.to_vec()));
         }
-        self.driver.launch(handle, dims, args)
+        self.driver.launch(handle, dims, args)?;
+        let count = &mut self.variant_launches[index];
+        match variant {
+            Variant::Generic => count.generic += 1,
+            Variant::Aligned => count.aligned += 1,
+        }
+        Ok(())
     }
 
     /// The kernels' global scratch area's address (null before any kernel needed one): a
@@ -511,6 +593,22 @@ impl Gpu {
         self.driver.set_profiling(on)
     }
 
+    /// The kernel and variant a driver handle belongs to, for the profile.
+    fn binary_of(&self, h: KernelHandle) -> (String, Variant) {
+        if h == GRAPH_HANDLE {
+            return ("graph replay".to_string(), Variant::Generic);
+        }
+        for k in &self.kernels {
+            if k.generic.handle == h {
+                return (k.spec.name.clone(), Variant::Generic);
+            }
+            if k.aligned.as_ref().is_some_and(|(a, _)| a.handle == h) {
+                return (k.spec.name.clone(), Variant::Aligned);
+            }
+        }
+        (format!("kernel #{}", h.0), Variant::Generic)
+    }
+
     /// The device time per kernel and grid since [`Gpu::set_profiling`], largest first (waits
     /// for the device).
     pub fn profile(&mut self) -> Result<Vec<KernelTime>> {
@@ -519,18 +617,15 @@ impl Gpu {
             .driver
             .profile()?
             .into_iter()
-            .map(|(h, grid, launches, total_ms)| KernelTime {
-                name: if h == GRAPH_HANDLE {
-                    "graph replay".to_string()
-                } else {
-                    self.kernels
-                        .iter()
-                        .find(|k| k.handle == h)
-                        .map_or_else(|| format!("kernel #{}", h.0), |k| k.spec.name.clone())
-                },
-                grid,
-                launches,
-                total_ms,
+            .map(|(h, grid, launches, total_ms)| {
+                let (name, variant) = self.binary_of(h);
+                KernelTime {
+                    name,
+                    variant,
+                    grid,
+                    launches,
+                    total_ms,
+                }
             })
             .collect();
         out.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));

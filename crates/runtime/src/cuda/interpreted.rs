@@ -15,7 +15,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use serde_json::{json, Value};
 
 use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally};
-use super::manifest::KernelSpec;
+use super::manifest::{KernelBinary, KernelSpec, Variant};
 use crate::{Result, RuntimeError};
 
 /// Where the interpreter and the kernel sources are.
@@ -210,14 +210,27 @@ impl Driver for InterpretedDriver {
         Ok(())
     }
 
-    fn load(&mut self, spec: &KernelSpec, _image: Option<&[u8]>) -> Result<KernelHandle> {
+    fn load(
+        &mut self,
+        spec: &KernelSpec,
+        variant: Variant,
+        _image: Option<(&KernelBinary, &[u8])>,
+    ) -> Result<KernelHandle> {
+        // The interpreter runs the source either way; an aligned variant's hints are checked
+        // at each of its launches, as its compiled binary would assume them.
+        let hints: &[String] = match (variant, &spec.aligned) {
+            (Variant::Aligned, Some(a)) => &a.hints,
+            _ => &[],
+        };
         let req = json!({
             "op": "load",
             "name": spec.name,
+            "variant": variant.as_str(),
             "module": spec.module,
             "function": spec.function,
             "params": spec.params,
             "constexprs": spec.constexprs,
+            "hints": hints,
         });
         let v = self.call(&format!("loading kernel {}", spec.name), &req, None)?;
         v.get("handle")

@@ -37,8 +37,66 @@ pub struct KernelSpec {
     pub constexprs: BTreeMap<String, i64>,
     /// Warps per block.
     pub num_warps: u32,
-    /// The compiled binary per architecture name (`sm80`, `sm90`).
+    /// The compiled binary per architecture name (`sm80`, `sm90`): the generic one, which
+    /// assumes nothing of its arguments.
     pub binaries: BTreeMap<String, KernelBinary>,
+    /// The aligned variant, when the build made one.
+    #[serde(default)]
+    pub aligned: Option<AlignedVariant>,
+}
+
+/// A kernel's binaries compiled on the assumption that some parameters are divisible by 16
+/// (pointers: the address in bytes; integers: the value), as Triton's JIT specializes: wide
+/// vector loads and copies instead of element-wide ones. Launched only when every hinted
+/// argument qualifies (`Gpu::launch` checks at each launch).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AlignedVariant {
+    /// The hinted parameters, by name.
+    pub hints: Vec<String>,
+    /// The compiled binary per architecture name.
+    pub binaries: BTreeMap<String, KernelBinary>,
+}
+
+/// Which of a kernel's binaries a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// Compiled without assumptions on the arguments.
+    Generic,
+    /// Compiled with the [`AlignedVariant`]'s hints.
+    Aligned,
+}
+
+impl Variant {
+    /// `generic` or `aligned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Generic => "generic",
+            Variant::Aligned => "aligned",
+        }
+    }
+}
+
+impl KernelSpec {
+    /// The binary of `variant` for `arch`, if the build made it.
+    pub fn binary(&self, variant: Variant, arch: &str) -> Option<&KernelBinary> {
+        match variant {
+            Variant::Generic => self.binaries.get(arch),
+            Variant::Aligned => self.aligned.as_ref()?.binaries.get(arch),
+        }
+    }
+
+    /// The indices of the aligned variant's hinted parameters (empty without one); a hint
+    /// that names no parameter is `None` ([`Manifest::embedded`] refuses such a manifest).
+    pub fn hinted_params(&self) -> Option<Vec<usize>> {
+        let Some(aligned) = &self.aligned else {
+            return Some(Vec::new());
+        };
+        aligned
+            .hints
+            .iter()
+            .map(|h| self.params.iter().position(|(name, _)| name == h))
+            .collect()
+    }
 }
 
 /// A kernel's cubin for one architecture.
@@ -141,11 +199,21 @@ impl Manifest {
         self.kernels.iter().find(|k| k.name == name)
     }
 
-    /// The cubin of `spec` in `blob`, the decompressed blob of `arch` ([`Manifest::blob`]),
-    /// checked to lie inside it and to be an 8-byte-aligned ELF image.
-    pub fn cubin<'b>(&self, spec: &KernelSpec, arch: &str, blob: &'b [u8]) -> Result<&'b [u8]> {
-        let bin = spec.binaries.get(arch).ok_or_else(|| {
-            RuntimeError::Kernels(format!("kernel {} has no binary for {arch}", spec.name))
+    /// The cubin of `spec`'s `variant` in `blob`, the decompressed blob of `arch`
+    /// ([`Manifest::blob`]), checked to lie inside it and to be an 8-byte-aligned ELF image.
+    pub fn cubin<'b>(
+        &self,
+        spec: &KernelSpec,
+        variant: Variant,
+        arch: &str,
+        blob: &'b [u8],
+    ) -> Result<&'b [u8]> {
+        let bin = spec.binary(variant, arch).ok_or_else(|| {
+            RuntimeError::Kernels(format!(
+                "kernel {} has no {} binary for {arch}",
+                spec.name,
+                variant.as_str()
+            ))
         })?;
         let end = bin.offset.checked_add(bin.bytes);
         let image = end
@@ -169,38 +237,56 @@ impl Manifest {
     }
 
     /// Every spec must have a binary for every listed architecture, inside its blob, with
-    /// parameters of known types and the spec's warps (the cubins themselves are checked when
-    /// a blob is decompressed, [`Manifest::cubin`]).
+    /// parameters of known types and the spec's warps; an aligned variant's hints must name
+    /// pointer or integer parameters, and its binaries obey the same rules (the cubins
+    /// themselves are checked when a blob is decompressed, [`Manifest::cubin`]).
     fn check(&self) -> Result<()> {
         for spec in &self.kernels {
+            let err = |s: String| RuntimeError::Kernels(format!("kernel {}: {s}", spec.name));
             for (name, ty) in &spec.params {
                 if ArgKind::of(ty).is_none() {
-                    return Err(RuntimeError::Kernels(format!(
-                        "kernel {}: parameter {name} has unsupported type {ty}",
-                        spec.name
-                    )));
+                    return Err(err(format!("parameter {name} has unsupported type {ty}")));
+                }
+            }
+            let mut variants = vec![Variant::Generic];
+            if let Some(aligned) = &spec.aligned {
+                variants.push(Variant::Aligned);
+                for hint in &aligned.hints {
+                    match spec.params.iter().find(|(name, _)| name == hint) {
+                        None => return Err(err(format!("hint {hint} names no parameter"))),
+                        Some((_, ty)) if ArgKind::of(ty) == Some(ArgKind::F32) => {
+                            return Err(err(format!("hint {hint} is a float parameter")))
+                        }
+                        Some(_) => {}
+                    }
                 }
             }
             for arch in &self.archs {
-                let bin = spec.binaries.get(arch).ok_or_else(|| {
-                    RuntimeError::Kernels(format!("kernel {} has no binary for {arch}", spec.name))
-                })?;
-                let blob = self.blobs.get(arch).map_or(0, |b| b.bytes);
-                if bin
-                    .offset
-                    .checked_add(bin.bytes)
-                    .is_none_or(|end| end > blob)
-                {
-                    return Err(RuntimeError::Kernels(format!(
-                        "kernel {} ({arch}): bytes {}..+{} lie outside the {blob}-byte blob",
-                        spec.name, bin.offset, bin.bytes
-                    )));
-                }
-                if bin.num_warps != spec.num_warps {
-                    return Err(RuntimeError::Kernels(format!(
-                        "kernel {} ({arch}): compiled with {} warps, spec says {}",
-                        spec.name, bin.num_warps, spec.num_warps
-                    )));
+                for &variant in &variants {
+                    let bin = spec
+                        .binary(variant, arch)
+                        .ok_or_else(|| err(format!("no {} binary for {arch}", variant.as_str())))?;
+                    let blob = self.blobs.get(arch).map_or(0, |b| b.bytes);
+                    if bin
+                        .offset
+                        .checked_add(bin.bytes)
+                        .is_none_or(|end| end > blob)
+                    {
+                        return Err(err(format!(
+                            "{} binary ({arch}): bytes {}..+{} lie outside the {blob}-byte blob",
+                            variant.as_str(),
+                            bin.offset,
+                            bin.bytes
+                        )));
+                    }
+                    if bin.num_warps != spec.num_warps {
+                        return Err(err(format!(
+                            "{} binary ({arch}): compiled with {} warps, spec says {}",
+                            variant.as_str(),
+                            bin.num_warps,
+                            spec.num_warps
+                        )));
+                    }
                 }
             }
         }
@@ -246,14 +332,48 @@ mod tests {
         for arch in &m.archs {
             let blob = m.blob(arch).expect("decompresses");
             for spec in &m.kernels {
-                let image = m.cubin(spec, arch, &blob).expect("cubin");
-                assert_eq!(image.len(), spec.binaries[arch].bytes);
-                let sha = Sha256::digest(image);
-                let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
-                assert_eq!(hex, spec.binaries[arch].sha256, "{} ({arch})", spec.name);
+                for variant in [Variant::Generic, Variant::Aligned] {
+                    let bin = spec.binary(variant, arch).expect("every variant is built");
+                    let image = m.cubin(spec, variant, arch, &blob).expect("cubin");
+                    assert_eq!(image.len(), bin.bytes);
+                    let sha = Sha256::digest(image);
+                    let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+                    assert_eq!(hex, bin.sha256, "{} ({arch}, {variant:?})", spec.name);
+                }
             }
         }
-        assert!(m.kernel("gemm_bf16_bias0").is_some());
+        let gemm = m.kernel("gemm_bf16_bias0").expect("gemm_bf16_bias0");
+        let hinted = gemm.hinted_params().expect("hints name parameters");
+        let names: Vec<&str> = hinted.iter().map(|&i| gemm.params[i].0.as_str()).collect();
+        // Every pointer and the sizes and strides, never the row count.
+        assert!(names.contains(&"w_ptr") && names.contains(&"k") && names.contains(&"x_stride"));
+        assert!(!names.contains(&"m"), "{names:?}");
+    }
+
+    #[test]
+    fn a_hint_must_name_an_integer_or_pointer_parameter() {
+        let mut m = Manifest::embedded().expect("embedded manifest");
+        let spec = &mut m.kernels[0];
+        let aligned = spec.aligned.as_mut().expect("aligned variant");
+        aligned.hints.push("no_such_param".into());
+        let err = m.check().unwrap_err().to_string();
+        assert!(err.contains("no_such_param"), "{err}");
+
+        let mut m = Manifest::embedded().expect("embedded manifest");
+        let spec = m.kernel("rms_norm_res0").expect("rms_norm_res0").clone();
+        let i = m
+            .kernels
+            .iter()
+            .position(|k| k.name == spec.name)
+            .expect("index");
+        m.kernels[i]
+            .aligned
+            .as_mut()
+            .expect("aligned")
+            .hints
+            .push("eps".into());
+        let err = m.check().unwrap_err().to_string();
+        assert!(err.contains("eps") && err.contains("float"), "{err}");
     }
 
     #[test]

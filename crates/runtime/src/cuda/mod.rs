@@ -36,6 +36,6 @@ mod interpreted;
 pub mod manifest;
 
 pub use buffer::{DeviceBuffer, SharedGpu};
-pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, PendingRead};
+pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, PendingRead, VariantLaunches};
 pub use interpreted::InterpreterConfig;
-pub use manifest::{KernelBinary, KernelSpec, Manifest};
+pub use manifest::{AlignedVariant, KernelBinary, KernelSpec, Manifest, Variant};
