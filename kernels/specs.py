@@ -18,10 +18,11 @@ HEAD_BLOCKS = (32, 64, 128, 256)
 
 
 # Decode-shaped products (at most DECODE_M activation rows): narrow, deep tiles so a single
-# row reads the weights at bandwidth. Chosen by kernels/tune_gpu.py on an H200 (m = 1,
-# 4096 x 4096): bf16 18.4 us against 63.7 with the prefill tiles, Q4_K 85 against 237, Q6_K
-# 60 against 148, Q8_0 50 against 130. Pipeline stages per architecture: sm_80's 3 keep a
-# bf16 tile's shared memory (96 KiB) within what RTX 30/40 cards (sm_86/89, 99 KiB) allow.
+# row reads the weights at bandwidth. Chosen by kernels/tune_gpu.py (JIT builds, since retired)
+# on an H200 (m = 1, 4096 x 4096): bf16 18.4 us against 63.7 with the prefill tiles, Q4_K 85
+# against 237, Q6_K 60 against 148, Q8_0 50 against 130. Pipeline stages per architecture:
+# sm_80's 3 keep a bf16 tile's shared memory (96 KiB) within what RTX 30/40 cards (sm_86/89,
+# 99 KiB) allow.
 DECODE_M = 16
 DECODE_STAGES = {"sm80": 3, "sm90": 4}
 
@@ -32,6 +33,12 @@ DECODE_STAGES = {"sm80": 3, "sm90": 4}
 # outputs) and ran 2.3x slower than the 32 x 64 tiles, so fewer rows keep those.
 LARGE_M = 512
 LARGE_TILES = (128, 128, 64, 8, {"sm80": 1, "sm90": 3})
+
+# Decode attention (paged_attention, paged_attention_split): one program takes up to
+# DECODE_HEADS query heads of one KV head (a GQA group, padded to the tensor cores' 16 rows)
+# and reads each tile of DECODE_KEYS[head block] keys once for all of them.
+DECODE_HEADS = 16
+DECODE_KEYS = {32: 64, 64: 64, 128: 64, 256: 32}
 
 # Prefill attention tiles: BLOCK_M query tokens against BLOCK_N keys per step (tensor cores).
 # The key tile narrows as the head widens, so a K and a V tile per stage stay within shared
@@ -209,7 +216,7 @@ def all_specs():
                  ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
                  ("block_size", "i32"), ("window", "i32"), ("scale", "fp32"),
                  ("softcap", "fp32")],
-                {"BLOCK_N": 32, "D_BLOCK": d}))
+                {"BLOCK_N": DECODE_KEYS[d], "D_BLOCK": d, "G_BLOCK": DECODE_HEADS}))
             specs.append(_spec(
                 f"paged_attention_split_{short}_d{d}", "attention", "paged_attention_split",
                 [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
@@ -219,7 +226,7 @@ def all_specs():
                  ("num_kv_heads", "i32"), ("head_dim", "i32"), ("block_size", "i32"),
                  ("window", "i32"), ("scale", "fp32"), ("softcap", "fp32"),
                  ("split_keys", "i32"), ("max_ranges", "i32"), ("max_splits", "i32")],
-                {"BLOCK_N": 32, "D_BLOCK": d}))
+                {"BLOCK_N": DECODE_KEYS[d], "D_BLOCK": d, "G_BLOCK": DECODE_HEADS}))
             specs.append(_spec(
                 f"prefill_attention_{short}_d{d}", "prefill_attention", "prefill_attention",
                 [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),

@@ -15,7 +15,10 @@
 #   5. with --llama8b DIR: a Llama-3.1-8B-shaped model with random bf16 weights made in DIR by
 #      transformers on the GPU (scripts/gpu/llama8b_reference.py), Ferrum's logits against
 #      transformers' on the same GPU (~50 GB of GPU memory, ~35 GB of disk);
-#   6. with --bench: kernels/bench_gpu.py, the kernels' times beside PyTorch's.
+# Kernel timings are not taken here: benchmarks/gpu/run.sh profiles the shipped binaries inside
+# the engine's own steps (`ferrum bench latency --profile-kernels`). The JIT timings of
+# kernels/bench_gpu.py and tune_gpu.py timed other binaries than the ones that ship, and are
+# retired.
 # Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
 # has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels and
 # cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
@@ -23,12 +26,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-llama8b="" bench=0
+llama8b=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --llama8b) llama8b="$2"; shift 2 ;;
-        --bench) bench=1; shift ;;
-        *) echo "usage: $0 [--llama8b DIR] [--bench]" >&2; exit 2 ;;
+        --bench)
+            echo "--bench is retired: kernel timings come from benchmarks/gpu/run.sh, which" \
+                "profiles the shipped binaries in the engine's steps" >&2
+            exit 2 ;;
+        *) echo "usage: $0 [--llama8b DIR]" >&2; exit 2 ;;
     esac
 done
 
@@ -86,10 +92,6 @@ if [[ -n "$llama8b" ]]; then
     fi
     FERRUM_GPU_LLAMA8B="$llama8b" "$(test_bin ferrum-models cuda_fixtures)" --nocapture \
         llama31_8b || status=1
-fi
-if [[ $bench -eq 1 ]]; then
-    echo "== kernel times beside PyTorch (kernels/bench_gpu.py)"
-    python3 kernels/bench_gpu.py || status=1
 fi
 if [[ $status -ne 0 ]]; then echo "GPU checks FAILED"; else echo "GPU checks passed"; fi
 exit $status

@@ -1,9 +1,11 @@
 """Paged attention over block tables, for any mix of prefill chunks and decodes.
 
-Grid ``(n, num_heads)``: program ``(i, h)`` computes the attention output of query token
-``t = tokens[i]``, head ``h`` (the batch's decode tokens when prompt chunks in the same batch
-take ``prefill_attention``; every token otherwise). The token sits at position ``positions[t]`` of its sequence, whose
-block table starts at ``block_tables[bt_start[t]]``; it attends to the keys at positions
+Grid ``(n, num_kv_heads * cdiv(group, G_BLOCK))``: program ``(i, j)`` computes the attention
+output of query token ``t = tokens[i]`` for up to ``G_BLOCK`` query heads of one KV head
+(``_heads``), reading each key and value tile once for all of them (the batch's decode
+tokens when prompt chunks in the same batch take ``prefill_attention``; every token
+otherwise). The token sits at position ``positions[t]`` of its sequence, whose block table
+starts at ``block_tables[bt_start[t]]``; it attends to the keys at positions
 ``lo ..= positions[t]`` of the same sequence (causal), with ``lo = positions[t] - window + 1``
 under a sliding window (``window > 0``) and 0 otherwise. Keys of position ``p`` live in slot
 ``block_tables[bt_start[t] + p // block_size] * block_size + p % block_size`` of the caches,
@@ -12,7 +14,7 @@ is written before this runs, so prior context and the chunk itself are read the 
 
 Query head ``h`` reads KV head ``h // group`` (GQA). Scores are ``q . k * scale``, soft-capped
 as ``cap * tanh(s / cap)`` when ``softcap > 0``; the softmax is the online (flash) form in
-f32, over tiles of ``BLOCK_N`` keys.
+f32, over tiles of ``BLOCK_N`` keys; the products run as ``tl.dot`` (``_attend_keys``).
 """
 
 import triton
@@ -20,15 +22,42 @@ import triton.language as tl
 
 
 @triton.jit
+def _heads(j, group, G_BLOCK: tl.constexpr):
+    """Program ``j`` of axis 1 takes the KV head ``kvh`` and up to ``G_BLOCK`` of its query
+    heads: ``(kvh, heads[G_BLOCK], valid[G_BLOCK])``."""
+    chunks = tl.cdiv(group, G_BLOCK)
+    kvh = j // chunks
+    g = (j % chunks) * G_BLOCK + tl.arange(0, G_BLOCK)
+    return kvh.to(tl.int64), kvh * group + g, g < group
+
+
+@triton.jit
+def _split(x, ty):
+    """``x`` (f32) as two values of type ``ty`` whose sum is ``x`` to about twice ``ty``'s
+    precision: the tensor cores' products of both parts with a ``ty`` operand carry x's
+    value nearly as an f32 product would."""
+    hi = x.to(ty)
+    return hi, (x - hi.to(tl.float32)).to(ty)
+
+
+@triton.jit
 def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads, head_dim,
-                 block_size, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr):
-    """The online softmax of ``q`` over the keys at positions ``first .. end`` of the block
-    table ``bt``: ``(max, sum, acc)``, unnormalized (``acc / sum`` is the output)."""
+                 block_size, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr,
+                 G_BLOCK: tl.constexpr):
+    """The online softmax of the query rows ``q`` (``[G_BLOCK, D_BLOCK]`` f32: the heads of
+    one KV head) over the keys at positions ``first .. end`` of the block table ``bt``:
+    ``(max[G], sum[G], acc[G, D])``, unnormalized (``acc / sum`` is the output). Each key tile
+    is read once for all the heads. Half caches: ``q . k`` and ``p . v`` run on the tensor
+    cores with ``q`` and ``p`` split in two parts of the cache's type (``_split``), so the
+    products keep about 16 bits of ``q`` and ``p``; f32 caches: full f32 products."""
+    cache_ty = k_cache_ptr.dtype.element_ty
     d = tl.arange(0, D_BLOCK)
     dmask = d < head_dim
-    m_i = tl.full([], -float("inf"), tl.float32)
-    l_i = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([D_BLOCK], dtype=tl.float32)
+    m_i = tl.full([G_BLOCK], -float("inf"), tl.float32)
+    l_i = tl.zeros([G_BLOCK], dtype=tl.float32)
+    acc = tl.zeros([G_BLOCK, D_BLOCK], dtype=tl.float32)
+    if cache_ty != tl.float32:
+        q_hi, q_lo = _split(q, cache_ty)
     for start in range(first, end, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < end
@@ -37,17 +66,27 @@ def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads,
         off = (slot * num_kv_heads + kvh) * head_dim
         tile_mask = kmask[:, None] & dmask[None, :]
         k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+        kt = tl.trans(k)
+        if cache_ty == tl.float32:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt)
+        s = s * scale
         if softcap > 0:
             # cap * tanh(s / cap), tanh(x) = 2 sigmoid(2x) - 1
             s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
-        s = tl.where(kmask, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        s = tl.where(kmask[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
+        p = tl.exp(s - m_new[:, None])
         v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        if cache_ty == tl.float32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            p_hi, p_lo = _split(p, cache_ty)
+            pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     return m_i, l_i, acc
 
@@ -56,13 +95,13 @@ def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads,
 def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
                     tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
                     block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
-                    D_BLOCK: tl.constexpr):
+                    D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
     t = tl.load(tok_ptr + tl.program_id(0)).to(tl.int64)
-    h = tl.program_id(1)
-    kvh = (h // group).to(tl.int64)
+    kvh, h, valid = _heads(tl.program_id(1), group, G_BLOCK)
     d = tl.arange(0, D_BLOCK)
     dmask = d < head_dim
-    q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
+    rows = t * q_stride + h[:, None] * head_dim + d[None, :]
+    q = tl.load(q_ptr + rows, mask=valid[:, None] & dmask[None, :], other=0.0)
     pos = tl.load(pos_ptr + t).to(tl.int32)
     bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
     lo = 0
@@ -70,8 +109,9 @@ def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_
         lo = tl.maximum(pos - window + 1, 0)
     m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, lo, pos + 1,
                                  num_kv_heads, head_dim, block_size, scale, softcap, BLOCK_N,
-                                 D_BLOCK)
-    tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
+                                 D_BLOCK, G_BLOCK)
+    out = out_ptr + t * out_stride + h[:, None] * head_dim + d[None, :]
+    tl.store(out, acc / l_i[:, None], mask=valid[:, None] & dmask[None, :])
 
 
 @triton.jit
@@ -79,21 +119,21 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
                           pos_ptr, tok_ptr, out_ptr, part_ptr, q_stride, out_stride, group,
                           num_kv_heads, head_dim, block_size, window, scale, softcap,
                           split_keys, max_ranges, max_splits, BLOCK_N: tl.constexpr,
-                          D_BLOCK: tl.constexpr):
-    """Split-K decode attention (flash-decoding). Grid ``(n, num_heads, max_splits)``: a token
-    whose context (``lo ..= pos``) holds ``ctx`` keys is cut into ``splits = min(cdiv(ctx,
-    split_keys), max_ranges)`` ranges of ``cdiv(ctx, splits)`` keys (the last may be shorter
-    or empty), program ``(i, h, s)`` taking range ``s`` (programs past a token's ranges do
-    nothing). With one range the program writes the output, computed exactly as
-    ``paged_attention`` does; with more, each writes its partial ``(acc[D_BLOCK], max, sum)``
-    to ``part[((i * num_heads + h) * max_splits + s) * (D_BLOCK + 2)]`` and
+                          D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
+    """Split-K decode attention (flash-decoding). Grid ``(n, num_kv_heads * cdiv(group,
+    G_BLOCK), max_splits)``: a token whose context (``lo ..= pos``) holds ``ctx`` keys is cut
+    into ``splits = min(cdiv(ctx, split_keys), max_ranges)`` ranges of ``cdiv(ctx, splits)``
+    keys (the last may be shorter or empty), program ``(i, j, s)`` taking range ``s`` for the
+    query heads ``_heads(j)`` (programs past a token's ranges do nothing). With one range the
+    program writes the output, computed exactly as ``paged_attention`` does; with more, each
+    writes its partial ``(acc[D_BLOCK], max, sum)`` per head ``h`` to
+    ``part[((i * num_heads + h) * max_splits + s) * (D_BLOCK + 2)]`` and
     ``attention_combine`` merges them. A token's result depends on its own context only, never
     on the batch."""
     i = tl.program_id(0)
     t = tl.load(tok_ptr + i).to(tl.int64)
-    h = tl.program_id(1)
+    kvh, h, valid = _heads(tl.program_id(1), group, G_BLOCK)
     s = tl.program_id(2)
-    kvh = (h // group).to(tl.int64)
     d = tl.arange(0, D_BLOCK)
     dmask = d < head_dim
     pos = tl.load(pos_ptr + t).to(tl.int32)
@@ -102,22 +142,24 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
         lo = tl.maximum(pos - window + 1, 0)
     splits = tl.minimum(tl.cdiv(pos + 1 - lo, split_keys), max_ranges)
     if s < splits:
-        q = tl.load(q_ptr + t * q_stride + h * head_dim + d, mask=dmask, other=0.0)
+        rows = t * q_stride + h[:, None] * head_dim + d[None, :]
+        q = tl.load(q_ptr + rows, mask=valid[:, None] & dmask[None, :], other=0.0)
         bt = block_tables_ptr + tl.load(bt_start_ptr + t).to(tl.int64)
         per = tl.cdiv(pos + 1 - lo, splits)
         first = lo + s * per
         end = tl.minimum(first + per, pos + 1)
         m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end,
                                      num_kv_heads, head_dim, block_size, scale, softcap,
-                                     BLOCK_N, D_BLOCK)
+                                     BLOCK_N, D_BLOCK, G_BLOCK)
         if splits == 1:
-            tl.store(out_ptr + t * out_stride + h * head_dim + d, acc / l_i, mask=dmask)
+            out = out_ptr + t * out_stride + h[:, None] * head_dim + d[None, :]
+            tl.store(out, acc / l_i[:, None], mask=valid[:, None] & dmask[None, :])
         else:
-            nh = tl.num_programs(1)
+            nh = num_kv_heads * group
             part = part_ptr + ((i.to(tl.int64) * nh + h) * max_splits + s) * (D_BLOCK + 2)
-            tl.store(part + d, acc)
-            tl.store(part + D_BLOCK, m_i)
-            tl.store(part + D_BLOCK + 1, l_i)
+            tl.store(part[:, None] + d[None, :], acc, mask=valid[:, None])
+            tl.store(part + D_BLOCK, m_i, mask=valid)
+            tl.store(part + D_BLOCK + 1, l_i, mask=valid)
 
 
 @triton.jit

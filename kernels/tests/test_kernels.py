@@ -439,7 +439,10 @@ class Kernels(unittest.TestCase):
         scale = 1 / math.sqrt(hd)
         # Every token, listed in reverse: the program's token comes from the list.
         toks = np.arange(t - 1, -1, -1, dtype=np.uint32)
-        r.launch(f"paged_attention_{short}_d{d_block}", (t, nh),
+        # One program per token and KV head (and chunk of G_BLOCK of its query heads).
+        g_block = SPECS[f"paged_attention_{short}_d{d_block}"]["constexprs"]["G_BLOCK"]
+        head_programs = nkv * cdiv(group, g_block)
+        r.launch(f"paged_attention_{short}_d{d_block}", (t, head_programs),
                  [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
                   r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
                   r.ptr(r.dev(toks, "u32")), r.ptr(out), stride, nh * hd, group, nkv, hd,
@@ -470,7 +473,7 @@ class Kernels(unittest.TestCase):
             max_splits = max(min(cdiv(c, split_keys), max_ranges) for c in ctx)
             part = r.dev(np.full(t * nh * max_splits * (d_block + 2), np.nan, np.float32))
             out = self.nan(t, nh * hd)
-            r.launch(f"paged_attention_split_{short}_d{d_block}", (t, nh, max_splits),
+            r.launch(f"paged_attention_split_{short}_d{d_block}", (t, head_programs, max_splits),
                      [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
                       r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
                       r.ptr(r.dev(toks, "u32")), r.ptr(out), r.ptr(part), stride, nh * hd,
@@ -521,6 +524,11 @@ class Kernels(unittest.TestCase):
                                 fine_splits=window == 16)
         self.attention_case("f16", 128, 128, 2, 16, window=0, softcap=30.0, fine_splits=True)
         self.attention_case("f32", 32, 32, 2, 8, window=4, softcap=2.0)
+        # Groups that do not fill a program's heads (Qwen2.5-0.5B's 7) and that take two
+        # programs per KV head, the second partly filled (20 > G_BLOCK).
+        for group in (7, 20):
+            self.attention_case("bf16", 64, 64, group, 16, window=0, softcap=0.0,
+                                fine_splits=group == 20)
 
 
 if __name__ == "__main__":

@@ -772,7 +772,11 @@ fn kv_write_then_paged_attention_over_scattered_blocks() {
                         KernelArg::F32(scale),
                         KernelArg::F32(softcap),
                     ];
-                    gpu.launch(&attn, [t as u32, nh as u32, 1], &args).unwrap();
+                    // One program per token and KV head (and chunk of G_BLOCK query heads).
+                    let g_block = gpu.constexpr(&attn, "G_BLOCK").unwrap() as usize;
+                    let heads = nkv * (nh / nkv).div_ceil(g_block);
+                    gpu.launch(&attn, [t as u32, heads as u32, 1], &args)
+                        .unwrap();
                     let got = gpu.download_f32(out, t * nh * hd).unwrap();
                     let mut want = Vec::new();
                     for (r, &(s, pos)) in tokens.iter().enumerate() {

@@ -766,8 +766,9 @@ impl CudaBackend {
             ranges,
             depth,
         ];
-        let grid = [singles as u32, shape.num_heads as u32, splits as u32];
-        self.launch(&format!("paged_attention_split_{kind}_d{d}"), grid, &args)?;
+        let name = format!("paged_attention_split_{kind}_d{d}");
+        let heads = self.head_programs(&name, shape.num_kv_heads, group)?;
+        self.launch(&name, [singles as u32, heads, splits as u32], &args)?;
         let args = [
             p(part),
             p(self.index(self.at.positions)?),
@@ -793,6 +794,17 @@ impl CudaBackend {
                 "rope {rope} was not given to begin"
             ))),
         }
+    }
+
+    /// Programs per token of decode attention (`paged_attention[_split]`): one per KV head
+    /// and chunk of `G_BLOCK` of its `group` query heads.
+    fn head_programs(&self, name: &str, num_kv_heads: usize, group: usize) -> Result<u32> {
+        let g_block = usize::try_from(self.block(name, "G_BLOCK")?)
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| ModelError::Invalid(format!("kernel {name}: bad G_BLOCK")))?;
+        u32::try_from(num_kv_heads * group.div_ceil(g_block))
+            .map_err(|_| ModelError::Invalid(format!("{num_kv_heads} KV heads are too many")))
     }
 
     fn head_block(head_dim: usize) -> Result<usize> {
@@ -1280,7 +1292,7 @@ impl Backend for CudaBackend {
             }
             // tiles, positions
             let indices = vec![p(self.index(at)?), p(self.index(self.at.positions)?)];
-            launches.push((name, indices, n));
+            launches.push((name, indices, [n as u32, shape.num_heads as u32, 1]));
         }
         let split = singles > 0 && self.attn_splits > 1;
         if singles > 0 && !split {
@@ -1291,12 +1303,13 @@ impl Backend for CudaBackend {
                 p(self.index(self.at.positions)?),
                 p(self.index(toks)?),
             ];
-            launches.push((name, indices, singles));
+            let heads = self.head_programs(&name, shape.num_kv_heads, group)?;
+            launches.push((name, indices, [singles as u32, heads, 1]));
         }
         if split {
             self.attend_split((kc, vc), kind, shape, d, group)?;
         }
-        for (name, indices, programs) in launches {
+        for (name, indices, grid) in launches {
             let mut args = vec![
                 p(self.buf(Buf::Q)?),
                 p(kc),
@@ -1316,7 +1329,7 @@ impl Backend for CudaBackend {
                 KernelArg::F32(shape.scale),
                 KernelArg::F32(shape.softcap.unwrap_or(0.0)),
             ]);
-            self.launch(&name, [programs as u32, shape.num_heads as u32, 1], &args)?;
+            self.launch(&name, grid, &args)?;
         }
         Ok(())
     }
