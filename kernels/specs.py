@@ -34,6 +34,10 @@ DECODE_STAGES = {"sm80": 3, "sm90": 4}
 LARGE_M = 512
 LARGE_TILES = (128, 128, 64, 8, {"sm80": 1, "sm90": 3})
 
+# One-pass RMSNorm (rms_norm_res*_w{width}): row widths and warps; wider rows take the
+# two-pass kernel.
+NORM_ONE_PASS = ((256, 1), (1024, 4), (4096, 8), (8192, 16))
+
 # Decode attention (paged_attention, paged_attention_split): one program takes up to
 # DECODE_HEADS query heads of one KV head (a GQA group, padded to the tensor cores' 16 rows)
 # and reads each tile of DECODE_KEYS[head block] keys once for all of them.
@@ -81,13 +85,19 @@ def _spec(name, module, function, params, constexprs, num_warps=4, num_stages=No
 def all_specs():
     """The list of specializations, in a stable order."""
     specs = []
+    norm_params = [("x_ptr", "*fp32"), ("res_ptr", "*fp32"), ("out_ptr", "*fp32"),
+                   ("w_ptr", "*fp32"), ("n_cols", "i32"), ("row_stride", "i32"),
+                   ("res_stride", "i32"), ("out_stride", "i32"), ("eps", "fp32")]
     for has_res in (0, 1):
         specs.append(_spec(
-            f"rms_norm_res{has_res}", "norm", "rms_norm",
-            [("x_ptr", "*fp32"), ("res_ptr", "*fp32"), ("out_ptr", "*fp32"), ("w_ptr", "*fp32"),
-             ("n_cols", "i32"), ("row_stride", "i32"), ("res_stride", "i32"),
-             ("out_stride", "i32"), ("eps", "fp32")],
-            {"HAS_RESIDUAL": has_res, "BLOCK": 1024}))
+            f"rms_norm_res{has_res}", "norm", "rms_norm", norm_params,
+            {"HAS_RESIDUAL": has_res, "BLOCK": 1024, "ONE_PASS": 0}))
+        # Rows of at most `width` elements in one pass (the backend takes the narrowest that
+        # holds the row): per-head norms, then hidden sizes up to 8192.
+        for width, warps in NORM_ONE_PASS:
+            specs.append(_spec(
+                f"rms_norm_res{has_res}_w{width}", "norm", "rms_norm", norm_params,
+                {"HAS_RESIDUAL": has_res, "BLOCK": width, "ONE_PASS": 1}, num_warps=warps))
     specs.append(_spec(
         "rope", "rope", "rope",
         [("x_ptr", "*fp32"), ("pos_ptr", "*u32"), ("inv_freq_ptr", "*fp32"),

@@ -98,14 +98,18 @@ def main(res):
         prof = n.get(1) or {}
         pr = prof.get("profile")
         if pr:
+            launches = pr.get("launches_per_step")
+            launches = f", {launches:.0f} launches" if launches is not None else ""
             p(f"Where a batch-1 decode step goes without graphs ({name}; "
               f"{pr['wall_ms_per_step']:.3f} ms wall, {pr['device_ms_per_step']:.3f} ms in "
-              "kernels, device events around each launch):\n")
+              f"kernels{launches}, device events around each launch; `*`: the kernel's aligned "
+              "binary):\n")
             p("| kernel | grid | launches/step | ms/step | share of kernel time |")
             p("| --- | --- | --- | --- | --- |")
             for k in pr["kernels"][:12]:
                 grid = "x".join(str(g) for g in k.get("grid", []))
-                p(f"| `{k['name']}` | {grid} | {k['launches_per_step']:.0f} | "
+                mark = "*" if k.get("variant") == "aligned" else ""
+                p(f"| `{k['name']}`{mark} | {grid} | {k['launches_per_step']:.0f} | "
                   f"{k['ms_per_step']:.4f} | "
                   f"{100 * k['ms_per_step'] / pr['device_ms_per_step']:.1f}% |")
             p("")

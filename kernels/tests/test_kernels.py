@@ -16,7 +16,7 @@ import unittest
 
 import numpy as np
 
-from harness import SPECS, assert_close, round_to, runner
+from harness import SPECS, assert_close, round_to, runner, specs
 
 TOL = 2e-5
 # Quantized products run at tf32 on a GPU (10-bit mantissa operands, f32 accumulation): about
@@ -110,19 +110,25 @@ class Kernels(unittest.TestCase):
     def test_rms_norm(self):
         r = self.r
         for has_res in (0, 1):
-            for n in (64, 1024, 1100, 3000):
+            for n in (64, 256, 1024, 1100, 3000, 8192):
                 rows, stride = 3, n + 8
                 x, res, w = self.rand(rows, stride), self.rand(rows, stride), self.rand(n)
                 dx, dres, dw, out = r.dev(x), r.dev(res), r.dev(w), self.nan(rows, n)
-                r.launch(f"rms_norm_res{has_res}", (rows, 1),
-                         [r.ptr(dx), r.ptr(dres), r.ptr(out), r.ptr(dw), n, stride, stride, n,
-                          1e-6])
                 s = (x + res if has_res else x)[:, :n].astype(np.float64)
                 want = s / np.sqrt((s * s).mean(1, keepdims=True) + 1e-6) * w
-                assert_close(self, f"rms_norm res={has_res} n={n}", r.host(out), want, TOL)
-                if has_res:
-                    got_res = r.host(dres)[:, :n]
-                    assert_close(self, "residual", got_res, s, TOL)
+                # The two-pass kernel, and every one-pass width that holds the row.
+                names = [f"rms_norm_res{has_res}"] + [
+                    f"rms_norm_res{has_res}_w{width}" for width, _ in specs.NORM_ONE_PASS
+                    if width >= n]
+                for name in names:
+                    dres = r.dev(res)
+                    out = self.nan(rows, n)
+                    r.launch(name, (rows, 1), [r.ptr(dx), r.ptr(dres), r.ptr(out), r.ptr(dw), n,
+                                               stride, stride, n, 1e-6])
+                    assert_close(self, f"{name} n={n}", r.host(out), want, TOL)
+                    if has_res:
+                        got_res = r.host(dres)[:, :n]
+                        assert_close(self, f"{name} residual", got_res, s, TOL)
 
     def test_rope(self):
         r = self.r

@@ -226,6 +226,7 @@ fn profile_json(p: &ferrum_bench::DecodeProfile) -> serde_json::Value {
         "steps": p.steps,
         "wall_ms_per_step": per_step(p.wall_s * 1e3),
         "device_ms_per_step": per_step(p.device_s() * 1e3),
+        "launches_per_step": launches_per_step(p),
         "kernels": p.kernels.iter().map(|k| json!({
             "name": k.name,
             "variant": k.variant.as_str(),
@@ -236,14 +237,20 @@ fn profile_json(p: &ferrum_bench::DecodeProfile) -> serde_json::Value {
     })
 }
 
+/// Kernel launches (a replayed graph counting once) per profiled step.
+fn launches_per_step(p: &ferrum_bench::DecodeProfile) -> f64 {
+    p.kernels.iter().map(|k| k.launches).sum::<u64>() as f64 / p.steps.max(1) as f64
+}
+
 fn print_profile(p: &ferrum_bench::DecodeProfile) {
     let steps = p.steps.max(1) as f64;
     let (wall, device) = (p.wall_s * 1e3 / steps, p.device_s() * 1e3 / steps);
     println!(
         "  profiled decode step: {wall:.3} ms wall, {device:.3} ms in kernels ({:.1}%), {:.3} ms \
-         outside",
+         outside, {:.0} launches",
         100.0 * device / wall.max(1e-9),
-        wall - device
+        wall - device,
+        launches_per_step(p)
     );
     println!(
         "  {:<34} {:>16} {:>10} {:>12} {:>7}",

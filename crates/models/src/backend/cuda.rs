@@ -705,11 +705,7 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<()> {
         let n = w.len;
-        let name = if res.is_some() {
-            "rms_norm_res1"
-        } else {
-            "rms_norm_res0"
-        };
+        let name = self.norm_kernel(n, res.is_some());
         let args = [
             p(x),
             p(res.unwrap_or(DevicePtr::NULL)),
@@ -721,7 +717,20 @@ impl CudaBackend {
             i32_arg(stride, "row stride")?,
             KernelArg::F32(eps),
         ];
-        self.launch(name, [rows as u32, groups as u32, 1], &args)
+        self.launch(&name, [rows as u32, groups as u32, 1], &args)
+    }
+
+    /// The RMSNorm kernel for rows of `n`: the narrowest one-pass build that holds a row
+    /// (`rms_norm_res{r}_w{width}`, the widths `kernels/specs.py` builds), else the two-pass
+    /// one. Depends on `n` alone, never on the batch.
+    fn norm_kernel(&self, n: usize, residual: bool) -> String {
+        let base = format!("rms_norm_res{}", residual as u8);
+        let gpu = self.gpu.lock();
+        (8..=14)
+            .map(|log| format!("{base}_w{}", 1usize << log))
+            .zip((8..=14).map(|log| 1usize << log))
+            .find(|(name, width)| *width >= n && gpu.spec(name).is_some())
+            .map_or(base, |(name, _)| name)
     }
 
     /// Split-K decode attention of the tokens that attend one at a time: ranges of
