@@ -3,7 +3,8 @@
 # says "skipped: no GPU" and exits 0; with one, every check must pass:
 #   1. the device layer on CUDA device 0: every embedded kernel (the cubins CI checks against
 #      the sources) loaded through the driver and launched with the backend's own grids and
-#      arguments, against host references (crates/runtime/tests/cuda_kernels.rs);
+#      arguments, against host references (crates/runtime/tests/cuda_kernels.rs), and the
+#      choice between each kernel's generic and aligned binary (cuda_variants.rs);
 #   2. the Llama-family fixtures through the CUDA backend against transformers' logits and
 #      greedy ids (crates/models/tests/cuda_fixtures.rs); both with FERRUM_REQUIRE_GPU=1, so
 #      they cannot skip;
@@ -20,8 +21,8 @@
 # kernels/bench_gpu.py and tune_gpu.py timed other binaries than the ones that ship, and are
 # retired.
 # Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
-# has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels and
-# cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
+# has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels,
+# cuda_variants and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
 # with cargo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -62,6 +63,9 @@ for line in sys.stdin:
 
 echo "== device layer on CUDA (cuda_kernels)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_kernels)" --test-threads=1 --nocapture \
+    || status=1
+echo "== which binary each launch takes, aligned or generic (cuda_variants)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_variants)" --test-threads=1 --nocapture \
     || status=1
 echo "== fixtures through the CUDA backend (cuda_fixtures)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 --nocapture \
