@@ -13,7 +13,8 @@ width (16-byte vectors, async 16-byte copies into shared memory, TMA copies, and
 ones), its spill instructions (``LDL``/``STL``), its tensor-core instructions and whether its
 loads are pipelined (async copies with dependency barriers, or TMA).
 
-Without ``--write`` the figures must equal those recorded in ``kernels/binaries.json`` (CI
+A hot kernel whose spec asks for pipeline stages must have pipelined loads in its aligned
+binary, always. Without ``--write`` the figures must equal those recorded in ``kernels/binaries.json`` (CI
 runs this after ``build.py --check``): a binary whose figures moved needs ``--write``, which
 records them and rewrites the table in ``kernels/NOTES.md`` between its markers. ``--write``
 refuses to record a regression of a hot kernel (more spills or narrow loads, fewer wide ones,
@@ -34,6 +35,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import zstandard
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import specs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(HERE, "..", "crates", "runtime", "kernels")
@@ -159,6 +163,19 @@ def inspect(entry, cuobjdump, nvdisasm):
     return f"{entry['name']}/{entry['arch']}/{entry['variant']}", fig
 
 
+def unpipelined(figs):
+    """Hot kernels whose spec asks for a software pipeline (``num_stages`` above 1 for the
+    architecture) but whose aligned binary's loads are not pipelined: always an error."""
+    bad = []
+    for spec in specs.all_specs():
+        stages = spec.get("num_stages") or {}
+        for arch, n in stages.items():
+            fig = figs.get(f"{spec['name']}/{arch}/aligned")
+            if fig is not None and n > 1 and HOT.match(spec["name"]) and not fig["pipelined"]:
+                bad.append(f"{spec['name']} ({arch}, {n} stages)")
+    return bad
+
+
 def regressions(old, new):
     """What got worse in a hot kernel's figures, in words."""
     worse = []
@@ -241,6 +258,9 @@ def main():
     narrow = sum(1 for f in hot_aligned if f["ldg_narrow"] + f["cp_async_narrow"] > 0)
     print(f"{len(figs)} binaries; hot aligned binaries: {len(hot_aligned)}, "
           f"{spilling} with spill stack, {narrow} with narrow global loads")
+    flat = unpipelined(figs)
+    if flat:
+        sys.exit(f"not pipelined though their specs ask for stages: {', '.join(flat)}")
     if a.write:
         allowed = set(a.allow_regression)
         refused = [k for k in worse if "all" not in allowed and k.split("/")[0] not in allowed]
