@@ -5,9 +5,10 @@
 For each architecture in ``ARCHS`` and each specialization in ``specs.all_specs()``, Triton
 compiles the kernel to two cubins (no GPU or driver is needed): the generic one, and the
 aligned one that assumes the parameters of ``specs.aligned_hints`` divisible by 16 (the
-manifest lists them under ``aligned``; the launcher takes it only when every one qualifies). The cubins of one architecture
-are concatenated into one blob, written zstd-compressed as ``<arch>.bin.zst`` (the binary embeds
-it compressed and decompresses it once when a GPU of that architecture loads its kernels);
+manifest lists them under ``aligned``; the launcher takes it only when every one qualifies).
+The cubins of one architecture are concatenated into one blob, written zstd-compressed as
+``<arch>.bin.zst`` (the binary embeds it compressed and decompresses it once when a GPU of that
+architecture loads its kernels);
 ``manifest.json`` gives each blob's length and each kernel's place in it (offset, length,
 SHA-256), symbol, parameters in order, constexprs, num_warps, shared memory and scratch sizes.
 Both go to ``crates/runtime/kernels/``, which the ``ferrum`` binary embeds and checks at load.

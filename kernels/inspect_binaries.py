@@ -14,12 +14,13 @@ ones), its spill instructions (``LDL``/``STL``), its tensor-core instructions an
 loads are pipelined (async copies with dependency barriers, or TMA).
 
 A hot kernel whose spec asks for pipeline stages must have pipelined loads in its aligned
-binary, always. Without ``--write`` the figures must equal those recorded in ``kernels/binaries.json`` (CI
-runs this after ``build.py --check``): a binary whose figures moved needs ``--write``, which
-records them and rewrites the table in ``kernels/NOTES.md`` between its markers. ``--write``
-refuses to record a regression of a hot kernel (more spills or narrow loads, fewer wide ones,
-pipelining lost, lower occupancy) unless that kernel is named with ``--allow-regression``
-(``all`` names every one): a regression is a decision, stated in its commit.
+binary, always. Without ``--write`` the figures must equal those recorded in
+``kernels/binaries.json`` (CI runs this after ``build.py --check``): a binary whose figures
+moved needs ``--write``, which records them and rewrites the table in ``kernels/NOTES.md``
+between its markers. ``--write`` refuses to record a regression of a hot kernel (more spills or
+narrow loads, fewer wide ones, pipelining lost, lower occupancy) unless that kernel is named
+with ``--allow-regression`` (``all`` names every one): a regression is a decision, stated in
+its commit.
 """
 
 import argparse
@@ -179,8 +180,10 @@ def unpipelined(figs):
 def regressions(old, new):
     """What got worse in a hot kernel's figures, in words."""
     worse = []
-    for key, bad in (("stack", "more spill stack"), ("spill_instrs", "more spill instructions"),
-                     ("ldg_narrow", "more narrow loads"), ("cp_async_narrow", "more narrow copies")):
+    for key, bad in (("stack", "more spill stack"),
+                     ("spill_instrs", "more spill instructions"),
+                     ("ldg_narrow", "more narrow loads"),
+                     ("cp_async_narrow", "more narrow copies")):
         if new.get(key, 0) > old.get(key, 0):
             worse.append(f"{bad} ({old.get(key, 0)} -> {new[key]})")
     wide = lambda f: f.get("ldg128", 0) + f.get("cp_async128", 0) + f.get("tma", 0)  # noqa: E731
