@@ -13,41 +13,13 @@
 // The references index like the kernels' math does.
 #![allow(clippy::needless_range_loop)]
 
-use ferrum_runtime::cuda::{DevicePtr, Gpu, InterpreterConfig, KernelArg};
+mod common;
+use common::devices;
+use ferrum_runtime::cuda::{DevicePtr, Gpu, KernelArg};
 use ferrum_types::splitmix::SplitMix64;
 use half::{bf16, f16};
 
 const TOL: f64 = 2e-5;
-
-fn devices() -> Vec<Gpu> {
-    let mut out = Vec::new();
-    let config = InterpreterConfig::from_env();
-    if config.is_available() {
-        out.push(Gpu::interpreted(&config).expect("interpreted device"));
-    } else if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI: the Triton venv is missing ({})",
-            config.python.display()
-        );
-    } else {
-        eprintln!("interpreted device skipped: run scripts/test-cuda-interpret.sh");
-    }
-    match Gpu::cuda(0) {
-        Ok(gpu) => {
-            eprintln!(
-                "{}: kernels loaded in {:?}",
-                gpu.describe(),
-                gpu.kernel_load_time()
-            );
-            out.push(gpu);
-        }
-        Err(e) if std::env::var_os("FERRUM_REQUIRE_GPU").is_some() => {
-            panic!("FERRUM_REQUIRE_GPU is set but CUDA is unusable: {e}")
-        }
-        Err(e) => eprintln!("skipped: no GPU ({e})"),
-    }
-    out
-}
 
 struct Rng(SplitMix64);
 

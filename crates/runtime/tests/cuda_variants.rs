@@ -10,30 +10,9 @@
 // The helper's device calls fail the test when they fail.
 #![allow(clippy::unwrap_used)]
 
-use ferrum_runtime::cuda::{DevicePtr, Gpu, InterpreterConfig, KernelArg, VariantLaunches};
-
-fn devices() -> Vec<Gpu> {
-    let mut out = Vec::new();
-    let config = InterpreterConfig::from_env();
-    if config.is_available() {
-        out.push(Gpu::interpreted(&config).expect("interpreted device"));
-    } else if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI: the Triton venv is missing ({})",
-            config.python.display()
-        );
-    } else {
-        eprintln!("interpreted device skipped: run scripts/test-cuda-interpret.sh");
-    }
-    match Gpu::cuda(0) {
-        Ok(gpu) => out.push(gpu),
-        Err(e) if std::env::var_os("FERRUM_REQUIRE_GPU").is_some() => {
-            panic!("FERRUM_REQUIRE_GPU is set but CUDA is unusable: {e}")
-        }
-        Err(e) => eprintln!("skipped: no GPU ({e})"),
-    }
-    out
-}
+mod common;
+use common::devices;
+use ferrum_runtime::cuda::{DevicePtr, Gpu, KernelArg, VariantLaunches};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u32) -> Vec<f32> {

@@ -244,6 +244,9 @@ pub struct CudaBackend {
     /// Keys per range of split-K decode attention, this step's grid depth (1: the tokens
     /// that attend one at a time all fit one range), and the ranges' partial results.
     split_keys: usize,
+    /// The one-pass RMSNorm widths the embedded kernels have, narrowest first
+    /// ([`CudaBackend::norm_kernel`]).
+    norm_widths: Vec<usize>,
     attn_splits: usize,
     attn_part: Grown,
     /// Split-K decode products, and their partial results.
@@ -336,8 +339,18 @@ fn read_words<T>(
 impl CudaBackend {
     /// A backend launching on `gpu`, with decode graphs when `graphs` says so.
     pub fn new(gpu: SharedGpu, graphs: CudaGraphs) -> CudaBackend {
+        // The one-pass RMSNorm widths this build embeds, narrowest first (both residual forms
+        // are built for each).
+        let norm_widths = {
+            let g = gpu.lock();
+            (8..=14)
+                .map(|log| 1usize << log)
+                .filter(|w| g.spec(&format!("rms_norm_res0_w{w}")).is_some())
+                .collect()
+        };
         CudaBackend {
             gpu,
+            norm_widths,
             dims: Dims::default(),
             tokens: 0,
             bufs: Default::default(),
@@ -725,12 +738,10 @@ impl CudaBackend {
     /// one. Depends on `n` alone, never on the batch.
     fn norm_kernel(&self, n: usize, residual: bool) -> String {
         let base = format!("rms_norm_res{}", residual as u8);
-        let gpu = self.gpu.lock();
-        (8..=14)
-            .map(|log| format!("{base}_w{}", 1usize << log))
-            .zip((8..=14).map(|log| 1usize << log))
-            .find(|(name, width)| *width >= n && gpu.spec(name).is_some())
-            .map_or(base, |(name, _)| name)
+        match self.norm_widths.iter().find(|&&w| w >= n) {
+            Some(w) => format!("{base}_w{w}"),
+            None => base,
+        }
     }
 
     /// Split-K decode attention of the tokens that attend one at a time: ranges of

@@ -245,16 +245,7 @@ impl Gpu {
         for spec in &manifest.kernels {
             let mut load = |variant: Variant| -> Result<LoadedBinary> {
                 let image = match (&arch, &blob) {
-                    (Some(arch), Some(blob)) => {
-                        let bin = spec.binary(variant, arch).ok_or_else(|| {
-                            RuntimeError::Kernels(format!(
-                                "kernel {} has no {} binary for {arch}",
-                                spec.name,
-                                variant.as_str()
-                            ))
-                        })?;
-                        Some((bin, manifest.cubin(spec, variant, arch, blob)?))
-                    }
+                    (Some(arch), Some(blob)) => Some(manifest.cubin(spec, variant, arch, blob)?),
                     _ => None,
                 };
                 if image.is_some_and(|(b, _)| b.profile_scratch_size > 0) {

@@ -199,15 +199,16 @@ impl Manifest {
         self.kernels.iter().find(|k| k.name == name)
     }
 
-    /// The cubin of `spec`'s `variant` in `blob`, the decompressed blob of `arch`
-    /// ([`Manifest::blob`]), checked to lie inside it and to be an 8-byte-aligned ELF image.
-    pub fn cubin<'b>(
+    /// The binary of `spec`'s `variant` for `arch` and its cubin in `blob`, the decompressed
+    /// blob of `arch` ([`Manifest::blob`]), checked to lie inside it and to be an 8-byte-aligned
+    /// ELF image.
+    pub fn cubin<'s, 'b>(
         &self,
-        spec: &KernelSpec,
+        spec: &'s KernelSpec,
         variant: Variant,
         arch: &str,
         blob: &'b [u8],
-    ) -> Result<&'b [u8]> {
+    ) -> Result<(&'s KernelBinary, &'b [u8])> {
         let bin = spec.binary(variant, arch).ok_or_else(|| {
             RuntimeError::Kernels(format!(
                 "kernel {} has no {} binary for {arch}",
@@ -233,7 +234,7 @@ impl Manifest {
                 spec.name, bin.offset
             )));
         }
-        Ok(image)
+        Ok((bin, image))
     }
 
     /// Every spec must have a binary for every listed architecture, inside its blob, with
@@ -333,8 +334,7 @@ mod tests {
             let blob = m.blob(arch).expect("decompresses");
             for spec in &m.kernels {
                 for variant in [Variant::Generic, Variant::Aligned] {
-                    let bin = spec.binary(variant, arch).expect("every variant is built");
-                    let image = m.cubin(spec, variant, arch, &blob).expect("cubin");
+                    let (bin, image) = m.cubin(spec, variant, arch, &blob).expect("cubin");
                     assert_eq!(image.len(), bin.bytes);
                     let sha = Sha256::digest(image);
                     let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
