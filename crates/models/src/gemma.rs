@@ -17,7 +17,7 @@
 //! stores `1 + w`. The `+1` is folded in at load for HF folders, so the forward runs plain
 //! RMSNorms. GGUF q/k rows are in Hugging Face order for this family (not permuted).
 
-use crate::backend::{Backend, Buf, CpuBackend, GraphStep};
+use crate::backend::{Backend, Buf, CpuBackend, GraphStep, Outs};
 use crate::parallel::{LogitsGather, Placement};
 use crate::sampling::{RowSampling, SampledRow, SampledRows};
 use crate::source::{ModelFormat, WeightSource};
@@ -29,17 +29,16 @@ use ferrum_types::ForwardBatch;
 #[derive(Debug)]
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
-    wq: B::Weight,
-    wk: B::Weight,
-    wv: B::Weight,
+    /// The q, k and v projections as the backend runs them ([`Backend::products`]).
+    qkv: Vec<(B::Weight, Outs)>,
     wo: B::Weight,
     /// Per-head q and k RMSNorm weights (Gemma 3).
     qk_norm: Option<[B::Vector; 2]>,
     post_attn_norm: B::Vector,
     pre_mlp_norm: B::Vector,
     post_mlp_norm: B::Vector,
-    w_gate: B::Weight,
-    w_up: B::Weight,
+    /// The gate and up projections as the backend runs them ([`Backend::products`]).
+    gate_up: Vec<(B::Weight, Outs)>,
     w_down: B::Weight,
     attn: AttentionShape,
     /// Index of this layer's rope in [`GemmaModel::ropes`].
@@ -178,16 +177,23 @@ impl<B: Backend> GemmaModel<B> {
             };
             layers.push(Layer {
                 attn_norm: b.vector(norm(&name(Part::AttnNorm), h)?)?,
-                wq: b.weight(ld.rows(&name(Part::Q), &[qd, h], qr.clone())?)?,
-                wk: b.weight(ld.rows(&name(Part::K), &[kvd, h], kr.clone())?)?,
-                wv: b.weight(ld.rows(&name(Part::V), &[kvd, h], kr.clone())?)?,
+                qkv: b.products(vec![
+                    (ld.rows(&name(Part::Q), &[qd, h], qr.clone())?, Buf::Q),
+                    (ld.rows(&name(Part::K), &[kvd, h], kr.clone())?, Buf::K),
+                    (ld.rows(&name(Part::V), &[kvd, h], kr.clone())?, Buf::V),
+                ])?,
                 wo: b.weight(ld.cols(&name(Part::O), &[h, qd], qr.clone())?)?,
                 qk_norm,
                 post_attn_norm: b.vector(norm(&name(Part::PostAttnNorm), h)?)?,
                 pre_mlp_norm: b.vector(norm(&name(Part::PreMlpNorm), h)?)?,
                 post_mlp_norm: b.vector(norm(&name(Part::PostMlpNorm), h)?)?,
-                w_gate: b.weight(ld.rows(&name(Part::Gate), &[inter, h], ir.clone())?)?,
-                w_up: b.weight(ld.rows(&name(Part::Up), &[inter, h], ir.clone())?)?,
+                gate_up: b.products(vec![
+                    (
+                        ld.rows(&name(Part::Gate), &[inter, h], ir.clone())?,
+                        Buf::Gate,
+                    ),
+                    (ld.rows(&name(Part::Up), &[inter, h], ir.clone())?, Buf::Up),
+                ])?,
                 w_down: b.weight(ld.cols(&name(Part::Down), &[h, inter], ir.clone())?)?,
                 attn: AttentionShape {
                     num_heads: qh.len(),
@@ -256,10 +262,14 @@ impl<B: Backend> GemmaModel<B> {
             .layers
             .iter()
             .map(|l| {
-                let linear = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                let linear = l
+                    .qkv
                     .iter()
-                    .map(|w| B::weight_bytes(w))
-                    .sum::<usize>();
+                    .chain(&l.gate_up)
+                    .map(|(w, _)| B::weight_bytes(w))
+                    .sum::<usize>()
+                    + B::weight_bytes(&l.wo)
+                    + B::weight_bytes(&l.w_down);
                 let norms = [
                     &l.attn_norm,
                     &l.post_attn_norm,
@@ -369,12 +379,7 @@ impl<B: Backend> GemmaModel<B> {
                 };
                 // The previous layer's normed MLP output joins the residual stream here.
                 // Q: [t, nh*hd], K and V: [t, nkv*hd].
-                let qkv = [
-                    (&layer.wq, Buf::Q),
-                    (&layer.wk, Buf::K),
-                    (&layer.wv, Buf::V),
-                ];
-                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
+                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &layer.qkv)?;
                 if let Some([nq, nk]) = &layer.qk_norm {
                     b.head_norm(Buf::Q, nq, eps)?;
                     b.head_norm(Buf::K, nk, eps)?;
@@ -388,8 +393,7 @@ impl<B: Backend> GemmaModel<B> {
                 place.all_reduce(b, Buf::H)?;
                 b.head_norm(Buf::H, &layer.post_attn_norm, eps)?;
                 // Gate, Up: [t, inter]
-                let gate_up = [(&layer.w_gate, Buf::Gate), (&layer.w_up, Buf::Up)];
-                b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &gate_up)?;
+                b.add_norm_linear(true, &layer.pre_mlp_norm, eps, &layer.gate_up)?;
                 // H: [t, h]
                 b.gated_linear(&layer.w_down, c.hidden_act, Buf::H)?;
                 place.all_reduce(b, Buf::H)?;

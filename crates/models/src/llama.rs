@@ -13,7 +13,7 @@
 //! untouched). The forward is written once over [`Backend`]: the backend holds the weights in its
 //! own form and runs each fused operation on its device.
 
-use crate::backend::{Backend, Buf, CpuBackend, Expert, GraphStep, MoeWeights};
+use crate::backend::{Backend, Buf, CpuBackend, Expert, GraphStep, MoeWeights, Outs};
 use crate::parallel::{LogitsGather, Placement, Shard};
 use crate::registry::MoeStyle;
 use crate::sampling::{RowSampling, SampledRow, SampledRows};
@@ -27,9 +27,8 @@ use ferrum_types::ForwardBatch;
 #[derive(Debug)]
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
-    wq: B::Weight,
-    wk: B::Weight,
-    wv: B::Weight,
+    /// The q, k and v projections as the backend runs them ([`Backend::products`]).
+    qkv: Vec<(B::Weight, Outs)>,
     wo: B::Weight,
     /// q, k, v biases.
     qkv_bias: Option<[B::Vector; 3]>,
@@ -44,8 +43,8 @@ struct Layer<B: Backend> {
 #[derive(Debug)]
 enum Mlp<B: Backend> {
     Dense {
-        gate: B::Weight,
-        up: B::Weight,
+        /// The gate and up projections as the backend runs them ([`Backend::products`]).
+        gate_up: Vec<(B::Weight, Outs)>,
         down: B::Weight,
     },
     Moe(MoeWeights<B>),
@@ -352,8 +351,7 @@ impl<B: Backend> LlamaModel<B> {
             let mlp = match (c.moe.as_ref(), w_gate, w_up) {
                 (Some(m), _, _) if is_moe => Mlp::Moe(load_moe(&ld, b, c, m, i, sh)?),
                 (_, Some(gate), Some(up)) => Mlp::Dense {
-                    gate: b.weight(gate)?,
-                    up: b.weight(up)?,
+                    gate_up: b.products(vec![(gate, Buf::Gate), (up, Buf::Up)])?,
                     down: b.weight(ld.cols(&name(Part::Down), &[h, inter], ir.clone())?)?,
                 },
                 _ => return Err(ModelError::Invalid("an MLP without weights".into())),
@@ -397,9 +395,7 @@ impl<B: Backend> LlamaModel<B> {
             };
             layers.push(Layer {
                 attn_norm: b.vector(ld.vector(&name(Part::AttnNorm), h)?)?,
-                wq: b.weight(wq)?,
-                wk: b.weight(wk)?,
-                wv: b.weight(wv)?,
+                qkv: b.products(vec![(wq, Buf::Q), (wk, Buf::K), (wv, Buf::V)])?,
                 wo: b.weight(ld.cols(&name(Part::O), &[h, qd], qr.clone())?)?,
                 qkv_bias,
                 qk_norm,
@@ -483,17 +479,19 @@ impl<B: Backend> LlamaModel<B> {
             .layers
             .iter()
             .map(|l| {
-                let linear = [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .iter()
-                    .map(|w| B::weight_bytes(w))
-                    .sum::<usize>();
+                let linear = l.qkv.iter().map(|(w, _)| B::weight_bytes(w)).sum::<usize>()
+                    + B::weight_bytes(&l.wo);
                 let expert = |e: &Expert<B>| {
                     B::weight_bytes(&e.gate) + B::weight_bytes(&e.up) + B::weight_bytes(&e.down)
                 };
                 // A token reads its top_k experts (and the router and shared expert).
                 let mlp = match &l.mlp {
-                    Mlp::Dense { gate, up, down } => {
-                        B::weight_bytes(gate) + B::weight_bytes(up) + B::weight_bytes(down)
+                    Mlp::Dense { gate_up, down } => {
+                        gate_up
+                            .iter()
+                            .map(|(w, _)| B::weight_bytes(w))
+                            .sum::<usize>()
+                            + B::weight_bytes(down)
                     }
                     Mlp::Moe(m) => {
                         B::weight_bytes(&m.router)
@@ -590,12 +588,7 @@ impl<B: Backend> LlamaModel<B> {
                 };
                 // The previous layer's MLP output joins the residual stream here, fused with the
                 // norm and the products' input preparation. Q: [t, nh*hd], K and V: [t, nkv*hd].
-                let qkv = [
-                    (&layer.wq, Buf::Q),
-                    (&layer.wk, Buf::K),
-                    (&layer.wv, Buf::V),
-                ];
-                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &qkv)?;
+                b.add_norm_linear(li > 0, &layer.attn_norm, eps, &layer.qkv)?;
                 if let Some([bq, bk, bv]) = &layer.qkv_bias {
                     b.add_bias(Buf::Q, bq)?;
                     b.add_bias(Buf::K, bk)?;
@@ -613,10 +606,9 @@ impl<B: Backend> LlamaModel<B> {
                 b.linear(Buf::Attn, &layer.wo, Buf::H)?;
                 place.all_reduce(b, Buf::H)?;
                 match &layer.mlp {
-                    Mlp::Dense { gate, up, down } => {
+                    Mlp::Dense { gate_up, down } => {
                         // Gate, Up: [t, inter]
-                        let gate_up = [(gate, Buf::Gate), (up, Buf::Up)];
-                        b.add_norm_linear(true, &layer.mlp_norm, eps, &gate_up)?;
+                        b.add_norm_linear(true, &layer.mlp_norm, eps, gate_up)?;
                         // H: [t, h]
                         b.gated_linear(down, c.hidden_act, Buf::H)?;
                     }

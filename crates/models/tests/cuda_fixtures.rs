@@ -157,6 +157,56 @@ fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32, st
     }
 }
 
+/// Weights of two types in one layer, as Q4_K_M files give v a type of its own: tiny Llama
+/// with `v_proj` and `up_proj` rounded to f16, the rest f32. The GPU stacks `[q; k]` and
+/// leaves v, gate and up as products of their own, writing K, V and Up at their offsets in
+/// the rows of their shared slots (6 products a layer); the logits hold the reference within
+/// the f16 rounding (1e-2 of the largest logit, as `formats.rs` bounds a whole f16 model).
+#[test]
+fn weights_of_mixed_types_stack_by_runs() {
+    let src = fixtures().join("tiny-llama");
+    let dir = scratch("cuda-mixed-types");
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let tensors: Vec<_> = read_safetensors(&src.join("model.safetensors"))
+        .into_iter()
+        .map(|(name, dtype, shape, bytes)| {
+            if !(name.contains("v_proj") || name.contains("up_proj")) {
+                return (name, dtype, shape, bytes);
+            }
+            let half: Vec<u8> = bytes
+                .chunks_exact(4)
+                .flat_map(|c| f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
+                .collect();
+            (name, "F16".to_string(), shape, half)
+        })
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    let names: Vec<String> = ferrum_runtime::cuda::Manifest::embedded()
+        .unwrap()
+        .kernels
+        .into_iter()
+        .map(|k| k.name)
+        .filter(|n| n.starts_with("gemm_"))
+        .collect();
+    for gpu in devices() {
+        let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu.clone()).unwrap();
+        let products = || -> u64 {
+            let g = gpu.lock();
+            let launches = names.iter().filter_map(|n| g.variant_launches(n));
+            launches.map(|v| v.generic + v.aligned).sum()
+        };
+        let before = products();
+        prompt_logits(&mut model, &(1..=20).collect::<Vec<u32>>());
+        let layers = model.config().num_hidden_layers as u64;
+        assert_eq!(
+            products() - before,
+            6 * layers + 1,
+            "product launches of a step"
+        );
+    }
+    check_on(devices(), &src, &dir, 1e-2, 4);
+}
+
 fn fixture(name: &str, tol: f32) {
     let dir = fixtures().join(name);
     check(&dir, &dir, tol);
@@ -643,7 +693,9 @@ fn deferred_steps_take_their_inputs_on_the_device() {
 /// The model's own launches take the aligned binaries where its shapes allow: the tiny
 /// fixtures' sizes, strides and head sizes are multiples of 16, so every product, norm and
 /// attention launch qualifies (and the interpreted worker checks each aligned launch's hints
-/// as it runs it).
+/// as it runs it), K and V included at their offsets in the rows of the stacked q/k/v
+/// product. And the stacked weights make one product each: a prompt step launches four
+/// products per layer (q/k/v, o, gate/up, down) and the LM head's.
 #[test]
 fn a_model_with_aligned_shapes_launches_the_aligned_binaries() {
     let dir = fixtures().join("tiny-llama-bf16");
@@ -655,6 +707,24 @@ fn a_model_with_aligned_shapes_launches_the_aligned_binaries() {
         .collect();
     for gpu in devices() {
         let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu.clone()).unwrap();
+        let products = |gpu: &SharedGpu| -> u64 {
+            let g = gpu.lock();
+            names
+                .iter()
+                .filter(|n| n.starts_with("gemm_"))
+                .filter_map(|n| g.variant_launches(n))
+                .map(|v| v.generic + v.aligned)
+                .sum()
+        };
+        let before = products(&gpu);
+        // More rows than the decode products take: one launch per product, no split-K.
+        prompt_logits(&mut model, &(1..=20).collect::<Vec<u32>>());
+        let layers = model.config().num_hidden_layers as u64;
+        assert_eq!(
+            products(&gpu) - before,
+            4 * layers + 1,
+            "product launches of a step"
+        );
         let ids = greedy(&mut model, &[1, 2, 3, 4, 5, 6, 7], 3);
         assert_eq!(ids.len(), 3);
         let g = gpu.lock();

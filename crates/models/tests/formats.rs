@@ -8,52 +8,6 @@ use common::*;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
-/// `(name, dtype, shape, bytes)` of every tensor of a safetensors file.
-fn read_safetensors(path: &Path) -> Vec<(String, String, Value, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    header
-        .into_iter()
-        .filter(|(k, _)| k != "__metadata__")
-        .map(|(name, v)| {
-            let off = &v["data_offsets"];
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            let data = bytes[8 + n + a..8 + n + b].to_vec();
-            (
-                name,
-                v["dtype"].as_str().unwrap().to_string(),
-                v["shape"].clone(),
-                data,
-            )
-        })
-        .collect()
-}
-
-fn write_safetensors(path: &Path, tensors: &[(String, String, Value, Vec<u8>)]) {
-    let mut header = Map::new();
-    let mut data = Vec::new();
-    for (name, dtype, shape, bytes) in tensors {
-        let start = data.len();
-        data.extend_from_slice(bytes);
-        header.insert(
-            name.clone(),
-            json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut text = Value::Object(header).to_string().into_bytes();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).unwrap();
-}
-
 /// Largest error of every case's logits against the reference, relative to the largest |logit|.
 fn worst_error(model_path: &Path, reference_dir: &Path) -> f32 {
     let mut model = load(model_path);
@@ -122,24 +76,6 @@ fn f16_safetensors_match_within_rounding() {
     let err = worst_error(&dir, &src);
     eprintln!("f16: worst logit error {err:.3e} of the largest logit");
     assert!(err <= 1e-2, "f16: {err}");
-}
-
-/// Round-to-nearest f32 -> f16 for normal values (the fixture's weights are all in range).
-fn f32_to_f16(v: f32) -> u16 {
-    let bits = v.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-    let mant = bits & 0x7f_ffff;
-    if v == 0.0 || exp <= 0 {
-        return sign;
-    }
-    assert!(exp < 31, "{v} overflows f16");
-    let mut h = ((exp as u32) << 10) | (mant >> 13);
-    let rest = mant & 0x1fff;
-    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
-        h += 1;
-    }
-    sign | h as u16
 }
 
 #[test]

@@ -155,6 +155,33 @@ impl Tensor {
         Tensor::new(self.dtype, vec![n, self.shape[1]], storage)
     }
 
+    /// The rows of `parts` one after another, copied into one tensor: the weights of products
+    /// that read one input (q, k and v; gate and up), stacked so that one product computes
+    /// them all. Every part is 2-D with one dtype and one column count; block-quantized rows
+    /// are whole blocks, so they stack as bytes.
+    pub fn stack_rows(parts: &[&Tensor]) -> Result<Tensor> {
+        let first = parts
+            .first()
+            .ok_or_else(|| RuntimeError::Shape("stacking the rows of no tensors".into()))?;
+        let (dtype, cols) = (first.dtype, first.cols());
+        let mut rows = 0usize;
+        for t in parts {
+            if t.shape.len() != 2 || t.dtype != dtype || t.cols() != cols {
+                return Err(RuntimeError::Shape(format!(
+                    "stacking rows of a {} tensor of shape {:?} under a {dtype} one of \
+                     {cols} columns",
+                    t.dtype, t.shape
+                )));
+            }
+            rows += t.rows();
+        }
+        let mut bytes = Vec::with_capacity(parts.iter().map(|t| t.num_bytes()).sum());
+        for t in parts {
+            bytes.extend_from_slice(t.storage.bytes());
+        }
+        Tensor::new(dtype, vec![rows, cols], Storage::owned(bytes))
+    }
+
     /// Columns `start..start + n` of every row, copied (a tensor-parallel rank's share of a
     /// product split by its input). Block-quantized rows split only at block boundaries: a
     /// range that cuts a block is an error naming the block size.
@@ -237,6 +264,36 @@ mod tests {
         t.release_row_pages(100, 1);
         assert_eq!(t.storage().bytes(), &bytes[..]);
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn stacked_rows_are_the_parts_in_order_and_mismatches_are_refused() {
+        let a = Tensor::from_f32(vec![2, 3], &[1., 2., 3., 4., 5., 6.]).expect("a");
+        let b = Tensor::from_f32(vec![1, 3], &[7., 8., 9.]).expect("b");
+        let whole = Tensor::from_f32(vec![3, 3], &[0.; 9]).expect("whole");
+        // A sliced (view) part contributes its own rows only.
+        let c = whole.slice_rows(1, 1).expect("slice");
+        let s = Tensor::stack_rows(&[&a, &b, &c]).expect("stack");
+        assert_eq!(s.shape(), &[4, 3]);
+        assert_eq!(
+            s.to_f32_vec(),
+            vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 0., 0., 0.]
+        );
+        // Block-quantized rows stack as bytes.
+        let q =
+            Tensor::new(DType::Q8_0, vec![2, 32], Storage::owned((0..68).collect())).expect("q8_0");
+        let qs = Tensor::stack_rows(&[&q, &q.slice_rows(1, 1).expect("row")]).expect("stack");
+        assert_eq!(qs.shape(), &[3, 32]);
+        assert_eq!(qs.row(2), q.row(1));
+        let wide = Tensor::from_f32(vec![1, 4], &[0.; 4]).expect("wide");
+        let err = Tensor::stack_rows(&[&a, &wide]).unwrap_err();
+        assert!(err.to_string().contains("3 columns"), "{err}");
+        let err = Tensor::stack_rows(&[&a, &q]).unwrap_err();
+        assert!(
+            err.to_string().contains("q8_0") || err.to_string().contains("Q8_0"),
+            "{err}"
+        );
+        assert!(Tensor::stack_rows(&[]).is_err());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{Backend, Buf, Dims, Expert, MoeWeights};
+use super::{Backend, Buf, Dims, Expert, MoeWeights, Outs};
 use crate::moe::{route, Routing};
 use crate::{KvCache, ModelError, Result};
 use ferrum_runtime::cpu::{self, ActScratch, AttentionShape, GatedAct, Linear, Rope, Weight};
@@ -268,26 +268,33 @@ impl Backend for CpuBackend {
         add: bool,
         norm: &Vec<f32>,
         eps: f32,
-        outs: &[(&Weight, Buf)],
+        outs: &[(Weight, Outs)],
     ) -> Result<()> {
         let pool = &*self.pool;
         let (mut slots, qa) = slots(&mut self.s);
         let x = take(&mut slots, Buf::X)?;
         let h = take(&mut slots, Buf::H)?;
-        // Up to three products share one prepared input; arrays keep the step allocation-free.
-        let w = |i: usize| outs.get(i).map_or(outs[0].0, |o| o.0);
-        let mut out = |i: usize| -> Result<&mut [f32]> {
-            match outs.get(i) {
-                Some(&(_, b)) => Ok(&mut take(&mut slots, b)?[..]),
-                None => Ok(&mut []),
-            }
-        };
         let n = outs.len();
         if n == 0 || n > 3 {
             return Err(ModelError::Invalid(format!(
                 "add_norm_linear takes 1 to 3 products, got {n}"
             )));
         }
+        // The CPU keeps each weight apart (the default `products`): one buffer each.
+        if let Some((_, o)) = outs.iter().find(|(_, o)| o.bufs().len() != 1) {
+            return Err(ModelError::Invalid(format!(
+                "the CPU backend runs weights of their own, not one stacked for {:?}",
+                o.bufs()
+            )));
+        }
+        // Up to three products share one prepared input; arrays keep the step allocation-free.
+        let w = |i: usize| outs.get(i).map_or(&outs[0].0, |o| &o.0);
+        let mut out = |i: usize| -> Result<&mut [f32]> {
+            match outs.get(i) {
+                Some((_, o)) => Ok(&mut take(&mut slots, o.first())?[..]),
+                None => Ok(&mut []),
+            }
+        };
         let weights = [w(0), w(1), w(2)];
         let mut products = [(w(0), out(0)?), (w(1), out(1)?), (w(2), out(2)?)];
         let input = self

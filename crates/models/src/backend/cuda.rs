@@ -33,7 +33,7 @@ mod sample;
 
 pub use overlap::Collected;
 
-use super::{Backend, Buf, Dims, GraphStep, MoeWeights};
+use super::{stack_runs, Backend, Buf, Dims, GraphStep, MoeWeights, Outs};
 use crate::sampling::{RowSampling, SampledRows};
 use crate::{CudaGraphs, KvCache, ModelConfig, ModelError, Result};
 
@@ -216,7 +216,8 @@ pub struct CudaBackend {
     gpu: SharedGpu,
     dims: Dims,
     tokens: usize,
-    bufs: [Grown; 8],
+    /// The activation buffers' slots ([`place`]).
+    bufs: [Grown; SLOTS],
     /// The normalized input of the next products, `[t, hidden]`.
     normed: Grown,
     /// The selected rows, `[num_logits, hidden]`, and their logits.
@@ -277,16 +278,25 @@ impl UploadedRope {
     }
 }
 
-fn slot(b: Buf) -> usize {
+/// Slots of device memory the activation buffers live in ([`place`]).
+const SLOTS: usize = 5;
+
+/// Where buffer `b` lives: its slot, its first column in the slot's rows, and the slot's row
+/// stride (elements). Q, K and V share one slot, `[t, q + 2 kv]`, and Gate and Up one,
+/// `[t, 2 intermediate]`: each is a range of columns of its slot's rows, so one product of
+/// their stacked weights ([`stack_runs`]) writes them all, and every kernel that reads or
+/// writes one of them takes the slot's stride.
+fn place(dims: &Dims, b: Buf) -> (usize, usize, usize) {
+    let (qkv, gate_up) = (dims.q + 2 * dims.kv, 2 * dims.intermediate);
     match b {
-        Buf::X => 0,
-        Buf::H => 1,
-        Buf::Q => 2,
-        Buf::K => 3,
-        Buf::V => 4,
-        Buf::Attn => 5,
-        Buf::Gate => 6,
-        Buf::Up => 7,
+        Buf::X => (0, 0, dims.hidden),
+        Buf::H => (1, 0, dims.hidden),
+        Buf::Q => (2, 0, qkv),
+        Buf::K => (2, dims.q, qkv),
+        Buf::V => (2, dims.q + dims.kv, qkv),
+        Buf::Attn => (3, 0, dims.q),
+        Buf::Gate => (4, 0, gate_up),
+        Buf::Up => (4, dims.intermediate, gate_up),
     }
 }
 
@@ -532,7 +542,7 @@ impl CudaBackend {
         ];
         self.launch("gather_rows_f32", grid, &args)?;
         self.rms_norm(r, None, r, norm, n, 1, h, eps)?;
-        self.gemm(r, head, self.logits.ptr()?, n)
+        self.gemm((r, h), head, (self.logits.ptr()?, head.rows), n)
     }
 
     /// The device.
@@ -555,7 +565,13 @@ impl CudaBackend {
     }
 
     fn buf(&self, b: Buf) -> Result<DevicePtr> {
-        self.bufs[slot(b)].ptr()
+        let (slot, column, _) = place(&self.dims, b);
+        Ok(self.bufs[slot].ptr()?.offset(4 * column))
+    }
+
+    /// Elements from one row of `b` to the next: its slot's ([`place`]).
+    fn stride(&self, b: Buf) -> usize {
+        place(&self.dims, b).2
     }
 
     fn index(&self, offset: usize) -> Result<DevicePtr> {
@@ -600,12 +616,14 @@ impl CudaBackend {
     }
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns: partials, then their
-    /// sum in range order (one range writes `y` itself). With `gated`, the left operand is
-    /// `act(x) * up` (the MLP's down product, from `Gate` and `Up`). Float and block-format
-    /// weights alike; a block format's ranges are whole blocks ([`Self::split_columns`]).
+    /// sum in range order (one range whose output rows are contiguous writes `y` itself).
+    /// With `gated`, the left operand is `act(x) * up` (the MLP's down product, from `Gate`
+    /// and `Up`, `up` at `x`'s stride). Float and block-format weights alike; a block
+    /// format's ranges are whole blocks ([`Self::split_columns`]). `x` and `y` are pointers
+    /// with their row strides (elements).
     fn gemm_split(
         &mut self,
-        (x, y): (DevicePtr, DevicePtr),
+        ((x, x_stride), (y, y_stride)): ((DevicePtr, usize), (DevicePtr, usize)),
         w: &GpuWeight,
         m: usize,
         per: usize,
@@ -613,7 +631,10 @@ impl CudaBackend {
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
         let splits = k.div_ceil(per.max(1));
-        let part = if splits == 1 {
+        // The kernel writes its partials `[m, n]` contiguous: straight into `y` only when
+        // y's rows are too.
+        let direct = splits == 1 && (y_stride == n || m == 1);
+        let part = if direct {
             y
         } else {
             self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?
@@ -630,28 +651,43 @@ impl CudaBackend {
         if let Form::Blocks(_) = form(w.dtype)? {
             args.push(i32_arg(w.row_bytes, "row bytes")?);
         }
-        args.extend([kk, i32_arg(per, "columns per range")?]);
+        args.extend([
+            i32_arg(x_stride, "row stride")?,
+            i32_arg(per, "columns per range")?,
+        ]);
         let grid = [
             cdiv(m, self.block(&name, "BLOCK_M")?),
             cdiv(n, self.block(&name, "BLOCK_N")?),
             splits as u32,
         ];
         self.launch(&name, grid, &args)?;
-        if splits == 1 {
+        if direct {
             return Ok(());
         }
-        let args = [p(part), p(y), mm, nn, i32_arg(splits, "ranges")?, nn];
+        let ys = i32_arg(y_stride, "row stride")?;
+        let args = [p(part), p(y), mm, nn, i32_arg(splits, "ranges")?, ys];
         let grid = [m as u32, cdiv(n, self.block("split_sum", "BLOCK")?), 1];
         self.launch("split_sum", grid, &args)
     }
 
-    /// `y[m, w.rows] = x[m, w.cols] @ w^T`.
-    fn gemm(&mut self, x: DevicePtr, w: &GpuWeight, y: DevicePtr, m: usize) -> Result<()> {
+    /// `y[m, w.rows] = x[m, w.cols] @ w^T`; `x` and `y` are pointers with their row strides
+    /// (elements).
+    fn gemm(
+        &mut self,
+        (x, x_stride): (DevicePtr, usize),
+        w: &GpuWeight,
+        (y, y_stride): (DevicePtr, usize),
+        m: usize,
+    ) -> Result<()> {
         if m <= DECODE_M {
             if let Some(per) = self.split_columns(&Self::split_name(w)?, w)? {
-                return self.gemm_split((x, y), w, m, per, None);
+                return self.gemm_split(((x, x_stride), (y, y_stride)), w, m, per, None);
             }
         }
+        let (xs, ys) = (
+            i32_arg(x_stride, "row stride")?,
+            i32_arg(y_stride, "row stride")?,
+        );
         let (mm, n, k) = (
             i32_arg(m, "rows")?,
             i32_arg(w.rows, "weight rows")?,
@@ -676,8 +712,8 @@ impl CudaBackend {
                     mm,
                     n,
                     k,
-                    k,
-                    n,
+                    xs,
+                    ys,
                 ],
             ),
             Form::Blocks(q) => (
@@ -690,8 +726,8 @@ impl CudaBackend {
                     n,
                     k,
                     i32_arg(w.row_bytes, "row bytes")?,
-                    k,
-                    n,
+                    xs,
+                    ys,
                 ],
             ),
         };
@@ -773,8 +809,8 @@ impl CudaBackend {
             p(self.index(toks)?),
             p(self.buf(Buf::Attn)?),
             p(part),
-            i32_arg(self.dims.q, "row stride")?,
-            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(self.stride(Buf::Q), "row stride")?,
+            i32_arg(self.stride(Buf::Attn), "row stride")?,
             i32_arg(group, "GQA group")?,
             i32_arg(shape.num_kv_heads, "kv heads")?,
             i32_arg(shape.head_dim, "head_dim")?,
@@ -794,7 +830,7 @@ impl CudaBackend {
             p(self.index(self.at.positions)?),
             p(self.index(toks)?),
             p(self.buf(Buf::Attn)?),
-            i32_arg(self.dims.q, "row stride")?,
+            i32_arg(self.stride(Buf::Attn), "row stride")?,
             i32_arg(shape.head_dim, "head_dim")?,
             window,
             keys,
@@ -845,6 +881,13 @@ impl Backend for CudaBackend {
     type Weight = GpuWeight;
     type Vector = GpuVector;
     type Table = GpuWeight;
+
+    fn products(&mut self, parts: Vec<(Tensor, Buf)>) -> Result<Vec<(GpuWeight, Outs)>> {
+        stack_runs(parts)?
+            .into_iter()
+            .map(|(t, outs)| Ok((self.weight(t)?, outs)))
+            .collect()
+    }
 
     fn weight(&mut self, t: Tensor) -> Result<GpuWeight> {
         form(t.dtype())?;
@@ -907,18 +950,9 @@ impl Backend for CudaBackend {
         } else {
             self.num_logits
         };
-        for b in [
-            Buf::X,
-            Buf::H,
-            Buf::Q,
-            Buf::K,
-            Buf::V,
-            Buf::Attn,
-            Buf::Gate,
-            Buf::Up,
-        ] {
-            let bytes = 4 * t * self.width(b);
-            self.bufs[slot(b)].ensure(&self.gpu, bytes)?;
+        for b in [Buf::X, Buf::H, Buf::Q, Buf::Attn, Buf::Gate] {
+            let (slot, _, stride) = place(&dims, b);
+            self.bufs[slot].ensure(&self.gpu, 4 * t * stride)?;
         }
         self.normed.ensure(&self.gpu, 4 * t * dims.hidden)?;
         self.rows
@@ -1152,7 +1186,7 @@ impl Backend for CudaBackend {
         add: bool,
         norm: &GpuVector,
         eps: f32,
-        outs: &[(&GpuWeight, Buf)],
+        outs: &[(GpuWeight, Outs)],
     ) -> Result<()> {
         let (t, hidden) = (self.tokens, self.dims.hidden);
         let normed = self.normed.ptr()?;
@@ -1163,8 +1197,18 @@ impl Backend for CudaBackend {
         } else {
             self.rms_norm(self.buf(Buf::X)?, None, normed, norm, t, 1, hidden, eps)?;
         }
-        for &(w, out) in outs {
-            self.gemm(normed, w, self.buf(out)?, t)?;
+        for (w, out) in outs {
+            // A stacked weight's columns run on into the buffers after the first ([`place`]).
+            if w.rows != out.rows(&self.dims) {
+                return Err(ModelError::Invalid(format!(
+                    "a weight of {} rows for {:?} ({} columns)",
+                    w.rows,
+                    out.bufs(),
+                    out.rows(&self.dims)
+                )));
+            }
+            let y = (self.buf(out.first())?, self.stride(out.first()));
+            self.gemm((normed, hidden), w, y, t)?;
         }
         Ok(())
     }
@@ -1180,20 +1224,29 @@ impl Backend for CudaBackend {
             p(self.buf(buf)?),
             p(bias.buf.ptr()),
             i32_arg(n, "bias length")?,
-            i32_arg(self.width(buf), "row stride")?,
+            i32_arg(self.stride(buf), "row stride")?,
             KernelArg::I32(0),
         ];
         self.launch("add_rows", grid, &args)
     }
 
     fn head_norm(&mut self, buf: Buf, w: &GpuVector, eps: f32) -> Result<()> {
-        let width = self.width(buf);
+        let (width, stride) = (self.width(buf), self.stride(buf));
         let x = self.buf(buf)?;
-        self.rms_norm(x, None, x, w, self.tokens, width / w.len.max(1), width, eps)
+        self.rms_norm(
+            x,
+            None,
+            x,
+            w,
+            self.tokens,
+            width / w.len.max(1),
+            stride,
+            eps,
+        )
     }
 
     fn rope(&mut self, rope: usize, buf: Buf) -> Result<()> {
-        let width = self.width(buf);
+        let (width, stride) = (self.width(buf), self.stride(buf));
         let (u, runs) = self.rope_of(rope)?;
         let (half, hd) = (u.short.1.len(), u.head_dim);
         if half > self.block("rope", "HALF_BLOCK")? as usize {
@@ -1207,10 +1260,10 @@ impl Backend for CudaBackend {
         for &(first, n, long) in runs {
             let freq = u.freq(long);
             let args = [
-                p(x.offset(4 * first * width)),
+                p(x.offset(4 * first * stride)),
                 p(positions.offset(4 * first)),
                 p(freq),
-                i32_arg(width, "row stride")?,
+                i32_arg(stride, "row stride")?,
                 i32_arg(hd, "head_dim")?,
                 i32_arg(half, "rotary half")?,
                 KernelArg::F32(u.mscale),
@@ -1240,7 +1293,8 @@ impl Backend for CudaBackend {
                 shape.head_dim
             )));
         }
-        let width = self.dims.kv;
+        // K and V share their slot's stride ([`place`]).
+        let width = self.stride(Buf::K);
         let (k, v) = (self.buf(Buf::K)?, self.buf(Buf::V)?);
         let (slots, positions) = (self.index(self.at.slots)?, self.index(self.at.positions)?);
         for &(first, n, long) in runs {
@@ -1280,7 +1334,7 @@ impl Backend for CudaBackend {
             p(kc),
             p(vc),
             p(self.index(self.at.slots)?),
-            i32_arg(self.dims.kv, "row stride")?,
+            i32_arg(self.stride(Buf::K), "row stride")?,
             i32_arg(shape.num_kv_heads, "kv heads")?,
             i32_arg(shape.head_dim, "head_dim")?,
         ];
@@ -1339,8 +1393,8 @@ impl Backend for CudaBackend {
             args.extend(indices);
             args.extend([
                 p(self.buf(Buf::Attn)?),
-                i32_arg(self.dims.q, "row stride")?,
-                i32_arg(self.dims.q, "row stride")?,
+                i32_arg(self.stride(Buf::Q), "row stride")?,
+                i32_arg(self.stride(Buf::Attn), "row stride")?,
                 i32_arg(group, "GQA group")?,
                 i32_arg(shape.num_kv_heads, "kv heads")?,
                 i32_arg(shape.head_dim, "head_dim")?,
@@ -1355,7 +1409,9 @@ impl Backend for CudaBackend {
     }
 
     fn linear(&mut self, input: Buf, w: &GpuWeight, out: Buf) -> Result<()> {
-        self.gemm(self.buf(input)?, w, self.buf(out)?, self.tokens)
+        let x = (self.buf(input)?, self.stride(input));
+        let y = (self.buf(out)?, self.stride(out));
+        self.gemm(x, w, y, self.tokens)
     }
 
     fn gated_linear(&mut self, w: &GpuWeight, act: GatedAct, out: Buf) -> Result<()> {
@@ -1365,13 +1421,16 @@ impl Backend for CudaBackend {
             GatedAct::GeluTanh => "gated_gelu_tanh",
         };
         let (gate, up) = (self.buf(Buf::Gate)?, self.buf(Buf::Up)?);
+        // Gate and Up share their slot's stride ([`place`]).
+        let stride = self.stride(Buf::Gate);
+        let y = (self.buf(out)?, self.stride(out));
         // Few rows: the activation inside the (split-K) down product.
         if self.tokens <= DECODE_M {
             let per = self
                 .split_columns(&Self::split_name(w)?, w)?
                 .unwrap_or(w.cols);
-            let (t, y) = (self.tokens, self.buf(out)?);
-            return self.gemm_split((gate, y), w, t, per, Some((up, act)));
+            let t = self.tokens;
+            return self.gemm_split(((gate, stride), y), w, t, per, Some((up, act)));
         }
         let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
         // In place: Gate = act(Gate) * Up.
@@ -1380,12 +1439,12 @@ impl Backend for CudaBackend {
             p(up),
             p(gate),
             i32_arg(n, "intermediate size")?,
-            i32_arg(n, "row stride")?,
-            i32_arg(n, "row stride")?,
-            i32_arg(n, "row stride")?,
+            i32_arg(stride, "row stride")?,
+            i32_arg(stride, "row stride")?,
+            i32_arg(stride, "row stride")?,
         ];
         self.launch(kernel, grid, &args)?;
-        self.gemm(gate, w, self.buf(out)?, self.tokens)
+        self.gemm((gate, stride), w, y, self.tokens)
     }
 
     fn add_residual(&mut self) -> Result<()> {
@@ -1420,6 +1479,13 @@ impl Backend for CudaBackend {
     }
 
     fn host_rows(&mut self, buf: Buf, f: &mut dyn FnMut(&mut [f32]) -> Result<()>) -> Result<()> {
+        // Whole rows only: a buffer that shares its slot ([`place`]) is not contiguous.
+        if self.stride(buf) != self.width(buf) {
+            return Err(ModelError::Invalid(format!(
+                "{buf:?} shares its rows with other buffers on the GPU; only X, H and Attn \
+                 go to the host"
+            )));
+        }
         let n = self.tokens * self.width(buf);
         let ptr = self.buf(buf)?;
         let (bytes, rows) = (&mut self.host_bytes, &mut self.host_act);

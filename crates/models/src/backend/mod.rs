@@ -29,7 +29,7 @@ pub use cuda::{
 };
 
 use crate::sampling::{RowSampling, SampledRows};
-use crate::{KvCache, Result};
+use crate::{KvCache, ModelError, Result};
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
 use ferrum_runtime::Tensor;
 use ferrum_types::ForwardBatch;
@@ -75,6 +75,80 @@ impl Dims {
             Buf::Gate | Buf::Up => self.intermediate,
         }
     }
+}
+
+/// The buffers one product's output goes to, in order: its weight's rows are their widths
+/// ([`Dims::width`]) one after another. One buffer for a weight of its own; two or three for
+/// weights stacked at load ([`Backend::products`]: `[q; k; v]`, `[gate; up]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outs {
+    bufs: [Buf; 3],
+    len: usize,
+}
+
+impl Outs {
+    /// One buffer.
+    pub fn one(b: Buf) -> Outs {
+        Outs {
+            bufs: [b; 3],
+            len: 1,
+        }
+    }
+
+    /// The buffers, in the order of the weight's rows.
+    pub fn bufs(&self) -> &[Buf] {
+        &self.bufs[..self.len]
+    }
+
+    /// The first buffer: where the product's output starts.
+    pub fn first(&self) -> Buf {
+        self.bufs[0]
+    }
+
+    /// The weight rows these buffers take: their widths summed.
+    pub fn rows(&self, dims: &Dims) -> usize {
+        self.bufs().iter().map(|&b| dims.width(b)).sum()
+    }
+
+    /// `self` then `b`; `None` when three buffers are there already.
+    fn then(self, b: Buf) -> Option<Outs> {
+        let mut o = self;
+        *o.bufs.get_mut(o.len)? = b;
+        o.len += 1;
+        Some(o)
+    }
+}
+
+/// `parts` (weights with their output buffers, in order) with each run of consecutive weights
+/// of one dtype and column count stacked by rows ([`Tensor::stack_rows`]): a GPU's
+/// [`Backend::products`]. Q4_K_M-style files whose v projection has a type of its own give
+/// `[q; k]` and `v`.
+pub fn stack_runs(parts: Vec<(Tensor, Buf)>) -> Result<Vec<(Tensor, Outs)>> {
+    let mut runs: Vec<(Vec<Tensor>, Outs)> = Vec::new();
+    for (t, b) in parts {
+        let joined = runs.last_mut().and_then(|(ts, outs)| {
+            let last = ts.last()?;
+            let same = last.dtype() == t.dtype() && last.cols() == t.cols();
+            let more = outs.then(b).filter(|_| same)?;
+            *outs = more;
+            Some(ts)
+        });
+        match joined {
+            Some(ts) => ts.push(t),
+            None => runs.push((vec![t], Outs::one(b))),
+        }
+    }
+    runs.into_iter()
+        .map(|(mut ts, outs)| {
+            let t = match ts.len() {
+                1 => ts
+                    .pop()
+                    .ok_or_else(|| ModelError::Invalid("an empty run".into()))?,
+                _ => Tensor::stack_rows(&ts.iter().collect::<Vec<_>>())?,
+            };
+            Ok((t, outs))
+        })
+        .collect()
 }
 
 /// How this step's operations reach the device ([`Backend::graph_step`]).
@@ -154,14 +228,25 @@ pub trait Backend: std::fmt::Debug + Sized {
     }
     /// `X = table[batch.token_ids] * scale` (Gemma scales by `sqrt(hidden)`; others by 1).
     fn embed(&mut self, table: &Self::Table, batch: &ForwardBatch, scale: f32) -> Result<()>;
+    /// Takes the weights of the products that read one input (q, k and v; gate and up), in
+    /// order, each with the buffer its output goes to, as [`Backend::add_norm_linear`] runs
+    /// them. By default each stays a weight of its own (the CPU runs them in one pass over one
+    /// prepared input); a GPU stacks them ([`stack_runs`]) so that one launch computes them.
+    fn products(&mut self, parts: Vec<(Tensor, Buf)>) -> Result<Vec<(Self::Weight, Outs)>> {
+        parts
+            .into_iter()
+            .map(|(t, b)| Ok((self.weight(t)?, Outs::one(b))))
+            .collect()
+    }
     /// `X += H` when `add` (the previous sublayer's output joins the residual stream), then
-    /// for each `(w, out)`: `out = rms_norm(X) * norm @ w^T`.
+    /// for each `(w, outs)` of [`Backend::products`]: `outs = rms_norm(X) * norm @ w^T`, the
+    /// product's columns going to the buffers of `outs` in order.
     fn add_norm_linear(
         &mut self,
         add: bool,
         norm: &Self::Vector,
         eps: f32,
-        outs: &[(&Self::Weight, Buf)],
+        outs: &[(Self::Weight, Outs)],
     ) -> Result<()>;
     /// `buf += bias`, per row.
     fn add_bias(&mut self, buf: Buf, bias: &Self::Vector) -> Result<()>;
@@ -281,4 +366,44 @@ pub(crate) fn host_argmax(logits: &[f32], rows: usize, out: &mut Vec<u32>) {
 /// `cap * tanh(l / cap)` of every logit (final logit soft-capping), on the host.
 pub(crate) fn softcap_logits(logits: &mut [f32], cap: f32) {
     logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stack_runs, Buf, Dims};
+    use ferrum_runtime::Tensor;
+
+    #[test]
+    fn runs_of_one_type_stack_and_a_type_change_starts_a_new_run() {
+        let f32_rows = |rows: usize, v: f32| Tensor::from_f32(vec![rows, 4], &vec![v; rows * 4]);
+        let (q, k) = (f32_rows(4, 1.0).unwrap(), f32_rows(2, 2.0).unwrap());
+        // v in another type (f16), as Q4_K_M files give it one.
+        let v = Tensor::new(
+            ferrum_runtime::DType::F16,
+            vec![2, 4],
+            ferrum_runtime::Storage::owned(vec![0; 16]),
+        )
+        .unwrap();
+        let runs = stack_runs(vec![(q, Buf::Q), (k, Buf::K), (v, Buf::V)]).unwrap();
+        let dims = Dims {
+            q: 4,
+            kv: 2,
+            ..Dims::default()
+        };
+        let got: Vec<_> = runs
+            .iter()
+            .map(|(t, o)| (t.rows(), o.bufs().to_vec(), o.rows(&dims)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(6, vec![Buf::Q, Buf::K], 6), (2, vec![Buf::V], 2)]
+        );
+        assert_eq!(runs[0].0.to_f32_vec()[..16], [1.0; 16]);
+        assert_eq!(runs[0].0.to_f32_vec()[16..], [2.0; 8]);
+        // One type throughout: one product.
+        let (g, u) = (f32_rows(3, 0.0).unwrap(), f32_rows(3, 0.0).unwrap());
+        let runs = stack_runs(vec![(g, Buf::Gate), (u, Buf::Up)]).unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].1.bufs(), [Buf::Gate, Buf::Up]);
+    }
 }
