@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the GPU kernels and the CUDA backend's device layer on the interpreted
 # device (scripts/test-cuda-interpret.sh, which installs the pinned Triton into a venv), the
-# workspace's cargo tests, then the OpenAI-client tests of `ferrum serve`
+# workspace's cargo tests, the GPU round's script on the interpreted device
+# (scripts/test-gpu-round.sh), then the OpenAI-client tests of `ferrum serve`
 # (scripts/test-openai.sh, which installs the `openai` and `anthropic` packages into a venv), the
 # chat page in headless Chromium (scripts/test-webui.sh, which installs Chromium and
 # playwright-core), the parallel runs
@@ -29,6 +30,8 @@ cargo test --workspace --features ferrum-engine/fault-injection --test faults "$
 if [ -x target/debug/ferrum ] && [ -z "${FERRUM_BIN:-}" ]; then
   export FERRUM_BIN="$PWD/target/debug/ferrum"
 fi
+stage "GPU round's script on the interpreted device (scripts/test-gpu-round.sh)"
+bash scripts/test-gpu-round.sh 2>&1 | tee -a "$log" || status=$?
 stage "OpenAI client tests (scripts/test-openai.sh)"
 bash scripts/test-openai.sh 2>&1 | tee -a "$log" || status=$?
 stage "chat page in headless Chromium (scripts/test-webui.sh)"

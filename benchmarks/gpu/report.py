@@ -53,12 +53,20 @@ def main(res):
     bw, tf = ceil.get("copy_gb_s"), ceil.get("bf16_tflop_s")
     failed = [l for l in open(os.path.join(res, "failed.txt")).read().split() if l] \
         if os.path.exists(os.path.join(res, "failed.txt")) else []
+    # The run's sizes (run.sh writes them; the GPU round's defaults otherwise).
+    rnd = dict({"device": "cuda", "input_len": 128, "output_len": 32, "prefill_len": 2048,
+                "num_prompts": 256, "throughput_len": 128},
+               **((load(os.path.join(res, "round.json")) or [{}])[0]))
     p = print
     p("# Ferrum on a GPU: figures\n")
+    if rnd["device"] != "cuda":
+        p(f"**Not GPU figures**: this run was on the {rnd['device']} device, which checks the "
+          "round's steps end to end; its times are the interpreter's.\n")
     p("Written by `benchmarks/gpu/run.sh` (one call on a lent machine; see its header). "
       "Models are Llama-shaped with random bf16 weights made on the device "
       "(`benchmarks/gpu/make_model.py`); the peer is transformers' `generate` on the same GPU "
-      "and folder (bf16, SDPA, dynamic cache, greedy). Decode: 128-token prompts, 32 tokens, "
+      "and folder (bf16, SDPA, dynamic cache, greedy). "
+      f"Decode: {rnd['input_len']}-token prompts, {rnd['output_len']} tokens, "
       "greedy, the batch advancing together (`ferrum bench latency`).\n")
     p(f"- Device: `{dev.splitlines()[0] if dev else dev}`")
     p(f"- Ceilings measured first: device-to-device copy **{fmt(bw)} GB/s** (bytes read + "
@@ -115,7 +123,8 @@ def main(res):
             p("")
     thr = {k: load(os.path.join(res, f"ferrum-1b-throughput-{k}.jsonl")) for k in ("overlap", "sync")}
     if thr["overlap"] or thr["sync"]:
-        p("## Engine throughput, 1B-shaped, 256 requests of 128 + 128 tokens\n")
+        n, tl = rnd["num_prompts"], rnd["throughput_len"]
+        p(f"## Engine throughput, 1B-shaped, {n} requests of {tl} + {tl} tokens\n")
         p("Steps overlapped (the next scheduled and enqueued while one runs) against steps "
           "finished one at a time (`--no-overlap`).\n")
         p("| steps | output tok/s | total tok/s | steps overlapped | ms/step | host ms/step | "
@@ -147,7 +156,7 @@ def main(res):
         flops = r["weight_bytes_per_step"] + 4 * c["num_hidden_layers"] * qw * (L + 1) / 2
         ftf = r["prefill_tok_s"] * flops / 1e12
         hfp = [x for x in load(os.path.join(res, "hf-8b.jsonl")) if x.get("prefill_only")]
-        p("## Prefill, one 2048-token prompt, Llama-3.1-8B-shaped\n")
+        p(f"## Prefill, one {L}-token prompt, Llama-3.1-8B-shaped\n")
         p("| engine | tok/s | TFLOP/s | share of the measured bf16 rate |")
         p("| --- | --- | --- | --- |")
         p(f"| Ferrum | {r['prefill_tok_s']:.0f} | {ftf:.1f} | {fmt(tf and 100 * ftf / tf, '.1f', '%')} |")

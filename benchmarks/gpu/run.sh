@@ -13,7 +13,14 @@
 # RESULTS defaults to target/bench/gpu, MODELS (about 20 GB) to /tmp/ferrum-gpu-models. Every
 # step has a time limit and a failed one is reported, not fatal, so one call on a lent machine
 # returns whatever could be measured; FERRUM_GPU_BENCH_BUDGET (seconds) bounds the whole run,
-# the steps that no longer fit being skipped and reported.
+# the steps that no longer fit being skipped and reported. The report goes to
+# RESULTS/benchmarks-gpu.md (a call brings RESULTS back; copy it to docs/).
+#
+# FERRUM_GPU_ROUND=interpreted runs the same steps on the interpreted device (the kernels in the
+# Triton interpreter, no GPU) with the tiny bf16 Llama fixture in place of both models and
+# small sizes, leaving out the steps that need torch on a GPU (ceilings, model making,
+# transformers), which it lists in RESULTS/skipped.txt: CI runs it (scripts/test-gpu-round.sh),
+# so a lent session never finds a broken step on the device.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 res="$(mkdir -p "${1:-$root/target/bench/gpu}" && cd "${1:-$root/target/bench/gpu}" && pwd)"
@@ -21,9 +28,25 @@ models="${2:-/tmp/ferrum-gpu-models}"
 pushd "$root" >/dev/null && source scripts/gpu/use-pack.sh && popd >/dev/null
 ferrum="${FERRUM_BIN:-$root/target/release/ferrum}"
 here="$root/benchmarks/gpu"
-mkdir -p "$models"
 failed=()
+skipped=()
 deadline=$((SECONDS + ${FERRUM_GPU_BENCH_BUDGET:-3600}))
+# Sizes: decode prompt and output, decode batches, the large batch, the prefill prompt, and
+# the throughput run's requests and their prompt and output lengths.
+case "${FERRUM_GPU_ROUND:-gpu}" in
+    gpu)
+        device=cuda m8="$models/llama-8b" m1="$models/llama-1b"
+        in_len=128 out_len=32 batches=1,64 large=256 prefill=2048 prompts=256 thr_len=128
+        iters=2 iters_1b=3 ;;
+    interpreted)
+        tiny="$root/tests/fixtures/tiny-llama-bf16"
+        [[ -f "$tiny/config.json" ]] || bash "$root/scripts/unpack-fixtures.sh" >/dev/null
+        device=interpreted m8="$tiny" m1="$tiny"
+        in_len=8 out_len=3 batches=1,2 large=4 prefill=16 prompts=4 thr_len=4
+        iters=1 iters_1b=1 ;;
+    *) echo "FERRUM_GPU_ROUND is gpu or interpreted, not ${FERRUM_GPU_ROUND}" >&2; exit 2 ;;
+esac
+mkdir -p "$models"
 
 step() { # step NAME SECONDS OUTFILE COMMAND...: runs COMMAND with a limit, stdout to OUTFILE
     local name="$1" limit="$2" outfile="$3"
@@ -45,43 +68,64 @@ step() { # step NAME SECONDS OUTFILE COMMAND...: runs COMMAND with a limit, stdo
     fi
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$res/device.txt"
-"$ferrum" --version >>"$res/device.txt" 2>&1
-[[ -s "$res/ceilings.json" ]] || step ceilings 60 ceilings.json python3 "$here/ceilings.py"
-[[ -f "$models/llama-8b/config.json" ]] || step make-8b 150 make-8b.txt python3 "$here/make_model.py" "$models/llama-8b" 8b
-[[ -f "$models/llama-1b/config.json" ]] || step make-1b 60 make-1b.txt python3 "$here/make_model.py" "$models/llama-1b" 1b
+torch_step() { # torch_step NAME ...: step's arguments; a step of python3 with torch on a GPU
+    if [[ "$device" == interpreted ]]; then
+        echo "== $1"
+        echo "   skipped: needs torch on a GPU"
+        skipped+=("$1")
+        return
+    fi
+    step "$@"
+}
 
-lat=("$ferrum" bench latency --device cuda --json --input-len 128 --output-len 32)
-# Decode: graphs (the default) at 1, 64 and 256 sequences, and plain launches; each batch size
+if [[ "$device" == cuda ]]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$res/device.txt"
+else
+    echo "interpreted (Triton interpreter on the host, no GPU)" >"$res/device.txt"
+fi
+"$ferrum" --version >>"$res/device.txt" 2>&1
+printf '{"device": "%s", "input_len": %d, "output_len": %d, "batches": "%s", "large_batch": %d, "prefill_len": %d, "num_prompts": %d, "throughput_len": %d}\n' \
+    "$device" "$in_len" "$out_len" "$batches" "$large" "$prefill" "$prompts" "$thr_len" >"$res/round.json"
+[[ -s "$res/ceilings.json" ]] || torch_step ceilings 60 ceilings.json python3 "$here/ceilings.py"
+[[ -f "$m8/config.json" ]] || torch_step make-8b 150 make-8b.txt python3 "$here/make_model.py" "$m8" 8b
+[[ -f "$m1/config.json" ]] || torch_step make-1b 60 make-1b.txt python3 "$here/make_model.py" "$m1" 1b
+
+lat=("$ferrum" bench latency --device "$device" --json --input-len "$in_len" --output-len "$out_len")
+# Decode: graphs (the default) at 1 and 64 sequences, and plain launches; each batch size
 # gets one more, profiled iteration (device time per kernel against the step's wall time).
-step ferrum-8b-graph 150 ferrum-8b-graph.jsonl "${lat[@]}" --model "$models/llama-8b" \
-    --batch-size 1,64 --num-iters 2 --num-iters-warmup 1 --profile-kernels
-step ferrum-8b-plain 120 ferrum-8b-plain.jsonl "${lat[@]}" --model "$models/llama-8b" --no-cuda-graph \
-    --batch-size 1,64 --num-iters 1 --num-iters-warmup 1 --profile-kernels
-# Prefill: one 2048-token prompt.
-step ferrum-8b-prefill 90 ferrum-8b-prefill.jsonl "$ferrum" bench latency --device cuda --json \
-    --model "$models/llama-8b" --input-len 2048 --output-len 2 --num-iters 3
-step ferrum-1b-graph 90 ferrum-1b-graph.jsonl "${lat[@]}" --model "$models/llama-1b" \
-    --batch-size 1,64 --num-iters 3 --num-iters-warmup 1 --profile-kernels
-step ferrum-1b-plain 90 ferrum-1b-plain.jsonl "${lat[@]}" --model "$models/llama-1b" --no-cuda-graph \
-    --batch-size 1,64 --num-iters 3 --num-iters-warmup 1 --profile-kernels
+step ferrum-8b-graph 150 ferrum-8b-graph.jsonl "${lat[@]}" --model "$m8" \
+    --batch-size "$batches" --num-iters "$iters" --num-iters-warmup 1 --profile-kernels
+step ferrum-8b-plain 120 ferrum-8b-plain.jsonl "${lat[@]}" --model "$m8" --no-cuda-graph \
+    --batch-size "$batches" --num-iters 1 --num-iters-warmup 1 --profile-kernels
+# Prefill: one long prompt (2048 tokens).
+step ferrum-8b-prefill 90 ferrum-8b-prefill.jsonl "$ferrum" bench latency --device "$device" --json \
+    --model "$m8" --input-len "$prefill" --output-len 2 --num-iters "$iters_1b"
+step ferrum-1b-graph 90 ferrum-1b-graph.jsonl "${lat[@]}" --model "$m1" \
+    --batch-size "$batches" --num-iters "$iters_1b" --num-iters-warmup 1 --profile-kernels
+step ferrum-1b-plain 90 ferrum-1b-plain.jsonl "${lat[@]}" --model "$m1" --no-cuda-graph \
+    --batch-size "$batches" --num-iters "$iters_1b" --num-iters-warmup 1 --profile-kernels
 # The engine: 256 requests of 128 + 128 tokens through continuous batching, with steps
 # overlapped (the default) and finished one at a time.
-thr=("$ferrum" bench throughput --device cuda --json --num-prompts 256 --input-len 128 --output-len 128 \
-    --max-num-seqs 256)
-step ferrum-1b-throughput-overlap 120 ferrum-1b-throughput-overlap.jsonl "${thr[@]}" --model "$models/llama-1b"
-step ferrum-1b-throughput-sync 120 ferrum-1b-throughput-sync.jsonl "${thr[@]}" --model "$models/llama-1b" --no-overlap
-[[ -s "$res/hf-8b.jsonl" ]] || step hf-8b 150 hf-8b.jsonl python3 "$here/hf_peer.py" "$models/llama-8b" --batch-size 1,64 \
-    --input-len 128 --output-len 32 --prefill-len 2048
-[[ -s "$res/hf-1b.jsonl" ]] || step hf-1b 90 hf-1b.jsonl python3 "$here/hf_peer.py" "$models/llama-1b" --batch-size 1,64 \
-    --input-len 128 --output-len 32
+thr=("$ferrum" bench throughput --device "$device" --json --num-prompts "$prompts" \
+    --input-len "$thr_len" --output-len "$thr_len" --max-num-seqs "$prompts")
+step ferrum-1b-throughput-overlap 120 ferrum-1b-throughput-overlap.jsonl "${thr[@]}" --model "$m1"
+step ferrum-1b-throughput-sync 120 ferrum-1b-throughput-sync.jsonl "${thr[@]}" --model "$m1" --no-overlap
+[[ -s "$res/hf-8b.jsonl" ]] || torch_step hf-8b 150 hf-8b.jsonl python3 "$here/hf_peer.py" "$m8" \
+    --batch-size "$batches" --input-len "$in_len" --output-len "$out_len" --prefill-len "$prefill"
+[[ -s "$res/hf-1b.jsonl" ]] || torch_step hf-1b 90 hf-1b.jsonl python3 "$here/hf_peer.py" "$m1" \
+    --batch-size "$batches" --input-len "$in_len" --output-len "$out_len"
 # 256 sequences prefill one by one (about 15 s an iteration): fewer iterations.
-step ferrum-8b-graph-256 150 ferrum-8b-graph-256.jsonl "${lat[@]}" --model "$models/llama-8b" \
-    --batch-size 256 --num-iters 1 --num-iters-warmup 1 --profile-kernels
-step ferrum-8b-plain-256 120 ferrum-8b-plain-256.jsonl "${lat[@]}" --model "$models/llama-8b" \
-    --no-cuda-graph --batch-size 256 --num-iters 1 --num-iters-warmup 0 --profile-kernels
-cp "$models"/llama-8b/config.json "$res/config-8b.json" 2>/dev/null
-cp "$models"/llama-1b/config.json "$res/config-1b.json" 2>/dev/null
+step ferrum-8b-graph-256 150 ferrum-8b-graph-256.jsonl "${lat[@]}" --model "$m8" \
+    --batch-size "$large" --num-iters 1 --num-iters-warmup 1 --profile-kernels
+step ferrum-8b-plain-256 120 ferrum-8b-plain-256.jsonl "${lat[@]}" --model "$m8" \
+    --no-cuda-graph --batch-size "$large" --num-iters 1 --num-iters-warmup 0 --profile-kernels
+cp "$m8/config.json" "$res/config-8b.json" 2>/dev/null
+cp "$m1/config.json" "$res/config-1b.json" 2>/dev/null
 printf '%s\n' "${failed[@]}" >"$res/failed.txt"
-python3 "$here/report.py" "$res" >"$root/docs/benchmarks-gpu.md" && echo "wrote docs/benchmarks-gpu.md"
+printf '%s\n' "${skipped[@]}" >"$res/skipped.txt"
+if python3 "$here/report.py" "$res" >"$res/benchmarks-gpu.md"; then
+    echo "wrote $res/benchmarks-gpu.md"
+else
+    failed+=(report)
+fi
 [[ ${#failed[@]} -eq 0 ]] || { echo "failed steps: ${failed[*]}"; exit 1; }

@@ -179,3 +179,60 @@ fn a_hinted_size_or_stride_off_16_takes_the_generic_binary() {
         );
     }
 }
+
+/// The profile names each launch's kernel and the binary it took, and counts a graph replay
+/// as one entry (`graph replay`), as the engine's `--profile-kernels` reports them: on the
+/// interpreted device too (host-clock times), so a GPU round's script runs end to end in CI.
+#[test]
+fn the_profile_counts_launches_by_binary_and_replays_as_one() {
+    use ferrum_runtime::cuda::Variant;
+    for mut gpu in devices() {
+        gpu.set_profiling(true).unwrap();
+        gemm(&mut gpu, 3, 48, 64, 80, 0);
+        gemm(&mut gpu, 3, 48, 64, 80, 4);
+        gemm(&mut gpu, 2, 48, 64, 80, 0);
+        // One launch captured, replayed twice.
+        let (x, y) = (
+            gpu.upload_f32(&values(64, 3)).unwrap(),
+            gpu.upload_f32(&[0.0; 16]).unwrap(),
+        );
+        let w = gpu.upload_f32(&values(16 * 64, 4)).unwrap();
+        let args = [
+            KernelArg::Ptr(x),
+            KernelArg::Ptr(w),
+            KernelArg::Ptr(DevicePtr::NULL),
+            KernelArg::Ptr(y),
+            KernelArg::I32(1),
+            KernelArg::I32(16),
+            KernelArg::I32(64),
+            KernelArg::I32(64),
+            KernelArg::I32(16),
+        ];
+        gpu.begin_capture().unwrap();
+        gpu.launch("gemm_f32_decode", [1, 1, 1], &args).unwrap();
+        let graph = gpu.end_capture().unwrap().expect("a graph");
+        gpu.replay(graph).unwrap();
+        gpu.replay(graph).unwrap();
+        let profile = gpu.profile().unwrap();
+        let count = |name: &str, variant: Variant| -> u64 {
+            let rows = profile
+                .iter()
+                .filter(|t| t.name == name && t.variant == variant);
+            rows.map(|t| t.launches).sum()
+        };
+        let dev = gpu.describe();
+        assert_eq!(count("gemm_f32_decode", Variant::Aligned), 2, "{dev}");
+        assert_eq!(count("gemm_f32_decode", Variant::Generic), 1, "{dev}");
+        assert_eq!(count("graph replay", Variant::Generic), 2, "{dev}");
+        assert!(profile.iter().all(|t| t.total_ms >= 0.0), "{dev}");
+        // Each call starts a new tally; off, there is none.
+        gpu.set_profiling(true).unwrap();
+        assert!(gpu.profile().unwrap().is_empty(), "{dev}");
+        gpu.set_profiling(false).unwrap();
+        assert!(gpu.profile().is_err(), "{dev}");
+        gpu.drop_graph(graph).unwrap();
+        for p in [x, y, w] {
+            gpu.free(p).unwrap();
+        }
+    }
+}

@@ -578,7 +578,7 @@ impl Gpu {
     }
 
     /// Times every launch (and graph replay) on the device from now on, or stops; each call
-    /// starts a new tally. Only a CUDA device can time its launches.
+    /// starts a new tally. The interpreted device times its launches on the host clock.
     pub fn set_profiling(&mut self, on: bool) -> Result<()> {
         self.not_capturing("turning profiling on or off")?;
         self.driver.set_profiling(on)

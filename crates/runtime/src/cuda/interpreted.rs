@@ -8,13 +8,15 @@
 //! `read` reply. A reply `{"error": ...}` becomes an error naming the operation; a worker that
 //! dies is an error too, never a hang (its pipes close).
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally};
+use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally, GRAPH_HANDLE};
 use super::manifest::{KernelBinary, KernelSpec, Variant};
 use crate::{Result, RuntimeError};
 
@@ -49,6 +51,9 @@ impl InterpreterConfig {
     }
 }
 
+/// Launches and milliseconds by (kernel handle, grid).
+type Totals = HashMap<(usize, [u32; 3]), (u64, f64)>;
+
 /// A running worker.
 #[derive(Debug)]
 pub(crate) struct InterpretedDriver {
@@ -62,6 +67,12 @@ pub(crate) struct InterpretedDriver {
     /// Reads started and not finished, by slot: the worker runs every operation in order
     /// at once, so a started read's bytes are already here; `None` once finished.
     reads: Vec<Option<Vec<u8>>>,
+    /// Per-launch timing when on ([`Driver::set_profiling`]): launches and milliseconds by
+    /// (handle, grid), graph replays under [`GRAPH_HANDLE`] as on a GPU. The worker runs a
+    /// launch before it replies, so a launch's time is its request's round trip: the
+    /// interpreter's time, which says nothing of a GPU's, through every path a GPU profile
+    /// takes (a GPU round's script is tested with it).
+    profile: Option<Totals>,
 }
 
 /// One recorded launch: what [`Driver::launch`] was given.
@@ -114,6 +125,7 @@ impl InterpretedDriver {
             recording: None,
             graphs: Vec::new(),
             reads: Vec::new(),
+            profile: None,
         };
         driver.call("hello", &json!({"op": "hello"}), None)?;
         Ok(driver)
@@ -141,6 +153,32 @@ impl InterpretedDriver {
             return Err(worker_err(step, e.as_str().unwrap_or("unknown error")));
         }
         Ok(v)
+    }
+}
+
+impl InterpretedDriver {
+    /// Runs one launch in the worker (it replies once the launch has run).
+    fn run(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()> {
+        let args: Vec<Value> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => json!(p.0),
+                KernelArg::I32(v) => json!(v),
+                KernelArg::U32(v) => json!(v),
+                KernelArg::F32(v) => json!(v),
+            })
+            .collect();
+        let req = json!({"op": "launch", "handle": kernel.0, "grid": dims.grid, "args": args});
+        self.call("launch", &req, None).map(drop)
+    }
+
+    /// Counts a launch (or replay) of `handle` over `grid` begun at `start`, when profiling.
+    fn tally(&mut self, handle: usize, grid: [u32; 3], start: Instant) {
+        if let Some(totals) = self.profile.as_mut() {
+            let e = totals.entry((handle, grid)).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += start.elapsed().as_secs_f64() * 1e3;
+        }
     }
 }
 
@@ -248,17 +286,10 @@ impl Driver for InterpretedDriver {
             });
             return Ok(());
         }
-        let args: Vec<Value> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => json!(p.0),
-                KernelArg::I32(v) => json!(v),
-                KernelArg::U32(v) => json!(v),
-                KernelArg::F32(v) => json!(v),
-            })
-            .collect();
-        let req = json!({"op": "launch", "handle": kernel.0, "grid": dims.grid, "args": args});
-        self.call("launch", &req, None).map(drop)
+        let start = Instant::now();
+        self.run(kernel, dims, args)?;
+        self.tally(kernel.0, dims.grid, start);
+        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<()> {
@@ -293,11 +324,15 @@ impl Driver for InterpretedDriver {
             .get_mut(id)
             .and_then(Option::take)
             .ok_or_else(|| worker_err("replaying a graph", format!("no graph {id}")))?;
+        // One entry for the whole replay, as a GPU's profile has.
+        let start = Instant::now();
         let result = launches
             .iter()
-            .try_for_each(|l| self.launch(l.kernel, l.dims, &l.args));
+            .try_for_each(|l| self.run(l.kernel, l.dims, &l.args));
         self.graphs[id] = Some(launches);
-        result
+        result?;
+        self.tally(GRAPH_HANDLE.0, [1, 1, 1], start);
+        Ok(())
     }
 
     fn graph_drop(&mut self, id: usize) -> Result<()> {
@@ -307,15 +342,20 @@ impl Driver for InterpretedDriver {
         Ok(())
     }
 
-    fn set_profiling(&mut self, _on: bool) -> Result<()> {
-        Err(worker_err(
-            "profiling",
-            "the interpreted device has no timers; profile on a CUDA device",
-        ))
+    fn set_profiling(&mut self, on: bool) -> Result<()> {
+        self.profile = on.then(HashMap::new);
+        Ok(())
     }
 
     fn profile(&mut self) -> Result<Vec<Tally>> {
-        self.set_profiling(true).map(|_| Vec::new())
+        let totals = self
+            .profile
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Kernels("profiling is off (Gpu::set_profiling)".into()))?;
+        Ok(totals
+            .iter()
+            .map(|(&(h, grid), &(n, ms))| (KernelHandle(h), grid, n, ms))
+            .collect())
     }
 }
 
