@@ -137,8 +137,9 @@ def all_specs():
             specs.append(_spec(
                 f"gemm_{short}_split{suffix}", "gemm", "gemm_split",
                 [("x_ptr", "*fp32"), ("up_ptr", "*fp32"), ("w_ptr", f"*{ty}"),
-                 ("part_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
-                 ("x_stride", "i32"), ("k_per_split", "i32")],
+                 ("part_ptr", "*fp32"), ("y_ptr", "*fp32"), ("count_ptr", "*i32"),
+                 ("m", "i32"), ("n", "i32"), ("k", "i32"), ("x_stride", "i32"),
+                 ("k_per_split", "i32"), ("y_stride", "i32"), ("splits", "i32")],
                 {"GATED": gated, "BLOCK_M": DECODE_M, "BLOCK_N": 32, "BLOCK_K": 256},
                 num_stages=DECODE_STAGES))
         if short != "f32":
@@ -162,8 +163,10 @@ def all_specs():
             specs.append(_spec(
                 f"qgemm_{name}_split{suffix}", "qgemm", "qgemm_split",
                 [("x_ptr", "*fp32"), ("up_ptr", "*fp32"), ("w_ptr", "*u8"),
-                 ("part_ptr", "*fp32"), ("m", "i32"), ("n", "i32"), ("k", "i32"),
-                 ("row_bytes", "i32"), ("x_stride", "i32"), ("k_per_split", "i32")],
+                 ("part_ptr", "*fp32"), ("y_ptr", "*fp32"), ("count_ptr", "*i32"),
+                 ("m", "i32"), ("n", "i32"), ("k", "i32"), ("row_bytes", "i32"),
+                 ("x_stride", "i32"), ("k_per_split", "i32"), ("y_stride", "i32"),
+                 ("splits", "i32")],
                 {"FORMAT": fmt, "GATED": gated, "BLOCK_M": DECODE_M, "BLOCK_N": 16,
                  "BLOCK_K": 256},
                 num_stages=DECODE_STAGES))
@@ -248,11 +251,6 @@ def all_specs():
                 {"BLOCK_M": PREFILL_M, "BLOCK_N": PREFILL_N[d], "D_BLOCK": d},
                 num_warps=8 if d == 256 else 4,
                 num_stages={"sm80": 1, "sm90": 1} if short == "f32" else None))
-    specs.append(_spec(
-        "split_sum", "gemm", "split_sum",
-        [("part_ptr", "*fp32"), ("y_ptr", "*fp32"), ("m", "i32"), ("n", "i32"),
-         ("splits", "i32"), ("y_stride", "i32")],
-        {"BLOCK": 1024}))
     for d in HEAD_BLOCKS:
         specs.append(_spec(
             f"attention_combine_d{d}", "attention", "attention_combine",

@@ -58,17 +58,47 @@ def gated_left(x_ptr, up_ptr, rm, kk, mask, x_stride, GATED: tl.constexpr):
 
 
 @triton.jit
-def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
-               GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+def finish_split(acc, part_ptr, y_ptr, count_ptr, rm, rn, m, n, y_stride, splits):
+    """Ends a split-K program with its ``[BLOCK_M, BLOCK_N]`` tile ``acc``. With one range,
+    ``acc`` is the product: stored to ``y`` (row stride ``y_stride``). With more, ``acc`` goes
+    to ``part[z, m, n]`` (f32) and the last range of the tile to arrive, counted by an atomic
+    per output tile in ``count`` (``[cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)]`` i32, zero before
+    the launch), adds the partials in ``z`` order, stores the sum to ``y`` and sets the count
+    back to zero for the next launch. Which range arrives last does not change the sum: the
+    result is deterministic, and the same bits as a separate sum kernel's."""
+    mask = (rm[:, None] < m) & (rn[None, :] < n)
+    if splits == 1:
+        tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc, mask=mask)
+    else:
+        at = rm[:, None] * n + rn[None, :]
+        tl.store(part_ptr + tl.program_id(2).to(tl.int64) * m * n + at, acc, mask=mask)
+        # Every warp's stores before the count moves; the atomic's release publishes them
+        # (cumulatively, after the barrier) and its acquire, in the last program, orders them
+        # before that program's reads, which go to L2 (.cg: the L1 caches are not coherent).
+        tl.debug_barrier()
+        tile = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        arrived = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            total = tl.zeros_like(acc)
+            for z in range(0, splits):
+                total += tl.load(part_ptr + (z * m).to(tl.int64) * n + at, mask=mask,
+                                 other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], total, mask=mask)
+            tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, y_ptr, count_ptr, m, n, k, x_stride,
+               k_per_split, y_stride, splits, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Split-K product for few rows: grid ``(cdiv(m, BLOCK_M), cdiv(n, BLOCK_N), splits)``;
     program ``(i, j, z)`` multiplies the columns ``z * k_per_split ..`` (``k_per_split`` of
-    them, the last range cut at ``k``) and writes its ``[BLOCK_M, BLOCK_N]`` partial to
-    ``part[z, m, n]`` (f32; with one range that is the product itself). ``split_sum`` adds
-    the partials in ``z`` order, so the result is deterministic. The tile arithmetic is
-    ``gemm``'s. ``GATED`` 1 (SiLU) or 2 (GELU, tanh form) makes the left operand
-    ``act(x) * up`` (``up`` at ``x``'s stride), ``gated_act``'s arithmetic in registers: the
-    MLP's down product without the gated rows written and read back."""
+    them, the last range cut at ``k``), and ``finish_split`` stores the tile (one range) or
+    its partial, the last range of the tile adding them in ``z`` order into ``y``: one launch,
+    deterministic. The tile arithmetic is ``gemm``'s. ``GATED`` 1 (SiLU) or 2 (GELU, tanh
+    form) makes the left operand ``act(x) * up`` (``up`` at ``x``'s stride), ``gated_act``'s
+    arithmetic in registers: the MLP's down product without the gated rows written and read
+    back."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -88,17 +118,4 @@ def gemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, x_stride, k_per_split,
             acc += tl.dot(a, b, input_precision="ieee")
         else:
             acc += tl.dot(a.to(w_ptr.dtype.element_ty), b)
-    base = part_ptr + z.to(tl.int64) * m * n
-    tl.store(base + rm[:, None] * n + rn[None, :], acc, mask=(rm[:, None] < m) & (rn[None, :] < n))
-
-
-@triton.jit
-def split_sum(part_ptr, y_ptr, m, n, splits, y_stride, BLOCK: tl.constexpr):
-    """Grid ``(m, cdiv(n, BLOCK))``: ``y[r] = sum over z, in order, of part[z, r]``."""
-    r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = c < n
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for z in range(0, splits):
-        acc += tl.load(part_ptr + (z * m + r) * n + c, mask=mask, other=0.0)
-    tl.store(y_ptr + r * y_stride + c, acc, mask=mask)
+    finish_split(acc, part_ptr, y_ptr, count_ptr, rm, rn, m, n, y_stride, splits)

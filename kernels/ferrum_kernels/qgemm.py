@@ -21,7 +21,7 @@ decodes whole rows instead (a quantized embedding table), grid
 import triton
 import triton.language as tl
 
-from .gemm import gated_left
+from .gemm import finish_split, gated_left
 
 
 @triton.jit
@@ -128,15 +128,16 @@ def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
 
 
 @triton.jit
-def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, row_bytes, x_stride, k_per_split,
-                FORMAT: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``gemm_split`` (grid, ranges, partials, ``GATED``) for a block-format weight, with
-    ``qgemm``'s tile arithmetic: program ``(i, j, z)`` multiplies the columns
-    ``z * k_per_split ..`` and writes its partial to ``part[z, m, n]``. ``k_per_split`` is a
-    multiple of the format's block, so a range decodes whole blocks (indices past the range are
-    clamped and their values zeroed, as ``qgemm`` does past ``k``); with one range the result
-    is ``qgemm``'s at the same tiles, bit for bit."""
+def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, y_ptr, count_ptr, m, n, k, row_bytes,
+                x_stride, k_per_split, y_stride, splits, FORMAT: tl.constexpr,
+                GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """``gemm_split`` (grid, ranges, the sum folded into the last range, ``GATED``) for a
+    block-format weight, with ``qgemm``'s tile arithmetic: program ``(i, j, z)`` multiplies
+    the columns ``z * k_per_split ..``. ``k_per_split`` is a multiple of the format's block,
+    so a range decodes whole blocks (indices past the range are clamped and their values
+    zeroed, as ``qgemm`` does past ``k``); with one range the result is ``qgemm``'s at the
+    same tiles, bit for bit."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     z = tl.program_id(2)
@@ -154,8 +155,7 @@ def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, m, n, k, row_bytes, x_stride, k_
         kc = tl.where(kk < k_hi, kk, 0)[:, None]
         b = tl.where(kk[:, None] < k_hi, _decode(rows, kc, FORMAT), 0.0)
         acc += tl.dot(a, b, input_precision="tf32")
-    base = part_ptr + z.to(tl.int64) * m * n
-    tl.store(base + rm[:, None] * n + rn[None, :], acc, mask=(rm[:, None] < m) & (rn[None, :] < n))
+    finish_split(acc, part_ptr, y_ptr, count_ptr, rm, rn, m, n, y_stride, splits)
 
 
 @triton.jit

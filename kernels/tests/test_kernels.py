@@ -277,10 +277,29 @@ class Kernels(unittest.TestCase):
                 np.testing.assert_array_equal(caches[1][0], caches[0][0], what)
                 np.testing.assert_array_equal(caches[1][1], caches[0][1], what)
 
+    def split(self, kernel, grid, args, m, n, splits):
+        """One split-K launch (``args``: the operands before ``part``, then the sizes between
+        ``k`` and ``k_per_split`` inclusive): partials, ``y`` at row stride ``n + 2`` and
+        zeroed per-tile counts made here. Checks that the counts are back at zero and the two
+        columns past ``n`` untouched; returns ``y[:, :n]``."""
+        r = self.r
+        tiles = grid[0] * grid[1]
+        part, y = self.nan(splits * m * n), self.nan(m, n + 2)
+        count = r.dev(np.zeros(tiles, np.int32), "i32")
+        ops, sizes = args
+        r.launch(kernel, grid, ops + [r.ptr(part), r.ptr(y), r.ptr(count)] + sizes
+                 + [n + 2, splits])
+        np.testing.assert_array_equal(r.host(count), np.zeros(tiles, np.int32),
+                                      f"{kernel}: the tile counts go back to zero")
+        got = r.host(y)
+        self.assertTrue(np.isnan(got[:, n:]).all(), f"{kernel}: wrote past its row")
+        return got[:, :n]
+
     def test_gemm_split_k(self):
         """Split-K decode products: ranges of k_per_split columns (some not a multiple of the
-        tile, the last cut short), partials summed in order; one range equals the unsplit
-        decode product bit for bit."""
+        tile, the last cut short), the partials added in order by each tile's last range into
+        y at its row stride, one launch; one range equals the unsplit decode product bit for
+        bit."""
         r = self.r
         for short, ty in FLOATS.items():
             name = f"gemm_{short}_split"
@@ -291,15 +310,13 @@ class Kernels(unittest.TestCase):
                 xs = k + 3
                 x, w, b = self.rand(m, xs), self.rand(n, k), self.rand(n)
                 dx, dw = r.dev(x), r.dev(w, ty)
-                part = self.nan(splits * m * n)
-                r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
-                         [r.ptr(dx), r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k, xs, kps])
+                grid = (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits)
+                sizes = [m, n, k, xs, kps]
+                got = self.split(name, grid, ([r.ptr(dx), r.ptr(dx), r.ptr(dw)], sizes), m, n,
+                                 splits)
                 want = (round_to(x[:, :k], short).astype(np.float64)
                         @ round_to(w, short).astype(np.float64).T)
-                y = self.nan(m, n + 2)
-                r.launch("split_sum", (m, cdiv(n, SPECS["split_sum"]["constexprs"]["BLOCK"])),
-                         [r.ptr(part), r.ptr(y), m, n, splits, n + 2])
-                assert_close(self, f"{name} {m}x{n}x{k} by {kps}", r.host(y)[:, :n], want, TOL)
+                assert_close(self, f"{name} {m}x{n}x{k} by {kps}", got, want, TOL)
                 # The gated forms: act(x) * up as the left operand, equal to gated_act's rows
                 # multiplied by the plain form.
                 up = self.rand(m, xs)
@@ -308,20 +325,17 @@ class Kernels(unittest.TestCase):
                     gated = self.nan(m, xs)
                     r.launch(f"gated_{'silu' if act == 0 else 'gelu_tanh'}", (m, cdiv(xs, 1024)),
                              [r.ptr(dx), r.ptr(dup), r.ptr(gated), xs, xs, xs, xs])
-                    want_g = self.nan(splits * m * n)
-                    r.launch(name, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
-                             [r.ptr(gated), r.ptr(gated), r.ptr(dw), r.ptr(want_g), m, n, k, xs,
-                              kps])
-                    got_g = self.nan(splits * m * n)
-                    r.launch(name + suffix, (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits),
-                             [r.ptr(dx), r.ptr(dup), r.ptr(dw), r.ptr(got_g), m, n, k, xs, kps])
-                    np.testing.assert_array_equal(r.host(got_g), r.host(want_g), name + suffix)
+                    want_g = self.split(name, grid, ([r.ptr(gated), r.ptr(gated), r.ptr(dw)],
+                                                     sizes), m, n, splits)
+                    got_g = self.split(name + suffix, grid, ([r.ptr(dx), r.ptr(dup), r.ptr(dw)],
+                                                             sizes), m, n, splits)
+                    np.testing.assert_array_equal(got_g, want_g, name + suffix)
                 if splits == 1:
                     y1 = self.nan(m, n)
                     d = SPECS[f"gemm_{short}_decode"]["constexprs"]
                     r.launch(f"gemm_{short}_decode", (cdiv(m, d["BLOCK_M"]), cdiv(n, d["BLOCK_N"])),
                              [r.ptr(dx), r.ptr(dw), r.ptr(r.dev(b)), r.ptr(y1), m, n, k, xs, n])
-                    np.testing.assert_array_equal(r.host(part).reshape(m, n), r.host(y1))
+                    np.testing.assert_array_equal(got, r.host(y1))
 
     def test_qgemm_every_block_format(self):
         """Raw blocks of every format (tests/fixtures/quant, written by llama.cpp and gguf-py)
@@ -356,9 +370,9 @@ class Kernels(unittest.TestCase):
 
     def test_qgemm_split_k(self):
         """Split-K decode products of every block format: ranges of whole blocks (whole
-        256-column tiles or not), partials summed in order, against the gguf-py dequantization; one range equals the
-        unsplit decode product bit for bit, and the gated forms equal gated_act then the plain
-        form."""
+        256-column tiles or not), the partials added in order by each tile's last range,
+        against the gguf-py dequantization; one range equals the unsplit decode product bit
+        for bit, and the gated forms equal gated_act then the plain form."""
         r = self.r
         blocks = read_safetensors(os.path.join(QUANT_DIR, "blocks.safetensors"))
         for fmt in QUANTS:
@@ -377,31 +391,26 @@ class Kernels(unittest.TestCase):
                 x, up = self.rand(m, xs), self.rand(m, xs)
                 dx, dup = r.dev(x), r.dev(up)
                 grid = (cdiv(m, c["BLOCK_M"]), cdiv(n, c["BLOCK_N"]), splits)
-                part = self.nan(splits * m * n)
-                r.launch(name, grid, [r.ptr(dx), r.ptr(dx), r.ptr(dw), r.ptr(part), m, n, k,
-                                      raw.shape[1], xs, kps])
-                y = self.nan(m, n)
-                r.launch("split_sum", (m, cdiv(n, SPECS["split_sum"]["constexprs"]["BLOCK"])),
-                         [r.ptr(part), r.ptr(y), m, n, splits, n])
+                sizes = [m, n, k, raw.shape[1], xs, kps]
+                y = self.split(name, grid, ([r.ptr(dx), r.ptr(dx), r.ptr(dw)], sizes), m, n,
+                               splits)
                 want = x[:, :k].astype(np.float64) @ deq.astype(np.float64).T
-                assert_close(self, f"{name} m={m} by {kps}", r.host(y), want, QTOL)
+                assert_close(self, f"{name} m={m} by {kps}", y, want, QTOL)
                 for act, suffix in ((0, "_silu"), (1, "_gelu")):
                     gated = self.nan(m, xs)
                     r.launch(f"gated_{'silu' if act == 0 else 'gelu_tanh'}", (m, cdiv(xs, 1024)),
                              [r.ptr(dx), r.ptr(dup), r.ptr(gated), xs, xs, xs, xs])
-                    want_g = self.nan(splits * m * n)
-                    r.launch(name, grid, [r.ptr(gated), r.ptr(gated), r.ptr(dw), r.ptr(want_g),
-                                          m, n, k, raw.shape[1], xs, kps])
-                    got_g = self.nan(splits * m * n)
-                    r.launch(name + suffix, grid, [r.ptr(dx), r.ptr(dup), r.ptr(dw),
-                                                   r.ptr(got_g), m, n, k, raw.shape[1], xs, kps])
-                    np.testing.assert_array_equal(r.host(got_g), r.host(want_g), name + suffix)
+                    want_g = self.split(name, grid, ([r.ptr(gated), r.ptr(gated), r.ptr(dw)],
+                                                     sizes), m, n, splits)
+                    got_g = self.split(name + suffix, grid, ([r.ptr(dx), r.ptr(dup), r.ptr(dw)],
+                                                             sizes), m, n, splits)
+                    np.testing.assert_array_equal(got_g, want_g, name + suffix)
                 if splits == 1:
                     d = SPECS[f"qgemm_{fmt}_decode"]["constexprs"]
                     y1 = self.nan(m, n)
                     r.launch(f"qgemm_{fmt}_decode", (cdiv(m, d["BLOCK_M"]), cdiv(n, d["BLOCK_N"])),
                              [r.ptr(dx), r.ptr(dw), r.ptr(y1), m, n, k, raw.shape[1], xs, n])
-                    np.testing.assert_array_equal(r.host(part).reshape(m, n), r.host(y1))
+                    np.testing.assert_array_equal(y, r.host(y1))
 
     def attention_case(self, short, d_block, hd, group, block_size, window, softcap,
                        fine_splits=False):

@@ -142,6 +142,19 @@ impl Grown {
         }
     }
 
+    /// [`Grown::ensure`], zero-filled whenever it is (re)allocated: the split-K products'
+    /// per-tile counts, which every launch leaves at zero for the next.
+    fn ensure_zeroed(&mut self, gpu: &SharedGpu, bytes: usize) -> Result<DevicePtr> {
+        let fits = matches!(&self.buf, Some(b) if b.len() >= bytes);
+        let ptr = self.ensure(gpu, bytes)?;
+        if !fits {
+            let len = self.buf.as_ref().map_or(0, DeviceBuffer::len);
+            let zero = |e| ModelError::Invalid(format!("zeroing the split-K counts: {e}"));
+            gpu.lock().write(ptr, &vec![0u8; len]).map_err(zero)?;
+        }
+        Ok(ptr)
+    }
+
     fn ptr(&self) -> Result<DevicePtr> {
         self.buf
             .as_ref()
@@ -253,6 +266,9 @@ pub struct CudaBackend {
     /// Split-K decode products, and their partial results.
     decode_split: DecodeSplit,
     gemm_part: Grown,
+    /// Per output tile of a split-K product, the ranges done so far (i32, zero between
+    /// launches): the last range adds the partials.
+    split_counts: Grown,
     /// The batch's tokens before padding.
     num_real_tokens: usize,
     /// Deferred results and the inputs that refer to the previous step's tokens.
@@ -387,6 +403,7 @@ impl CudaBackend {
             attn_part: Grown::default(),
             decode_split: DECODE_SPLIT,
             gemm_part: Grown::default(),
+            split_counts: Grown::default(),
             num_real_tokens: 0,
             overlap: overlap::Overlap::default(),
         }
@@ -424,6 +441,7 @@ impl CudaBackend {
                 &self.indices,
                 &self.attn_part,
                 &self.gemm_part,
+                &self.split_counts,
             ])
             .map(|g| g.buf.as_ref().map_or(DevicePtr::NULL, DeviceBuffer::ptr));
         let ropes = self.inv_freq.iter().flat_map(|u| {
@@ -615,12 +633,12 @@ impl CudaBackend {
         })
     }
 
-    /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns: partials, then their
-    /// sum in range order (one range whose output rows are contiguous writes `y` itself).
-    /// With `gated`, the left operand is `act(x) * up` (the MLP's down product, from `Gate`
-    /// and `Up`, `up` at `x`'s stride). Float and block-format weights alike; a block
-    /// format's ranges are whole blocks ([`Self::split_columns`]). `x` and `y` are pointers
-    /// with their row strides (elements).
+    /// `y[m, w.rows] = x[m, w.cols] @ w^T` in ranges of `per` columns, one launch: each
+    /// range's partial, added in range order into `y` by the last range of its output tile
+    /// to finish (one range writes `y` itself). With `gated`, the left operand is
+    /// `act(x) * up` (the MLP's down product, from `Gate` and `Up`, `up` at `x`'s stride).
+    /// Float and block-format weights alike; a block format's ranges are whole blocks
+    /// ([`Self::split_columns`]). `x` and `y` are pointers with their row strides (elements).
     fn gemm_split(
         &mut self,
         ((x, x_stride), (y, y_stride)): ((DevicePtr, usize), (DevicePtr, usize)),
@@ -631,43 +649,40 @@ impl CudaBackend {
     ) -> Result<()> {
         let (n, k) = (w.rows, w.cols);
         let splits = k.div_ceil(per.max(1));
-        // The kernel writes its partials `[m, n]` contiguous: straight into `y` only when
-        // y's rows are too.
-        let direct = splits == 1 && (y_stride == n || m == 1);
-        let part = if direct {
-            y
-        } else {
-            self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?
-        };
         let (up, suffix) = match gated {
             None => (x, ""),
             Some((up, GatedAct::Silu)) => (up, "_silu"),
             Some((up, GatedAct::GeluTanh)) => (up, "_gelu"),
         };
         let name = format!("{}{suffix}", Self::split_name(w)?);
+        let grid = [
+            cdiv(m, self.block(&name, "BLOCK_M")?),
+            cdiv(n, self.block(&name, "BLOCK_N")?),
+            splits as u32,
+        ];
+        // One range writes `y` and reads neither buffer: `y` stands in for both.
+        let (part, counts) = if splits == 1 {
+            (y, y)
+        } else {
+            let tiles = grid[0] as usize * grid[1] as usize;
+            (
+                self.gemm_part.ensure(&self.gpu, 4 * splits * m * n)?,
+                self.split_counts.ensure_zeroed(&self.gpu, 4 * tiles)?,
+            )
+        };
         let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
         let kk = i32_arg(k, "weight columns")?;
-        let mut args = vec![p(x), p(up), p(w.buf.ptr()), p(part), mm, nn, kk];
+        let mut args = vec![p(x), p(up), p(w.buf.ptr()), p(part), p(y), p(counts), mm, nn, kk];
         if let Form::Blocks(_) = form(w.dtype)? {
             args.push(i32_arg(w.row_bytes, "row bytes")?);
         }
         args.extend([
             i32_arg(x_stride, "row stride")?,
             i32_arg(per, "columns per range")?,
+            i32_arg(y_stride, "row stride")?,
+            i32_arg(splits, "ranges")?,
         ]);
-        let grid = [
-            cdiv(m, self.block(&name, "BLOCK_M")?),
-            cdiv(n, self.block(&name, "BLOCK_N")?),
-            splits as u32,
-        ];
-        self.launch(&name, grid, &args)?;
-        if direct {
-            return Ok(());
-        }
-        let ys = i32_arg(y_stride, "row stride")?;
-        let args = [p(part), p(y), mm, nn, i32_arg(splits, "ranges")?, ys];
-        let grid = [m as u32, cdiv(n, self.block("split_sum", "BLOCK")?), 1];
-        self.launch("split_sum", grid, &args)
+        self.launch(&name, grid, &args)
     }
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T`; `x` and `y` are pointers with their row strides
