@@ -15,6 +15,13 @@ Both go to ``crates/runtime/kernels/``, which the ``ferrum`` binary embeds and c
 ``--check`` compiles into a temporary folder and fails if the manifest or any decompressed blob
 differs from what is committed: CI runs it, so the embedded binaries are always what the sources
 give (the compressed bytes may differ with the compressor's version; their content may not).
+
+A tuning candidate is an overlay: ``--only NAMES --override FILE --out DIR`` compiles only the
+named kernels, with the constexprs, ``num_warps`` and ``num_stages`` of the override file
+(``{name: {"constexprs": {...}, "num_warps": n, "num_stages": {arch: n}}}``), for the
+architectures of ``--arch`` (none: a manifest of specs only, for the interpreted device). The
+engine runs it with ``--kernels DIR``: those kernels from the folder, the rest embedded
+(``kernels/sweep.py`` builds and times such candidates).
 """
 
 import argparse
@@ -70,11 +77,28 @@ def compile_spec(spec, arch, cc, variant="generic"):
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
 
 
+# A tuning candidate's changes to the specs ({name: {"constexprs", "num_warps", "num_stages"}}),
+# set by main before the workers fork.
+OVERRIDES = {}
+
+
+def current_specs():
+    """``specs.all_specs()`` with ``OVERRIDES`` applied."""
+    out = specs.all_specs()
+    for spec in out:
+        o = OVERRIDES.get(spec["name"])
+        if o:
+            spec["constexprs"] = dict(spec["constexprs"], **o.get("constexprs", {}))
+            spec["num_warps"] = o.get("num_warps", spec["num_warps"])
+            spec["num_stages"] = o.get("num_stages", spec["num_stages"])
+    return out
+
+
 def compile_job(job):
     """One (spec, arch, variant) compilation, in a worker: the cubin and the compiler's
     figures."""
     i, arch, cc, variant = job
-    spec = specs.all_specs()[i]
+    spec = current_specs()[i]
     compiled = compile_spec(spec, arch, cc, variant)
     md = compiled.metadata
     figures = {k: getattr(md, k) for k in (
@@ -84,17 +108,20 @@ def compile_job(job):
     return compiled.asm["cubin"], figures
 
 
-def build(out, compress=True):
+def build(out, compress=True, archs=ARCHS, only=None):
+    """Compiles every spec (or those named in ``only``) for ``archs`` into ``out``."""
     os.makedirs(out, exist_ok=True)
-    manifest = {"triton": triton.__version__, "archs": [a for a, _ in ARCHS], "kernels": []}
-    blobs = {arch: bytearray() for arch, _ in ARCHS}
-    all_specs = specs.all_specs()
-    jobs = [(i, arch, cc, v) for i in range(len(all_specs)) for arch, cc in ARCHS
-            for v in VARIANTS]
+    manifest = {"triton": triton.__version__, "archs": [a for a, _ in archs], "kernels": []}
+    if OVERRIDES:
+        manifest["overrides"] = OVERRIDES
+    blobs = {arch: bytearray() for arch, _ in archs}
+    all_specs = current_specs()
+    chosen = [i for i, s in enumerate(all_specs) if only is None or s["name"] in only]
+    jobs = [(i, arch, cc, v) for i in chosen for arch, cc in archs for v in VARIANTS]
     # Each compilation is independent and single-threaded (Triton, then ptxas): one worker per
     # core. The results are laid out in the jobs' order, so the output does not depend on it.
     workers = int(os.environ.get("FERRUM_BUILD_JOBS", os.cpu_count() or 1))
-    if workers > 1:
+    if workers > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             results = pool.map(compile_job, jobs, chunksize=1)
     else:
@@ -111,14 +138,15 @@ def build(out, compress=True):
         return dict(figures, offset=offset, sha256=hashlib.sha256(cubin).hexdigest(),
                     bytes=len(cubin))
 
-    for i, spec in enumerate(all_specs):
+    for i in chosen:
+        spec = all_specs[i]
         entry = {k: spec[k] for k in ("name", "module", "function", "num_warps")}
         entry["params"] = [list(p) for p in spec["params"]]
         entry["constexprs"] = dict(spec["constexprs"])
-        entry["binaries"] = {arch: place(i, arch, "generic") for arch, _ in ARCHS}
+        entry["binaries"] = {arch: place(i, arch, "generic") for arch, _ in archs}
         entry["aligned"] = {
             "hints": specs.aligned_hints(spec),
-            "binaries": {arch: place(i, arch, "aligned") for arch, _ in ARCHS},
+            "binaries": {arch: place(i, arch, "aligned") for arch, _ in archs},
         }
         manifest["kernels"].append(entry)
     manifest["blobs"] = {arch: {"bytes": len(blob)} for arch, blob in blobs.items()}
@@ -167,7 +195,32 @@ def main():
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--check", action="store_true",
                     help="fail if the committed binaries differ from what the sources give")
+    ap.add_argument("--only", help="comma-separated kernel names: an overlay of those only")
+    ap.add_argument("--override", help="JSON file of changes to the named kernels' specs")
+    ap.add_argument("--arch", action="append", choices=[a for a, _ in ARCHS] + ["none"],
+                    help="architectures to compile for (repeatable; none: specs only)")
     a = ap.parse_args()
+    if a.check and (a.only or a.override or a.arch):
+        ap.error("--check compares the whole build: --only, --override and --arch do not apply")
+    if a.override:
+        with open(a.override) as f:
+            OVERRIDES.update(json.load(f))
+        names = {s["name"] for s in specs.all_specs()}
+        unknown = sorted(set(OVERRIDES) - names)
+        if unknown:
+            ap.error(f"--override names no kernel: {', '.join(unknown)}")
+        # Only the constexprs a kernel has can change (a new one would not reach its source).
+        for name, o in OVERRIDES.items():
+            spec = next(s for s in specs.all_specs() if s["name"] == name)
+            extra = sorted(set(o.get("constexprs", {})) - set(spec["constexprs"]))
+            if extra:
+                ap.error(f"--override: {name} has no constexpr {', '.join(extra)}")
+    archs = ARCHS if not a.arch else tuple(x for x in ARCHS if x[0] in a.arch)
+    only = set(a.only.split(",")) if a.only else None
+    if only:
+        unknown = sorted(only - {s["name"] for s in specs.all_specs()})
+        if unknown:
+            ap.error(f"--only names no kernel: {', '.join(unknown)}")
     if a.check:
         with tempfile.TemporaryDirectory() as tmp:
             built = os.path.join(tmp, "kernels")
@@ -179,10 +232,13 @@ def main():
         print("embedded kernels match their sources")
         return
     out = os.path.abspath(a.out)
-    m, blobs = build(out)
+    if (only or OVERRIDES or a.arch) and out == os.path.abspath(DEFAULT_OUT):
+        ap.error("an overlay or a partial build goes to a folder of its own (--out DIR), "
+                 "never over the embedded kernels")
+    m, blobs = build(out, archs=archs, only=only)
     total = sum(len(b) for b in blobs.values())
     packed = sum(os.path.getsize(os.path.join(out, f"{arch}.bin.zst")) for arch in blobs)
-    print(f"{len(m['kernels'])} kernels x {len(ARCHS)} archs x {len(VARIANTS)} variants, "
+    print(f"{len(m['kernels'])} kernels x {len(archs)} archs x {len(VARIANTS)} variants, "
           f"{total} bytes of cubins, "
           f"{packed} compressed")
 

@@ -4,7 +4,18 @@ A specialization fixes a kernel's pointer element types and constexprs. Its ``na
 the Rust side asks for (``crates/runtime/src/cuda/kernels.rs``); ``params`` lists the
 non-constexpr parameters in order with their Triton types, which the compiled ABI follows
 (then Triton's two scratch pointers).
+
+``kernels/tuning.json``, when present, is a tuning sweep's choice (``kernels/sweep.py run``
+writes it as ``RESULTS/tuning.json``, measured through the engine on a GPU): for each family,
+the kernels it names take its constexprs, ``num_warps`` and ``num_stages`` over the defaults
+below. Absent, the defaults ship.
 """
+
+import json
+import os
+
+# The sweep's choices the build takes (see the docstring).
+TUNING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 
 # Float element types of weights and KV caches, by the name used in specialization names.
 FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
@@ -82,8 +93,32 @@ def _spec(name, module, function, params, constexprs, num_warps=4, num_stages=No
     }
 
 
-def all_specs():
-    """The list of specializations, in a stable order."""
+def apply_tuning(specs, path):
+    """``specs`` with the choices of the tuning file at ``path`` applied (none when it does not
+    exist). A choice that names no kernel, or a constexpr its kernel lacks, is an error: a
+    stale file must not be half applied."""
+    if not os.path.exists(path):
+        return specs
+    with open(path) as f:
+        tuning = json.load(f)
+    by_name = {s["name"]: s for s in specs}
+    for family, choice in tuning.get("families", {}).items():
+        o = choice.get("overrides", {})
+        for name in choice["kernels"]:
+            spec = by_name.get(name)
+            if spec is None:
+                raise ValueError(f"{path}: {family} names no kernel {name}")
+            extra = set(o.get("constexprs", {})) - set(spec["constexprs"])
+            if extra:
+                raise ValueError(f"{path}: {name} has no constexpr {', '.join(sorted(extra))}")
+            spec["constexprs"] = dict(spec["constexprs"], **o.get("constexprs", {}))
+            spec["num_warps"] = o.get("num_warps", spec["num_warps"])
+            spec["num_stages"] = o.get("num_stages", spec["num_stages"])
+    return specs
+
+
+def all_specs(tuning=TUNING):
+    """The list of specializations, in a stable order, with ``tuning``'s choices applied."""
     specs = []
     norm_params = [("x_ptr", "*fp32"), ("res_ptr", "*fp32"), ("out_ptr", "*fp32"),
                    ("w_ptr", "*fp32"), ("n_cols", "i32"), ("row_stride", "i32"),
@@ -259,4 +294,4 @@ def all_specs():
              ("window", "i32"), ("split_keys", "i32"), ("max_ranges", "i32"),
              ("max_splits", "i32")],
             {"D_BLOCK": d}, num_warps=1))
-    return specs
+    return apply_tuning(specs, tuning)

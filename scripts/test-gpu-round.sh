@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # The GPU round's script (scripts/gpu/round.sh) end to end on the interpreted device, with the
 # tiny bf16 Llama fixture: every step of benchmarks/gpu/run.sh that does not need torch on a
-# GPU runs with the `ferrum` binary given (FERRUM_BIN, default target/debug/ferrum), and the
-# report is written. Fails when a step fails, when a step's results lack what report.py reads
-# (per-kernel profiles, throughput counters), or when the report lacks a section. So a lent
-# session never spends device time on a bug of the script. Needs the Triton venv
-# (scripts/test-cuda-interpret.sh makes it).
+# GPU runs with the `ferrum` binary given (FERRUM_BIN, default target/debug/ferrum), the
+# report is written, and the tuning sweep builds and times its candidates through the engine
+# (`--kernels`). Fails when a step fails, when a step's results lack what report.py reads
+# (per-kernel profiles, throughput counters), when the report lacks a section, or when the
+# sweep's results lack a family. So a lent session never spends device time on a bug of the
+# script. Needs the Triton venv (scripts/test-cuda-interpret.sh makes it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export FERRUM_BIN="${FERRUM_BIN:-$PWD/target/debug/ferrum}"
 [[ -x "$FERRUM_BIN" ]] || cargo build -p ferrum-cli
 out="target/gpu-round"
 rm -rf "$out"
-FERRUM_GPU_ROUND=interpreted FERRUM_ROUND_BUDGET=300 bash scripts/gpu/round.sh "$out"
-python3 - "$out/bench" <<'PY'
+FERRUM_GPU_ROUND=interpreted FERRUM_ROUND_BUDGET=400 bash scripts/gpu/round.sh "$out"
+python3 - "$out/bench" "$out/sweeps" <<'PY'
 import json, os, sys
-res = sys.argv[1]
+res, sweeps = sys.argv[1], sys.argv[2]
 def rows(name):
     with open(os.path.join(res, name)) as f:
         return [json.loads(l) for l in f if l.startswith("{")]
@@ -42,9 +43,14 @@ for section in ("## Decode, Llama-3.1-8B-shaped", "## Decode, Llama-3.2-1B-shape
 skipped = open(os.path.join(res, "skipped.txt")).read().split()
 if sorted(skipped) != sorted(["ceilings", "hf-8b", "hf-1b"]):
     problems.append(f"skipped steps {skipped}: only the torch steps may be")
+tuning = json.load(open(os.path.join(sweeps, "tuning.json")))["families"]
+for family in ("decode_products", "decode_attention"):
+    f = tuning.get(family)
+    if not f or f["candidates_run"] != 2 or not f["baseline_ms"]:
+        problems.append(f"sweep: {family}: {f}")
 for p in problems:
     print("FAILED:", p)
 if problems:
     sys.exit(1)
-print(f"ok - the GPU round's steps and report on the interpreted device ({res})")
+print(f"ok - the GPU round's steps, report and sweep on the interpreted device ({res})")
 PY

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a GPU round: builds the release `ferrum`, the GPU test binaries (cuda_kernels,
 # cuda_variants, cuda_fixtures) and `ferrum-testdata` (it unpacks the packed fixtures where there is no cargo),
-# compresses them into .gpu-pack/bins.tar.xz (ignored by git; carried by the call), and prints
+# compresses them into .gpu-pack/bins.tar.xz (ignored by git; carried by the call), compiles
+# the tuning sweep's candidates into .gpu-pack/sweeps (kernels/sweep.py build), and prints
 # what the call will send: the working tree (tracked files and untracked ones git does not
 # ignore, the folder shared/ if the checkout has one) plus the carried pack. Refuses above
 # 60 MiB (the device tool's limit is 64 MiB). On the GPU machine, scripts/test-gpu.sh and
@@ -75,6 +76,18 @@ raw=$(du -cb "$pack"/bin/* | tail -1 | cut -f1)
 strip --strip-debug "$pack"/bin/*
 tar -C "$pack" -cf - bin | xz -T0 -9 > "$pack/bins.tar.xz"
 rm -rf "$pack/bin"
+if [[ $dry -eq 0 ]]; then
+  # The round's tuning candidates, compiled here with the pinned Triton (the GPU machine's
+  # may differ) for sm_90, as overlays of the swept kernels only (about 1 MiB in all).
+  echo "== the sweep's candidates (kernels/sweep.py build)"
+  venv=target/triton-venv
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "pack: the sweep needs the pinned Triton: run scripts/test-cuda-interpret.sh first" >&2
+    exit 1
+  fi
+  TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/sweep.py build \
+    --out "$pack/sweeps" --arch sm90 >/dev/null
+fi
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-pack' || echo ' (with uncommitted changes)')"
   echo "profile $profile"
@@ -104,5 +117,5 @@ if ((total > limit)); then
   exit 1
 fi
 if [[ $dry -eq 0 ]]; then
-  echo "pack: ready. One call: run(carry=[\"$pack\"], command=\"bash scripts/test-gpu.sh ...\")"
+  echo "pack: ready. One call: run(carry=[\"$pack\"], command=\"bash scripts/gpu/round.sh \$OUT\")"
 fi

@@ -65,6 +65,10 @@ pub struct ModelArgs {
     /// instead of scheduling and enqueueing it while the previous one runs.
     #[arg(long)]
     pub no_overlap: bool,
+    /// On a GPU, the kernels of a folder `kernels/build.py --only NAMES --out DIR` wrote (a
+    /// tuning sweep's candidate) in place of the embedded ones of the same names.
+    #[arg(long, value_name = "DIR")]
+    pub kernels: Option<std::path::PathBuf>,
     /// Ranks that split every layer (by attention heads and MLP rows), inside one node. A
     /// parallel run is launched with `mpirun -n T*P` and needs a build with `--features mpi`.
     #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
@@ -297,6 +301,7 @@ pub fn load_parts(
         pool: None,
         output_vocab: None,
         cuda_graphs: cuda_graphs(args),
+        kernels: args.kernels.clone(),
     };
     let model = if parallel {
         // Any rank but 0 serves rank 0's steps inside and never returns.
@@ -562,6 +567,7 @@ pub fn start_engine(
             kv_cache_dtype: model_args.kv_cache_dtype.fixed(),
             output_vocab: spec.speculative_draft_vocab,
             cuda_graphs: cuda_graphs(model_args),
+            kernels: model_args.kernels.clone(),
         },
     )
     .with_context(|| format!("loading the draft model {}", path.display()))?;

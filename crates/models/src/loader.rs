@@ -6,10 +6,10 @@ use crate::parallel::{Comms, Layout, Placement, Shard};
 use crate::source::WeightSource;
 use crate::{FamilyModel, KvCache, ModelConfig, ModelError, Result};
 use ferrum_runtime::cpu::{KvDtype, Linear, MatmulPrecision};
-use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
+use ferrum_runtime::cuda::{Gpu, InterpreterConfig, Manifest, SharedGpu};
 use ferrum_runtime::{Device, ThreadPool};
 use ferrum_types::ForwardBatch;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// How to load a model.
@@ -33,6 +33,29 @@ pub struct LoadOptions {
     pub output_vocab: Option<usize>,
     /// Whether a GPU model replays decode steps as CUDA graphs (see [`CudaGraphs`]).
     pub cuda_graphs: CudaGraphs,
+    /// A GPU model's kernels of this folder (`kernels/build.py --only NAMES --out DIR`: a
+    /// tuning sweep's candidate, [`Manifest::from_dir`]) in place of the embedded ones of the
+    /// same names; an error on the CPU.
+    pub kernels: Option<PathBuf>,
+}
+
+/// The kernels `opts` puts in place of embedded ones, if any.
+fn kernels(opts: &LoadOptions) -> Result<Option<Manifest>> {
+    Ok(match &opts.kernels {
+        Some(dir) => Some(Manifest::from_dir(dir)?),
+        None => None,
+    })
+}
+
+/// Refuses a kernels folder for a model on the CPU: it would be silently unused.
+fn no_kernels_on_cpu(opts: &LoadOptions) -> Result<()> {
+    match &opts.kernels {
+        Some(dir) => Err(ModelError::Invalid(format!(
+            "GPU kernels from {} were asked for a model on the CPU",
+            dir.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Decode steps on a GPU as CUDA graphs, or as plain launches.
@@ -430,8 +453,10 @@ fn compute_pool(path: &Path, opts: &LoadOptions) -> Result<Arc<ThreadPool>> {
 pub fn load_model_on(path: &Path, opts: &LoadOptions, device: Device) -> Result<Model> {
     let gpu = match device {
         Device::Cpu => return load_model(path, opts),
-        Device::Cuda(n) => Gpu::cuda(n)?,
-        Device::Interpreted => Gpu::interpreted(&InterpreterConfig::from_env())?,
+        Device::Cuda(n) => Gpu::cuda_with(n, kernels(opts)?)?,
+        Device::Interpreted => {
+            Gpu::interpreted_with(&InterpreterConfig::from_env(), kernels(opts)?)?
+        }
     };
     if opts.pool.is_some() || opts.num_threads.is_some() {
         return Err(ModelError::Invalid(format!(
@@ -472,6 +497,7 @@ pub fn load_model_on_gpu(
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
+    no_kernels_on_cpu(opts)?;
     let src = WeightSource::open(path)?;
     let mut config = load_config(&src)?;
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
@@ -518,6 +544,7 @@ pub fn load_model_sharded(
     let vocab = config.vocab_size;
     let device = match device {
         Device::Cpu => {
+            no_kernels_on_cpu(opts)?;
             let pool = compute_pool(path, opts)?;
             let backend = CpuBackend::new(pool, Linear::new(opts.precision));
             OnDevice::Cpu(FamilyModel::load_placed(config, &src, backend, place)?)
@@ -530,8 +557,8 @@ pub fn load_model_sharded(
                 )));
             }
             let gpu = match device {
-                Device::Cuda(n) => Gpu::cuda(n)?,
-                _ => Gpu::interpreted(&InterpreterConfig::from_env())?,
+                Device::Cuda(n) => Gpu::cuda_with(n, kernels(opts)?)?,
+                _ => Gpu::interpreted_with(&InterpreterConfig::from_env(), kernels(opts)?)?,
             };
             let backend = CudaBackend::new(SharedGpu::new(gpu), opts.cuda_graphs);
             OnDevice::Gpu(FamilyModel::load_placed(config, &src, backend, place)?)

@@ -324,3 +324,20 @@ fn a_huge_layer_count_is_refused_before_allocating() {
         "{msg}"
     );
 }
+
+/// GPU kernels from a folder (`--kernels`) for a model on the CPU would go unused: refused,
+/// named, before anything loads.
+#[test]
+fn gpu_kernels_for_a_cpu_model_are_refused() {
+    let opts = LoadOptions {
+        kernels: Some("/tmp/some-candidate".into()),
+        ..LoadOptions::default()
+    };
+    let err = load_model(&fixtures().join("tiny-llama"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/tmp/some-candidate") && err.contains("on the CPU"),
+        "{err}"
+    );
+}

@@ -207,6 +207,79 @@ fn weights_of_mixed_types_stack_by_runs() {
     check_on(devices(), &src, &dir, 1e-2, 4);
 }
 
+/// A tuning candidate through the engine (`--kernels DIR`, `LoadOptions::kernels`): an overlay
+/// of the bf16 decode products with other tiles (BLOCK_N 64, 8 warps), specs only as
+/// `kernels/build.py --arch none` writes it for the interpreted device, runs in place of the
+/// embedded ones (the backend's grids follow its constexprs) and gives the reference's logits.
+/// An overlay kernel that is not this build's, or that takes other parameters, is refused at
+/// load, named.
+#[test]
+fn an_overlay_of_candidate_kernels_runs_through_the_engine() {
+    use ferrum_runtime::cuda::Manifest;
+    use serde_json::{json, Value};
+    let config = InterpreterConfig::from_env();
+    if !config.is_available() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: the Triton venv is missing"
+        );
+        eprintln!("skipped: run scripts/test-cuda-interpret.sh");
+        return;
+    }
+    let embedded = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/kernels/manifest.json");
+    let embedded: Value =
+        serde_json::from_str(&std::fs::read_to_string(embedded).unwrap()).unwrap();
+    let overlay = |edit: &dyn Fn(&mut Value)| -> std::path::PathBuf {
+        let mut kernels: Vec<Value> = embedded["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["name"].as_str().unwrap().starts_with("gemm_bf16_"))
+            .filter(|k| !k["name"].as_str().unwrap().contains("large"))
+            .cloned()
+            .collect();
+        for k in &mut kernels {
+            k["constexprs"]["BLOCK_N"] = json!(64);
+            k["num_warps"] = json!(8);
+            k["binaries"] = json!({});
+            k["aligned"]["binaries"] = json!({});
+            edit(k);
+        }
+        let dir = scratch("cuda-overlay");
+        let m = json!({"triton": embedded["triton"], "archs": [], "blobs": {}, "kernels": kernels});
+        std::fs::write(dir.join("manifest.json"), m.to_string()).unwrap();
+        dir
+    };
+    let dir = overlay(&|_| {});
+    let gpu = Gpu::interpreted_with(&config, Some(Manifest::from_dir(&dir).unwrap())).unwrap();
+    assert_eq!(gpu.constexpr("gemm_bf16_decode", "BLOCK_N").unwrap(), 64);
+    assert_eq!(gpu.constexpr("gemm_bf16_large", "BLOCK_N").unwrap(), 128);
+    let fixture = fixtures().join("tiny-llama-bf16");
+    check_on(vec![SharedGpu::new(gpu)], &fixture, &fixture, 1.5e-2, 4);
+    // Refused: a kernel this build does not have, and one with other parameters.
+    let dir = overlay(&|k| {
+        if k["name"] == "gemm_bf16_decode" {
+            k["name"] = json!("gemm_bf16_decode_v2");
+        }
+    });
+    let err = Gpu::interpreted_with(&config, Some(Manifest::from_dir(&dir).unwrap())).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("gemm_bf16_decode_v2 is not one of"),
+        "{err}"
+    );
+    // `m` as a u32 where the launches pass an i32.
+    let dir = overlay(&|k| {
+        for p in k["params"].as_array_mut().unwrap() {
+            if p[0] == "m" {
+                p[1] = json!("u32");
+            }
+        }
+    });
+    let err = Gpu::interpreted_with(&config, Some(Manifest::from_dir(&dir).unwrap())).unwrap_err();
+    assert!(err.to_string().contains("takes other parameters"), "{err}");
+}
+
 fn fixture(name: &str, tol: f32) {
     let dir = fixtures().join(name);
     check(&dir, &dir, tol);

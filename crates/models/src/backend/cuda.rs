@@ -672,7 +672,17 @@ impl CudaBackend {
         };
         let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
         let kk = i32_arg(k, "weight columns")?;
-        let mut args = vec![p(x), p(up), p(w.buf.ptr()), p(part), p(y), p(counts), mm, nn, kk];
+        let mut args = vec![
+            p(x),
+            p(up),
+            p(w.buf.ptr()),
+            p(part),
+            p(y),
+            p(counts),
+            mm,
+            nn,
+            kk,
+        ];
         if let Form::Blocks(_) = form(w.dtype)? {
             args.push(i32_arg(w.row_bytes, "row bytes")?);
         }

@@ -57,6 +57,7 @@ pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> 
             kv_cache_dtype: kv,
             pool: None,
             cuda_graphs: Default::default(),
+            kernels: None,
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -227,25 +227,72 @@ impl Gpu {
     /// CUDA device `ordinal`: probes for the driver library and the device, then loads the
     /// kernels for its architecture. Each missing piece is an error that names it.
     pub fn cuda(ordinal: usize) -> Result<Gpu> {
-        Gpu::with_driver(Box::new(CudaDriver::new(ordinal)?))
+        Gpu::cuda_with(ordinal, None)
+    }
+
+    /// [`Gpu::cuda`], the kernels of `overlay` ([`Manifest::from_dir`]: a tuning sweep's
+    /// candidate) replacing the embedded ones of the same names.
+    pub fn cuda_with(ordinal: usize, overlay: Option<Manifest>) -> Result<Gpu> {
+        Gpu::with_driver(Box::new(CudaDriver::new(ordinal)?), overlay)
     }
 
     /// The interpreted device: a worker process running the Triton interpreter.
     pub fn interpreted(config: &InterpreterConfig) -> Result<Gpu> {
-        Gpu::with_driver(Box::new(InterpretedDriver::start(config)?))
+        Gpu::interpreted_with(config, None)
     }
 
-    fn with_driver(mut driver: Box<dyn Driver>) -> Result<Gpu> {
+    /// [`Gpu::interpreted`] with the kernels of `overlay` replacing the embedded ones of the
+    /// same names: the interpreter runs their sources with the overlay's constexprs.
+    pub fn interpreted_with(config: &InterpreterConfig, overlay: Option<Manifest>) -> Result<Gpu> {
+        Gpu::with_driver(Box::new(InterpretedDriver::start(config)?), overlay)
+    }
+
+    /// Loads every embedded kernel, or the overlay's of that name: an overlay kernel must be
+    /// an embedded one with the same parameters (the launches are written for those).
+    fn with_driver(mut driver: Box<dyn Driver>, overlay: Option<Manifest>) -> Result<Gpu> {
         let manifest = Manifest::embedded()?;
+        if let Some(o) = &overlay {
+            for k in &o.kernels {
+                match manifest.kernel(&k.name) {
+                    None => {
+                        return Err(RuntimeError::Kernels(format!(
+                            "{}: kernel {} is not one of this build's",
+                            o.source(),
+                            k.name
+                        )))
+                    }
+                    Some(base) if base.params != k.params => {
+                        return Err(RuntimeError::Kernels(format!(
+                            "{}: kernel {} takes other parameters than this build's",
+                            o.source(),
+                            k.name
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         let start = Instant::now();
         let arch = driver.arch().map(str::to_owned);
         // The architecture's cubins, decompressed once; the driver copies what it loads.
         let blob = arch.as_deref().map(|a| manifest.blob(a)).transpose()?;
+        let overlay_blob = match (&overlay, arch.as_deref()) {
+            (Some(o), Some(a)) => Some(o.blob(a)?),
+            _ => None,
+        };
         let mut kernels = Vec::with_capacity(manifest.kernels.len());
-        for spec in &manifest.kernels {
+        for base in &manifest.kernels {
+            // The overlay's spec and blob for this kernel, else the embedded ones.
+            let (source, spec, blob) = match overlay
+                .as_ref()
+                .and_then(|o| o.kernel(&base.name).map(|k| (o, k)))
+            {
+                Some((o, k)) => (o, k, &overlay_blob),
+                None => (&manifest, base, &blob),
+            };
             let mut load = |variant: Variant| -> Result<LoadedBinary> {
-                let image = match (&arch, &blob) {
-                    (Some(arch), Some(blob)) => Some(manifest.cubin(spec, variant, arch, blob)?),
+                let image = match (&arch, blob) {
+                    (Some(arch), Some(blob)) => Some(source.cubin(spec, variant, arch, blob)?),
                     _ => None,
                 };
                 if image.is_some_and(|(b, _)| b.profile_scratch_size > 0) {

@@ -10,8 +10,13 @@
 //! its size) and decompressed once, when a device of that architecture loads its kernels
 //! ([`Manifest::blob`]): its length and the frame's checksum are checked before any cubin in
 //! it is used.
+//!
+//! [`Manifest::from_dir`] reads the same files from a folder instead (`kernels/build.py --out
+//! DIR`, a tuning sweep's candidate build), with the same checks: the engine then runs those
+//! binaries through its own launch path, grids computed from their constexprs.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -142,6 +147,10 @@ pub struct Manifest {
     pub blobs: BTreeMap<String, BlobInfo>,
     /// The specializations.
     pub kernels: Vec<KernelSpec>,
+    /// The folder of a manifest read by [`Manifest::from_dir`], whose blobs are read from it;
+    /// `None` for the embedded one.
+    #[serde(skip)]
+    dir: Option<PathBuf>,
 }
 
 impl Manifest {
@@ -150,6 +159,18 @@ impl Manifest {
         let manifest: Manifest = serde_json::from_str(MANIFEST_JSON)
             .map_err(|e| RuntimeError::Kernels(format!("embedded manifest: {e}")))?;
         manifest.check()?;
+        Ok(manifest)
+    }
+
+    /// The manifest `kernels/build.py --out DIR` wrote into `dir` (its blobs are read from
+    /// there when a device loads them), checked as the embedded one is.
+    pub fn from_dir(dir: &Path) -> Result<Manifest> {
+        let path = dir.join("manifest.json");
+        let err = |s: String| RuntimeError::Kernels(format!("{}: {s}", path.display()));
+        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
+        let mut manifest: Manifest = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        manifest.check().map_err(|e| err(e.to_string()))?;
+        manifest.dir = Some(dir.to_path_buf());
         Ok(manifest)
     }
 
@@ -162,11 +183,30 @@ impl Manifest {
         }
     }
 
+    /// Where this manifest's binaries come from, in words.
+    pub fn source(&self) -> String {
+        match &self.dir {
+            Some(d) => d.display().to_string(),
+            None => "embedded".into(),
+        }
+    }
+
     /// The blob of `arch`, decompressed and checked: its length is the manifest's and the zstd
     /// frame's checksum matches.
     pub fn blob(&self, arch: &str) -> Result<Vec<u8>> {
-        let err = |s: String| RuntimeError::Kernels(format!("embedded binaries for {arch}: {s}"));
-        let zst = Self::compressed(arch).ok_or_else(|| err("none in this build".into()))?;
+        let err = |s: String| {
+            RuntimeError::Kernels(format!("{} binaries for {arch}: {s}", self.source()))
+        };
+        let read;
+        let zst = match &self.dir {
+            Some(dir) => {
+                let path = dir.join(format!("{arch}.bin.zst"));
+                read = std::fs::read(&path)
+                    .map_err(|e| err(format!("reading {}: {e}", path.display())))?;
+                &read[..]
+            }
+            None => Self::compressed(arch).ok_or_else(|| err("none in this build".into()))?,
+        };
         let want = self
             .blobs
             .get(arch)
