@@ -21,8 +21,8 @@ It writes ``RESULTS/<family>.jsonl`` (one line per candidate and batch size),
 ``RESULTS/sweep.md`` (the table) and ``RESULTS/tuning.json``: each family's fastest candidate
 against the baseline. That file is what the next build reads: copy it to ``kernels/tuning.json``
 and ``specs.py`` takes its tiles for the kernels it names (``kernels/NOTES.md`` says how).
-Candidates are run in order until ``--budget`` seconds are spent; the rest are reported as not
-run. ``--small`` shrinks every bench to a few tokens (the interpreted device in CI).
+Each family's candidates run in order, shipped first, within the family's share of
+``--budget`` seconds; the rest are reported as not run. ``--small`` shrinks every bench to a few tokens (the interpreted device in CI).
 """
 
 import argparse
@@ -165,9 +165,11 @@ def run(args):
         sys.exit(f"{args.model} runs {ty} kernels of head block {d}; the candidates are "
                  f"{built['ty']}, {built['head_block']}")
     os.makedirs(args.out, exist_ok=True)
-    deadline = time.monotonic() + args.budget
+    start = time.monotonic()
     best, table = {}, []
-    for family in FAMILIES:
+    for fi, family in enumerate(FAMILIES):
+        # Each family its share of the budget (what one leaves, the next may use).
+        deadline = start + args.budget * (fi + 1) / len(FAMILIES)
         names = set(kernel_names(family, ty, d))
         cands = [c for c in listing if c["family"] == family]
         cands.sort(key=lambda c: not c["baseline"])

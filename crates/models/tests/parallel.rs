@@ -151,6 +151,7 @@ fn rank() {
         pool: None,
         output_vocab: None,
         cuda_graphs: Default::default(),
+        kernels: None,
     };
     let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded

@@ -692,7 +692,12 @@ impl CudaBackend {
             i32_arg(y_stride, "row stride")?,
             i32_arg(splits, "ranges")?,
         ]);
-        self.launch(&name, grid, &args)
+        let launched = self.launch(&name, grid, &args);
+        if launched.is_err() && splits > 1 {
+            // Some ranges may have counted and none zeroed: the counts start afresh.
+            self.split_counts = Grown::default();
+        }
+        launched
     }
 
     /// `y[m, w.rows] = x[m, w.cols] @ w^T`; `x` and `y` are pointers with their row strides
