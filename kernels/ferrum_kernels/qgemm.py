@@ -103,6 +103,121 @@ def _decode(row, kk, FORMAT: tl.constexpr):
 
 
 @triton.jit
+def _repeat(t, R: tl.constexpr):
+    """``t`` (``[G, BN]``) with each row repeated ``R`` times in place: ``[G * R, BN]``, a
+    (sub-)block's scale beside each of its elements."""
+    g: tl.constexpr = t.shape[0]
+    bn: tl.constexpr = t.shape[1]
+    return tl.reshape(tl.broadcast_to(t[:, None, :], (g, R, bn)), (g * R, bn))
+
+
+@triton.jit
+def _k_scale_min(sc_ptr, sub):
+    """The 6-bit scales and mins of sub-blocks ``sub`` of K-quant super-blocks whose 12 scale
+    bytes start at ``sc_ptr``, as ggml's get_scale_min_k4."""
+    a = tl.load(sc_ptr + tl.where(sub < 4, sub, sub + 4)).to(tl.int32)
+    b = tl.load(sc_ptr + tl.where(sub < 4, sub + 4, sub - 4)).to(tl.int32)
+    c = tl.load(sc_ptr + sub).to(tl.int32)
+    sc = tl.where(sub < 4, a & 63, (a & 15) | ((b >> 6) << 4)).to(tl.float32)
+    mn = tl.where(sub < 4, b & 63, (a >> 4) | ((c >> 6) << 4)).to(tl.float32)
+    return sc, mn
+
+
+@triton.jit
+def _left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED: tl.constexpr):
+    """The left operand at columns ``kx`` (zero from ``k_hi`` on): ``gated_left``'s."""
+    mask = (rm[:, None] < m) & (kx[None, :] < k_hi)
+    return gated_left(x_ptr, up_ptr, rm, kx, mask, x_stride, GATED)
+
+
+@triton.jit
+def _wide_dot(acc, x_ptr, up_ptr, rm, m, k, k_hi, x_stride, rows, k0, FORMAT: tl.constexpr,
+              GATED: tl.constexpr):
+    """``acc`` plus the product of the 256 columns from ``k0`` (one K-quant super-block, or
+    eight 32-element blocks) of the rows at byte pointers ``rows`` (``[1, BN]``), for
+    ``FORMAT`` 0, 1, 3, 4, 5. Each row's quants are read as whole runs of bytes (the
+    compiler's vector loads where the layout is 16-byte aligned: Q4_K, Q5_K) and each scale
+    once per (sub-)block, where ``_decode`` loads every element's bytes and scales on their
+    own. The columns go in the order the bytes hold them (Q4_K's low nibbles of a 64-element
+    chunk, then its high ones), the activations loaded in the same order; each weight is the
+    value ``_decode`` gives, bit for bit. Columns from ``k`` on read no byte and weigh 0."""
+    if FORMAT == 3 or FORMAT == 4:
+        # Chunk c of 64 elements: byte i = 32c + l of qs holds element 64c + l in its low
+        # nibble (sub-block 2c) and 64c + 32 + l in its high one (sub-block 2c + 1).
+        bb: tl.constexpr = 144 if FORMAT == 3 else 176
+        qs_at: tl.constexpr = 16 if FORMAT == 3 else 48
+        blk = rows + (k0 // 256) * bb
+        i = tl.arange(0, 128)
+        c = i // 32
+        qs = tl.load(blk + qs_at + i[:, None]).to(tl.int32)
+        q_lo = qs & 15
+        q_hi = qs >> 4
+        if FORMAT == 4:
+            qh = tl.load(blk + 16 + (i % 32)[:, None]).to(tl.int32)
+            q_lo += ((qh >> (2 * c)[:, None]) & 1) * 16
+            q_hi += ((qh >> (2 * c + 1)[:, None]) & 1) * 16
+        sub = 2 * tl.arange(0, 4)[:, None]
+        sc_lo, mn_lo = _k_scale_min(blk + 4, sub)
+        sc_hi, mn_hi = _k_scale_min(blk + 4, sub + 1)
+        d = _f16_at(blk)
+        dmin = _f16_at(blk + 2)
+        w_lo = _repeat(d * sc_lo, 32) * q_lo.to(tl.float32) - _repeat(dmin * mn_lo, 32)
+        w_hi = _repeat(d * sc_hi, 32) * q_hi.to(tl.float32) - _repeat(dmin * mn_hi, 32)
+        kx = k0 + 64 * c + i % 32
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED), w_lo,
+                      input_precision="tf32")
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx + 32, k_hi, x_stride, GATED), w_hi,
+                      input_precision="tf32")
+    elif FORMAT == 5:
+        # Half h (128 elements): ql byte 64h + j holds element 128h + j in its low nibble and
+        # 128h + 64 + j in its high one; qh byte 128 + 32h + j % 32 their two high bits; an
+        # int8 scale per 16 elements at 192 + 8h.
+        blk = rows + (k0 // 256) * 210
+        j = tl.arange(0, 64)
+        g = tl.arange(0, 4)[:, None]
+        d = _f16_at(blk + 208)
+        for h in tl.static_range(2):
+            ql = tl.load(blk + 64 * h + j[:, None]).to(tl.int32)
+            qh = tl.load(blk + 128 + 32 * h + (j % 32)[:, None]).to(tl.int32)
+            for part in tl.static_range(2):
+                hi_bits = (qh >> (2 * (2 * part + j // 32))[:, None]) & 3
+                q = ((ql >> (4 * part)) & 15) | (hi_bits << 4)
+                s = tl.load(blk + 192 + 8 * h + 4 * part + g).to(tl.int8, bitcast=True)
+                w = _repeat(d * s.to(tl.float32), 16) * (q - 32).to(tl.float32)
+                kx = k0 + 128 * h + 64 * part + j
+                acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED), w,
+                              input_precision="tf32")
+    elif FORMAT == 0:
+        # Eight blocks of 34 bytes: an f16 scale, then 32 int8 quants in order.
+        blk = rows + (k0 // 32) * 34
+        i = tl.arange(0, 256)
+        b = tl.arange(0, 8)[:, None]
+        live = (k0 + i < k)[:, None]
+        q = tl.load(blk + ((i // 32) * 34 + 2 + i % 32)[:, None], mask=live, other=0)
+        d = tl.where(k0 + 32 * b < k, _f16_at(blk + tl.where(k0 + 32 * b < k, 34 * b, 0)), 0.0)
+        w = q.to(tl.int8, bitcast=True).to(tl.float32) * _repeat(d, 32)
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, k0 + i, k_hi, x_stride, GATED), w,
+                      input_precision="tf32")
+    else:
+        # Q4_0, eight blocks of 18 bytes: an f16 scale, then 16 bytes whose low nibbles are
+        # elements 0-15 and high nibbles 16-31.
+        blk = rows + (k0 // 32) * 18
+        i = tl.arange(0, 128)
+        b = tl.arange(0, 8)[:, None]
+        live = (k0 + 32 * (i // 16) < k)[:, None]
+        qs = tl.load(blk + ((i // 16) * 18 + 2 + i % 16)[:, None], mask=live,
+                     other=0).to(tl.int32)
+        d = tl.where(k0 + 32 * b < k, _f16_at(blk + tl.where(k0 + 32 * b < k, 18 * b, 0)), 0.0)
+        ds = _repeat(d, 16)
+        kx = k0 + 32 * (i // 16) + i % 16
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED),
+                      ((qs & 15).to(tl.float32) - 8.0) * ds, input_precision="tf32")
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx + 16, k_hi, x_stride, GATED),
+                      ((qs >> 4).to(tl.float32) - 8.0) * ds, input_precision="tf32")
+    return acc
+
+
+@triton.jit
 def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
           FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_K: tl.constexpr):
@@ -115,14 +230,18 @@ def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
     rows = w_ptr + tl.where(rn < n, rn, 0)[None, :] * row_bytes
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
-        kk = k0 + rk
-        a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
-                    mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
-        # k is a whole number of blocks and BLOCK_K divides the block (or the reverse), so a
-        # tile past k decodes no byte outside the row: clamp the index, zero the value.
-        kc = tl.where(kk < k, kk, 0)[:, None]
-        b = tl.where(kk[:, None] < k, _decode(rows, kc, FORMAT), 0.0)
-        acc += tl.dot(a, b, input_precision="tf32")
+        if BLOCK_K == 256 and FORMAT != 2 and FORMAT < 6:
+            # Decode tiles of the formats with a wide path: whole runs of bytes.
+            acc = _wide_dot(acc, x_ptr, x_ptr, rm, m, k, k, x_stride, rows, k0, FORMAT, 0)
+        else:
+            kk = k0 + rk
+            a = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                        mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
+            # k is a whole number of blocks and BLOCK_K divides the block (or the reverse), so
+            # a tile past k decodes no byte outside the row: clamp the index, zero the value.
+            kc = tl.where(kk < k, kk, 0)[:, None]
+            b = tl.where(kk[:, None] < k, _decode(rows, kc, FORMAT), 0.0)
+            acc += tl.dot(a, b, input_precision="tf32")
     tl.store(y_ptr + rm[:, None] * y_stride + rn[None, :], acc,
              mask=(rm[:, None] < m) & (rn[None, :] < n))
 
@@ -149,12 +268,16 @@ def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, y_ptr, count_ptr, m, n, k, row_b
     k_hi = tl.minimum(k_lo + k_per_split, k)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + rk
-        a = gated_left(x_ptr, up_ptr, rm, kk, (rm[:, None] < m) & (kk[None, :] < k_hi),
-                       x_stride, GATED)
-        kc = tl.where(kk < k_hi, kk, 0)[:, None]
-        b = tl.where(kk[:, None] < k_hi, _decode(rows, kc, FORMAT), 0.0)
-        acc += tl.dot(a, b, input_precision="tf32")
+        if BLOCK_K == 256 and FORMAT != 2 and FORMAT < 6:
+            acc = _wide_dot(acc, x_ptr, up_ptr, rm, m, k, k_hi, x_stride, rows, k0, FORMAT,
+                            GATED)
+        else:
+            kk = k0 + rk
+            a = gated_left(x_ptr, up_ptr, rm, kk, (rm[:, None] < m) & (kk[None, :] < k_hi),
+                           x_stride, GATED)
+            kc = tl.where(kk < k_hi, kk, 0)[:, None]
+            b = tl.where(kk[:, None] < k_hi, _decode(rows, kc, FORMAT), 0.0)
+            acc += tl.dot(a, b, input_precision="tf32")
     finish_split(acc, part_ptr, y_ptr, count_ptr, rm, rn, m, n, y_stride, splits)
 
 

@@ -340,7 +340,8 @@ class Kernels(unittest.TestCase):
     def test_qgemm_every_block_format(self):
         """Raw blocks of every format (tests/fixtures/quant, written by llama.cpp and gguf-py)
         against their gguf-py dequantization: rows repeated and shuffled to 70, so tiles are
-        partial; m of 1 (decode) and 37."""
+        partial; m of 1 (decode) and 37; the 32-element formats also with rows of 9 blocks,
+        shorter than a decode tile."""
         r = self.r
         blocks = read_safetensors(os.path.join(QUANT_DIR, "blocks.safetensors"))
         for fmt in QUANTS:
@@ -359,6 +360,21 @@ class Kernels(unittest.TestCase):
                           raw.shape[1], k + 5, n])
                 want = x[:, :k].astype(np.float64) @ deq.astype(np.float64).T
                 assert_close(self, f"{name} m={m}", r.host(y), want, QTOL)
+            if not fmt.endswith("_k"):
+                # Rows of 9 blocks (288 columns): the decode tile of 256 runs past the row,
+                # which must read no byte there (the interpreter checks every access).
+                bb = raw.shape[1] // (k // 32)
+                cut_raw = np.ascontiguousarray(raw[:, :9 * bb])
+                cut = deq[:, :288]
+                name = f"qgemm_{fmt}_decode"
+                c = SPECS[name]["constexprs"]
+                x = self.rand(3, 288)
+                y = self.nan(3, n)
+                r.launch(name, (1, cdiv(n, c["BLOCK_N"])),
+                         [r.ptr(r.dev(x)), r.ptr(r.dev(cut_raw, "u8")), r.ptr(y), 3, n, 288,
+                          cut_raw.shape[1], 288, n])
+                want = x.astype(np.float64) @ cut.astype(np.float64).T
+                assert_close(self, f"{name} k=288", r.host(y), want, QTOL)
             # Whole rows decoded (a quantized embedding table): exact, as gguf-py decodes.
             ids = self.rng.integers(0, n, 5).astype(np.uint32)
             out = self.nan(5, k)
