@@ -134,8 +134,8 @@ def _left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED: tl.constexpr):
 def _wide_dot(acc, x_ptr, up_ptr, rm, m, k, k_hi, x_stride, rows, k0, FORMAT: tl.constexpr,
               GATED: tl.constexpr):
     """``acc`` plus the product of the 256 columns from ``k0`` (one K-quant super-block, or
-    eight 32-element blocks) of the rows at byte pointers ``rows`` (``[1, BN]``), for
-    ``FORMAT`` 0, 1, 3, 4, 5. Each row's quants are read as whole runs of bytes (the
+    eight 32-element blocks) of the rows at byte pointers ``rows`` (``[1, BN]``), every
+    ``FORMAT``. Each row's quants are read as whole runs of bytes (the
     compiler's vector loads where the layout is 16-byte aligned: Q4_K, Q5_K) and each scale
     once per (sub-)block, where ``_decode`` loads every element's bytes and scales on their
     own. The columns go in the order the bytes hold them (Q4_K's low nibbles of a 64-element
@@ -199,21 +199,47 @@ def _wide_dot(acc, x_ptr, up_ptr, rm, m, k, k_hi, x_stride, rows, k0, FORMAT: tl
         acc += tl.dot(_left(x_ptr, up_ptr, rm, m, k0 + i, k_hi, x_stride, GATED), w,
                       input_precision="tf32")
     else:
-        # Q4_0, eight blocks of 18 bytes: an f16 scale, then 16 bytes whose low nibbles are
-        # elements 0-15 and high nibbles 16-31.
-        blk = rows + (k0 // 32) * 18
+        # Q4_0, Q4_1, Q5_0, Q5_1: eight blocks of 32 elements, an f16 scale (and an f16 min:
+        # Q4_1, Q5_1; 32 fifth bits: Q5_0, Q5_1), then 16 bytes whose low nibbles are elements
+        # 0-15 and high nibbles 16-31.
+        bb: tl.constexpr = 18 if FORMAT == 1 else (20 if FORMAT == 2 else (22 if FORMAT == 6
+                                                                         else 24))
+        qh_at: tl.constexpr = 2 if FORMAT == 6 else 4
+        qs_at: tl.constexpr = bb - 16
+        blk = rows + (k0 // 32) * bb
         i = tl.arange(0, 128)
+        j = i % 16
+        at = (i // 16) * bb
         b = tl.arange(0, 8)[:, None]
         live = (k0 + 32 * (i // 16) < k)[:, None]
-        qs = tl.load(blk + ((i // 16) * 18 + 2 + i % 16)[:, None], mask=live,
-                     other=0).to(tl.int32)
-        d = tl.where(k0 + 32 * b < k, _f16_at(blk + tl.where(k0 + 32 * b < k, 18 * b, 0)), 0.0)
+        qs = tl.load(blk + (at + qs_at + j)[:, None], mask=live, other=0).to(tl.int32)
+        q_lo = qs & 15
+        q_hi = qs >> 4
+        if FORMAT == 6 or FORMAT == 7:
+            # Element e's fifth bit is bit e % 8 of byte e // 8 of qh.
+            h_lo = tl.load(blk + (at + qh_at + j // 8)[:, None], mask=live, other=0)
+            h_hi = tl.load(blk + (at + qh_at + 2 + j // 8)[:, None], mask=live, other=0)
+            q_lo = q_lo | (((h_lo.to(tl.int32) >> (j % 8)[:, None]) & 1) << 4)
+            q_hi = q_hi | (((h_hi.to(tl.int32) >> (j % 8)[:, None]) & 1) << 4)
+        in_row = k0 + 32 * b < k
+        d = tl.where(in_row, _f16_at(blk + tl.where(in_row, bb * b, 0)), 0.0)
         ds = _repeat(d, 16)
-        kx = k0 + 32 * (i // 16) + i % 16
-        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED),
-                      ((qs & 15).to(tl.float32) - 8.0) * ds, input_precision="tf32")
-        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx + 16, k_hi, x_stride, GATED),
-                      ((qs >> 4).to(tl.float32) - 8.0) * ds, input_precision="tf32")
+        if FORMAT == 1:
+            w_lo = (q_lo.to(tl.float32) - 8.0) * ds
+            w_hi = (q_hi.to(tl.float32) - 8.0) * ds
+        elif FORMAT == 6:
+            w_lo = (q_lo.to(tl.float32) - 16.0) * ds
+            w_hi = (q_hi.to(tl.float32) - 16.0) * ds
+        else:
+            mn = tl.where(in_row, _f16_at(blk + tl.where(in_row, bb * b, 0) + 2), 0.0)
+            ms = _repeat(mn, 16)
+            w_lo = q_lo.to(tl.float32) * ds + ms
+            w_hi = q_hi.to(tl.float32) * ds + ms
+        kx = k0 + 32 * (i // 16) + j
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx, k_hi, x_stride, GATED), w_lo,
+                      input_precision="tf32")
+        acc += tl.dot(_left(x_ptr, up_ptr, rm, m, kx + 16, k_hi, x_stride, GATED), w_hi,
+                      input_precision="tf32")
     return acc
 
 
@@ -230,8 +256,8 @@ def qgemm(x_ptr, w_ptr, y_ptr, m, n, k, row_bytes, x_stride, y_stride,
     rows = w_ptr + tl.where(rn < n, rn, 0)[None, :] * row_bytes
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
-        if BLOCK_K == 256 and FORMAT != 2 and FORMAT < 6:
-            # Decode tiles of the formats with a wide path: whole runs of bytes.
+        if BLOCK_K == 256:
+            # Decode tiles: whole runs of bytes.
             acc = _wide_dot(acc, x_ptr, x_ptr, rm, m, k, k, x_stride, rows, k0, FORMAT, 0)
         else:
             kk = k0 + rk
@@ -268,7 +294,7 @@ def qgemm_split(x_ptr, up_ptr, w_ptr, part_ptr, y_ptr, count_ptr, m, n, k, row_b
     k_hi = tl.minimum(k_lo + k_per_split, k)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if BLOCK_K == 256 and FORMAT != 2 and FORMAT < 6:
+        if BLOCK_K == 256:
             acc = _wide_dot(acc, x_ptr, up_ptr, rm, m, k, k_hi, x_stride, rows, k0, FORMAT,
                             GATED)
         else:
