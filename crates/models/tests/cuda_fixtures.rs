@@ -173,11 +173,7 @@ fn weights_of_mixed_types_stack_by_runs() {
             if !(name.contains("v_proj") || name.contains("up_proj")) {
                 return (name, dtype, shape, bytes);
             }
-            let half: Vec<u8> = bytes
-                .chunks_exact(4)
-                .flat_map(|c| f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
-                .collect();
-            (name, "F16".to_string(), shape, half)
+            (name, "F16".to_string(), shape, f32_bytes_to_f16(&bytes))
         })
         .collect();
     write_safetensors(&dir.join("model.safetensors"), &tensors);

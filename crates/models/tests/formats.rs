@@ -65,11 +65,7 @@ fn f16_safetensors_match_within_rounding() {
         .into_iter()
         .map(|(name, dtype, shape, bytes)| {
             assert_eq!(dtype, "F32");
-            let half: Vec<u8> = bytes
-                .chunks_exact(4)
-                .flat_map(|c| f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
-                .collect();
-            (name, "F16".to_string(), shape, half)
+            (name, "F16".to_string(), shape, f32_bytes_to_f16(&bytes))
         })
         .collect();
     write_safetensors(&dir.join("model.safetensors"), &tensors);

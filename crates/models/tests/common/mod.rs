@@ -250,6 +250,14 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, String, Value, Vec<u8>
     std::fs::write(path, out).unwrap();
 }
 
+/// Little-endian f32 values rounded to f16 ([`f32_to_f16`]), as little-endian bytes.
+pub fn f32_bytes_to_f16(bytes: &[u8]) -> Vec<u8> {
+    bytes
+        .chunks_exact(4)
+        .flat_map(|c| f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
+        .collect()
+}
+
 /// Round-to-nearest f32 -> f16 for normal values (the fixture's weights are all in range).
 pub fn f32_to_f16(v: f32) -> u16 {
     let bits = v.to_bits();
