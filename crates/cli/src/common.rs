@@ -44,7 +44,7 @@ pub struct ModelArgs {
     /// Element type of the KV cache. auto: f32 with --matmul-precision float; otherwise the
     /// checkpoint's half type (f16 for GGUF, as llama.cpp; bf16/f16 for a folder saved in it,
     /// as vLLM), f32 for an f32 folder. Half types halve the cache's memory and attention's
-    /// reads.
+    /// reads; int8 (CPU models) halves them again, with a scale per token and KV head.
     #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
     /// Compile and render the chat template in this process instead of a memory-capped worker
@@ -187,6 +187,8 @@ pub enum KvCacheDtype {
     F32,
     F16,
     Bf16,
+    /// int8 with a scale per (token, KV head) row: half an f16 cache's bytes (CPU models).
+    Int8,
 }
 
 impl KvCacheDtype {
@@ -197,6 +199,7 @@ impl KvCacheDtype {
             KvCacheDtype::F32 => Some(KvDtype::F32),
             KvCacheDtype::F16 => Some(KvDtype::F16),
             KvCacheDtype::Bf16 => Some(KvDtype::Bf16),
+            KvCacheDtype::Int8 => Some(KvDtype::Int8),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The physical paged KV cache: per layer, one key and one value buffer of the config's
-//! `kv_cache_dtype` (f32, f16 or bf16), allocated once. In host memory (the CPU backend) each is
-//! `[num_blocks, num_kv_heads, ...]` with keys transposed within a block (see
-//! `ferrum_runtime::cpu::paged_attention`); on a GPU (made by the CUDA backend) each is
+//! `kv_cache_dtype` (f32, f16, bf16 or int8), allocated once. In host memory (the CPU backend)
+//! each is `[num_blocks, num_kv_heads, ...]` with keys transposed within a block (see
+//! `ferrum_runtime::cpu::paged_attention`); an int8 cache also holds each row's key and value
+//! scale, `[num_blocks, num_kv_heads, block_size]` f32 each (host memory only); on a GPU (made by the CUDA backend) each is
 //! `[num_blocks * block_size, num_kv_heads, head_dim]`, one row per slot. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
 //! to which sequence is the scheduler's business, not the cache's.
 
@@ -16,8 +17,45 @@ enum Layers {
     F32(Vec<(Vec<f32>, Vec<f32>)>),
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+    Int8(Vec<ScaledLayer>),
     /// In a GPU's memory.
     Device(KvDtype, SharedGpu, Vec<(DeviceBuffer, DeviceBuffer)>),
+}
+
+/// One layer of an int8 cache: keys and values as the float types hold them, and each
+/// (block, KV head, slot)'s key and value scale.
+#[derive(Debug)]
+struct ScaledLayer {
+    k: Vec<i8>,
+    v: Vec<i8>,
+    k_scales: Vec<f32>,
+    v_scales: Vec<f32>,
+}
+
+impl ScaledLayer {
+    /// A zeroed (untouched) layer of `len` elements per buffer, a scale per `head_dim` of them.
+    fn zeroed(len: usize, head_dim: usize) -> ScaledLayer {
+        let rows = len / head_dim.max(1);
+        ScaledLayer {
+            k: zeroed_vec(len),
+            v: zeroed_vec(len),
+            k_scales: zeroed_vec(rows),
+            v_scales: zeroed_vec(rows),
+        }
+    }
+
+    /// Keys, key scales, values, value scales: the order of a block's bytes.
+    fn parts_mut(&mut self) -> [(*mut u8, usize); 4] {
+        fn raw<E>(b: &mut [E]) -> (*mut u8, usize) {
+            (b.as_mut_ptr() as *mut u8, std::mem::size_of_val(b))
+        }
+        [
+            raw(&mut self.k),
+            raw(&mut self.k_scales),
+            raw(&mut self.v),
+            raw(&mut self.v_scales),
+        ]
+    }
 }
 
 /// `layers` pairs of zeroed (untouched) buffers of `len` elements.
@@ -80,15 +118,15 @@ fn host_blocks_mut<'a, E: KvElem>(
     }
 }
 
-/// A slice of KV elements as its bytes.
+/// A slice of KV elements (or scales) as its bytes.
 fn bytes_of<E: KvElem>(s: &[E]) -> &[u8] {
-    // SAFETY: KV elements (f32, f16, bf16) are plain data without padding; the byte view
+    // SAFETY: KV elements (f32, f16, bf16, i8) are plain data without padding; the byte view
     // covers exactly the slice's memory and lives no longer than it.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
 }
 
 fn bytes_of_mut<E: KvElem>(s: &mut [E]) -> &mut [u8] {
-    // SAFETY: as in `bytes_of`; every bit pattern is a valid f32, f16 or bf16.
+    // SAFETY: as in `bytes_of`; every bit pattern is a valid f32, f16, bf16 or i8.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }
 
@@ -109,8 +147,7 @@ impl KvCache {
         2 * config.num_hidden_layers
             * config.num_key_value_heads
             * block_size
-            * config.head_dim
-            * config.kv_cache_dtype.size()
+            * config.kv_cache_dtype.row_bytes(config.head_dim)
     }
 
     /// A cache of `num_blocks` blocks of `block_size` token slots for `config`'s layers.
@@ -121,6 +158,11 @@ impl KvCache {
             KvDtype::F32 => Layers::F32(zeroed_layers(n, per_layer)),
             KvDtype::F16 => Layers::F16(zeroed_layers(n, per_layer)),
             KvDtype::Bf16 => Layers::Bf16(zeroed_layers(n, per_layer)),
+            KvDtype::Int8 => Layers::Int8(
+                (0..n)
+                    .map(|_| ScaledLayer::zeroed(per_layer, config.head_dim))
+                    .collect(),
+            ),
         };
         Ok(Self::with_layers(config, num_blocks, block_size, layers))
     }
@@ -134,6 +176,13 @@ impl KvCache {
         gpu: &SharedGpu,
     ) -> Result<KvCache> {
         let per_layer = Self::check(config, num_blocks, block_size)?;
+        if config.kv_cache_dtype == KvDtype::Int8 {
+            return Err(ModelError::Invalid(
+                "--kv-cache-dtype int8 is a CPU cache (its attention runs on the CPU); a GPU \
+                 model's cache is f32, f16 or bf16"
+                    .into(),
+            ));
+        }
         let bytes = per_layer * config.kv_cache_dtype.size();
         let mut buffers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
@@ -194,6 +243,7 @@ impl KvCache {
             Layers::F32(_) => KvDtype::F32,
             Layers::F16(_) => KvDtype::F16,
             Layers::Bf16(_) => KvDtype::Bf16,
+            Layers::Int8(_) => KvDtype::Int8,
             Layers::Device(dtype, ..) => dtype,
         }
     }
@@ -221,6 +271,7 @@ impl KvCache {
             Layers::F32(l) => buffers_mut(l),
             Layers::F16(l) => buffers_mut(l),
             Layers::Bf16(l) => buffers_mut(l),
+            Layers::Int8(l) => l.iter_mut().flat_map(ScaledLayer::parts_mut).collect(),
             // Device memory is resident from its allocation.
             Layers::Device(..) => return None,
         };
@@ -269,12 +320,29 @@ impl KvCache {
 
     /// Bytes of one block across layers: what [`KvCache::read_block`] gives.
     pub fn block_bytes(&self) -> usize {
-        2 * self.num_layers * self.block_region()
+        2 * self.num_layers * (self.block_region() + self.scale_region())
     }
 
     /// Bytes of one block in one key (or value) buffer.
     fn block_region(&self) -> usize {
         self.block_size * self.num_kv_heads * self.head_dim * self.dtype().size()
+    }
+
+    /// Bytes of one block's key (or value) scales: none for the float types.
+    fn scale_region(&self) -> usize {
+        self.block_size * self.num_kv_heads * self.dtype().scale_bytes()
+    }
+
+    /// One block's byte ranges in an int8 layer's buffers, in block order: keys, key scales,
+    /// values, value scales.
+    fn scaled_ranges(&self, block: usize) -> [std::ops::Range<usize>; 4] {
+        let (r, s) = (self.block_region(), self.scale_region());
+        [
+            block * r..(block + 1) * r,
+            block * s..(block + 1) * s,
+            block * r..(block + 1) * r,
+            block * s..(block + 1) * s,
+        ]
     }
 
     fn check_block(&self, block: usize) -> Result<()> {
@@ -287,19 +355,39 @@ impl KvCache {
         Ok(())
     }
 
-    /// Block `block`'s K/V, every layer's keys then values in turn, into `out` (replacing its
-    /// contents): [`KvCache::block_bytes`] bytes, in [`KvCache::layout`]. On a GPU the copy
-    /// waits for the work already issued.
+    /// Block `block`'s K/V, every layer's keys then values in turn (an int8 layer's keys, key
+    /// scales, values, value scales), into `out` (replacing its contents):
+    /// [`KvCache::block_bytes`] bytes, in [`KvCache::layout`]. On a GPU the copy waits for the
+    /// work already issued.
     pub fn read_block(&self, block: usize, out: &mut Vec<u8>) -> Result<()> {
         self.check_block(block)?;
         let region = self.block_region();
         out.clear();
         out.resize(self.block_bytes(), 0);
+        if let Layers::Int8(l) = &self.layers {
+            let ranges = self.scaled_ranges(block);
+            let mut at = 0;
+            for layer in l {
+                let parts = [
+                    bytes_of(&layer.k),
+                    bytes_of(&layer.k_scales),
+                    bytes_of(&layer.v),
+                    bytes_of(&layer.v_scales),
+                ];
+                for (part, r) in parts.into_iter().zip(ranges.clone()) {
+                    out[at..at + r.len()].copy_from_slice(&part[r.clone()]);
+                    at += r.len();
+                }
+            }
+            return Ok(());
+        }
         let mut chunks = out.chunks_exact_mut(region);
         match &self.layers {
             Layers::F32(l) => host_blocks(l, block, &mut chunks),
             Layers::F16(l) => host_blocks(l, block, &mut chunks),
             Layers::Bf16(l) => host_blocks(l, block, &mut chunks),
+            // Copied above.
+            Layers::Int8(_) => {}
             Layers::Device(_, gpu, l) => {
                 let mut g = gpu.lock();
                 for (k, v) in l.iter() {
@@ -327,11 +415,30 @@ impl KvCache {
             )));
         }
         let region = self.block_region();
+        let ranges = self.scaled_ranges(block);
+        if let Layers::Int8(l) = &mut self.layers {
+            let mut at = 0;
+            for layer in l {
+                let parts = [
+                    bytes_of_mut(&mut layer.k),
+                    bytes_of_mut(&mut layer.k_scales),
+                    bytes_of_mut(&mut layer.v),
+                    bytes_of_mut(&mut layer.v_scales),
+                ];
+                for (part, r) in parts.into_iter().zip(ranges.clone()) {
+                    part[r.clone()].copy_from_slice(&data[at..at + r.len()]);
+                    at += r.len();
+                }
+            }
+            return Ok(());
+        }
         let mut chunks = data.chunks_exact(region);
         match &mut self.layers {
             Layers::F32(l) => host_blocks_mut(l, block, &mut chunks),
             Layers::F16(l) => host_blocks_mut(l, block, &mut chunks),
             Layers::Bf16(l) => host_blocks_mut(l, block, &mut chunks),
+            // Copied above.
+            Layers::Int8(_) => {}
             Layers::Device(_, gpu, l) => {
                 let mut g = gpu.lock();
                 for (k, v) in l.iter() {
@@ -379,6 +486,10 @@ impl KvCache {
                 let (k, v) = &mut l[layer];
                 KvLayerMut::Bf16(k, v)
             }
+            Layers::Int8(l) => {
+                let s = &mut l[layer];
+                KvLayerMut::Int8(&mut s.k, &mut s.v, &mut s.k_scales, &mut s.v_scales)
+            }
             Layers::Device(..) => {
                 return Err(ModelError::Invalid(
                     "this KV cache is in a GPU's memory; the model runs on the CPU".into(),
@@ -412,6 +523,7 @@ mod tests {
             Layers::F32(l) => buffers_mut(l),
             Layers::F16(l) => buffers_mut(l),
             Layers::Bf16(l) => buffers_mut(l),
+            Layers::Int8(l) => l.iter_mut().flat_map(ScaledLayer::parts_mut).collect(),
             Layers::Device(..) => unreachable!("a host cache"),
         }
         .into_iter()
@@ -445,6 +557,7 @@ mod tests {
             KvLayerMut::F32(k, _) => k[12345] = 1.5,
             KvLayerMut::F16(k, _) => k[12345] = f16::from_f32(1.5),
             KvLayerMut::Bf16(k, _) => k[12345] = bf16::from_f32(1.5),
+            KvLayerMut::Int8(..) => unreachable!("the fixture's f32 cache"),
         }
         let slice = 64 << 10;
         let (mut at, mut calls) = (Some(0), 0);
@@ -471,6 +584,7 @@ mod tests {
                 k[12345].to_f32(),
                 k.iter().filter(|v| v.to_f32() != 0.0).count(),
             ),
+            KvLayerMut::Int8(..) => unreachable!("the fixture's f32 cache"),
         } == (1.5, 1);
         assert!(kept, "contents untouched");
     }
@@ -491,7 +605,7 @@ mod block_tests {
     #[test]
     fn blocks_round_trip_through_bytes() {
         let mut config = config();
-        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Int8] {
             config.kv_cache_dtype = dtype;
             let mut kv = KvCache::new(&config, 4, 8).expect("cache");
             assert_eq!(kv.block_bytes(), KvCache::bytes_per_block(&config, 8));

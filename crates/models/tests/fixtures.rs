@@ -337,6 +337,26 @@ fn half_kv_caches_within_rounding() {
     }
 }
 
+/// An int8 KV cache stores each (token, KV head) row as `round(x · 127 / amax)` with the
+/// row's scale: an error uniform in `±amax / 254` per value, RMS `amax / (254 sqrt 3)`, which
+/// relative to the row's RMS is at most `sqrt(head_dim) / (254 sqrt 3)` (a row's largest value
+/// is at most `sqrt(head_dim)` times its RMS), at 2 stages per layer. The bound is twice
+/// `sqrt(2 L)` times that ([`within_rms_bound`]), on the float path (the only error beyond
+/// f32's), on fixtures with full attention, biases and a sliding window.
+#[test]
+fn int8_kv_cache_within_quantization() {
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral-swa"] {
+        let dir = fixtures().join(name);
+        let mut model = load_kv(&dir, MatmulPrecision::Float, Some(KvDtype::Int8));
+        let c = model.config();
+        assert_eq!(c.kv_cache_dtype, KvDtype::Int8);
+        let n = 2 * c.num_hidden_layers;
+        let per_value = (c.head_dim as f64).sqrt() / (254.0 * 3f64.sqrt());
+        let rms_bound = 2.0 * (n as f64).sqrt() * per_value;
+        within_rms_bound(&mut model, &dir, rms_bound, &format!("{name} int8 cache"));
+    }
+}
+
 /// `auto` keeps the float path exact (f32 cache), and on the fast path picks the checkpoint's
 /// type: f32 for an f32 folder, bf16 for a bf16 one, f16 for GGUF.
 #[test]

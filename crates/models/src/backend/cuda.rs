@@ -23,7 +23,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ferrum_runtime::cpu::{AttentionShape, GatedAct, KvDtype, Rope};
+use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
 use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, GraphId, KernelArg, SharedGpu};
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
@@ -313,14 +313,6 @@ fn place(dims: &Dims, b: Buf) -> (usize, usize, usize) {
         Buf::Attn => (3, 0, dims.q),
         Buf::Gate => (4, 0, gate_up),
         Buf::Up => (4, dims.intermediate, gate_up),
-    }
-}
-
-fn kv_name(dtype: KvDtype) -> &'static str {
-    match dtype {
-        KvDtype::F32 => "f32",
-        KvDtype::F16 => "f16",
-        KvDtype::Bf16 => "bf16",
     }
 }
 
@@ -1164,7 +1156,7 @@ impl Backend for CudaBackend {
             long,
             kv: layers,
             block_size: kv.block_size(),
-            kv_dtype: kv_name(kv.dtype()),
+            kv_dtype: kv.dtype().name(),
             splits: self.attn_splits,
             split_keys: self.split_keys,
             decode_split: self.decode_split,
@@ -1313,7 +1305,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
         let d = Self::head_block(shape.head_dim)?;
-        let name = format!("rope_kv_write_{}_d{d}", kv_name(kv.dtype()));
+        let name = format!("rope_kv_write_{}_d{d}", kv.dtype().name());
         let (u, runs) = self.rope_of(rope)?;
         let (half, hd) = (u.short.1.len(), u.head_dim);
         if hd != shape.head_dim || 2 * half > d {
@@ -1357,7 +1349,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
         let d = Self::head_block(shape.head_dim)?;
-        let name = format!("kv_write_{}_d{d}", kv_name(kv.dtype()));
+        let name = format!("kv_write_{}_d{d}", kv.dtype().name());
         let args = [
             p(self.buf(Buf::K)?),
             p(self.buf(Buf::V)?),
@@ -1382,7 +1374,7 @@ impl Backend for CudaBackend {
         let (kc, vc) = kv.device_layer(layer)?;
         let d = Self::head_block(shape.head_dim)?;
         let group = shape.num_heads / shape.num_kv_heads.max(1);
-        let kind = kv_name(kv.dtype());
+        let kind = kv.dtype().name();
         // Prompt chunks: tiles of query tokens (prefill_attention); the tokens that attend
         // alone: one program per token and head (paged_attention, through the token list).
         let (toks, singles) = self.at.toks;

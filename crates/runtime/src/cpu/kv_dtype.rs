@@ -1,11 +1,19 @@
-//! Element types of the KV cache: f32, or a half type (f16, bf16) that halves the bytes
-//! attention reads per step.
+//! Element types of the KV cache: f32, a half type (f16, bf16) that halves the bytes
+//! attention reads per step, or int8 with a scale per (token, KV head) row that quarters them.
 //!
 //! A half cache stores each key and value rounded to nearest (ties to even) when it is written;
 //! attention widens them back to f32, which is exact, and then runs the same f32 arithmetic as
 //! for an f32 cache. So attention over a half cache gives exactly the bits of attention over an
 //! f32 cache holding the rounded values, whatever the instruction set: the widening differs
 //! between builds (`vcvtph2ps` or plain code), its result does not.
+//!
+//! An int8 cache ([`KvElem::SCALED`]) stores each head's key or value row `x` (head_dim values)
+//! as `q = round(x · 127 / amax)` (half away from zero) with `amax = max |x|`, and its scale
+//! `s = amax / 127` in f32 beside it; `q · s` differs from `x` by at most `s / 2` (and a few
+//! ulps), a relative error of at most 1/254 of the row's largest value. Attention widens `q`
+//! exactly to f32 and applies `s` once per key: to the key's score after the dot product, and
+//! to the key's softmax weight before the weighted sum of values. A row with a non-finite value
+//! gets a non-finite scale, so it poisons attention as it would in a float cache.
 
 use half::{bf16, f16};
 
@@ -15,6 +23,8 @@ pub enum KvDtype {
     F32,
     F16,
     Bf16,
+    /// int8 with an f32 scale per (token, KV head) row of keys and of values.
+    Int8,
 }
 
 impl KvDtype {
@@ -23,15 +33,31 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::Int8 => 1,
         }
     }
 
-    /// The lower-case name used by flags and reports (`f32`, `f16`, `bf16`).
+    /// Bytes of the scale stored beside each (token, KV head) row of keys or of values: 4 for
+    /// int8, none for the float types.
+    pub fn scale_bytes(self) -> usize {
+        match self {
+            KvDtype::Int8 => 4,
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
+        }
+    }
+
+    /// Bytes one token takes in one KV head's keys (or values), scale included.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        head_dim * self.size() + self.scale_bytes()
+    }
+
+    /// The lower-case name used by flags and reports (`f32`, `f16`, `bf16`, `int8`).
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
+            KvDtype::Int8 => "int8",
         }
     }
 }
@@ -45,10 +71,20 @@ impl std::fmt::Display for KvDtype {
 /// A type the KV cache can hold.
 pub trait KvElem: sealed::Widen16 + Copy + Send + Sync + 'static {
     const DTYPE: KvDtype;
-    /// Rounds to nearest, ties to even.
+    /// Whether each (token, KV head) row is stored with a scale ([`KvElem::encode_row`]): the
+    /// row's values are `to_f32() · scale`.
+    const SCALED: bool = false;
+    /// Rounds to nearest, ties to even (int8: half away from zero, saturating).
     fn from_f32(x: f32) -> Self;
-    /// Exact.
+    /// Exact (int8: the stored integer, unscaled).
     fn to_f32(self) -> f32;
+    /// Stores the row `src` into `dst` (equal lengths) and returns its scale: 1 for the
+    /// unscaled types, which round each value ([`KvElem::narrow_row`]).
+    #[inline]
+    fn encode_row(src: &[f32], dst: &mut [Self]) -> f32 {
+        Self::narrow_row(src, dst);
+        1.0
+    }
     /// `dst[i] = from_f32(src[i])` (equal lengths), as fast as this CPU does it.
     #[inline]
     fn narrow_row(src: &[f32], dst: &mut [Self]) {
@@ -135,12 +171,47 @@ impl KvElem for bf16 {
     }
 }
 
+impl KvElem for i8 {
+    const DTYPE: KvDtype = KvDtype::Int8;
+    const SCALED: bool = true;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        // `as` saturates (NaN becomes 0).
+        x.round() as i8
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    /// `q = round(x · 127 / amax)`, scale `amax / 127` (see the module doc). An all-zero row
+    /// has scale 0; a row holding a non-finite value a non-finite scale.
+    #[inline]
+    fn encode_row(src: &[f32], dst: &mut [i8]) -> f32 {
+        let amax = src.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let amax = if src.iter().all(|x| x.is_finite()) {
+            amax
+        } else {
+            f32::NAN
+        };
+        let inv = if amax > 0.0 && amax.is_finite() {
+            127.0 / amax
+        } else {
+            0.0
+        };
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = (x * inv).round().clamp(-127.0, 127.0) as i8;
+        }
+        amax / 127.0
+    }
+}
+
 /// A zeroed vector of `len` elements from the allocator's zeroed memory, so its pages stay
 /// untouched (and not resident) until used, as `vec![0f32; len]` does.
 pub fn zeroed_vec<E: KvElem>(len: usize) -> Vec<E> {
     match E::DTYPE {
         KvDtype::F32 => reinterpret(vec![0f32; len]),
         KvDtype::F16 | KvDtype::Bf16 => reinterpret(vec![0u16; len]),
+        KvDtype::Int8 => reinterpret(vec![0u8; len]),
     }
 }
 
@@ -151,7 +222,7 @@ fn reinterpret<T: Copy, E: KvElem>(v: Vec<T>) -> Vec<E> {
             && std::mem::align_of::<T>() == std::mem::align_of::<E>()
     );
     let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: `E` is f32, f16 or bf16: plain data with the size and alignment of `T` (checked
+    // SAFETY: `E` is f32, f16, bf16 or i8: plain data with the size and alignment of `T` (checked
     // above) for which every bit pattern, zero included, is a valid value; the allocation is
     // handed over whole, with its length and capacity.
     unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut E, v.len(), v.capacity()) }
@@ -166,6 +237,12 @@ pub(crate) mod sealed {
     /// How one build widens 16 f16 values, and takes the maximum of a block's visible scores.
     pub trait Isa {
         fn f16x16(src: &[f16]) -> [f32; 16];
+
+        /// 16 int8 values as f32 (exact).
+        #[inline(always)]
+        fn i8x16(src: &[i8]) -> [f32; 16] {
+            std::array::from_fn(|i| f32::from(src[i]))
+        }
 
         /// The largest of `scores[lo..hi]` that is not NaN (minus infinity when there is
         /// none): the fold of `f32::max` from minus infinity, which is exact in any order.
@@ -211,6 +288,21 @@ pub(crate) mod sealed {
                 let p = src.as_ptr() as *const __m128i;
                 let lo = _mm256_cvtph_ps(_mm_loadu_si128(p));
                 let hi = _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)));
+                std::mem::transmute::<[__m256; 2], [f32; 16]>([lo, hi])
+            }
+        }
+
+        /// Two sign extensions of 8 to 32 bits, then conversions.
+        #[inline(always)]
+        fn i8x16(src: &[i8]) -> [f32; 16] {
+            use std::arch::x86_64::*;
+            let src = &src[..16];
+            // SAFETY: 16 bytes are read from a slice that has them; this marker is only used
+            // in functions compiled with AVX2.
+            unsafe {
+                let b = _mm_loadu_si128(src.as_ptr() as *const __m128i);
+                let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(b)));
                 std::mem::transmute::<[__m256; 2], [f32; 16]>([lo, hi])
             }
         }
@@ -262,6 +354,20 @@ pub(crate) mod sealed {
             }
         }
 
+        /// One sign extension of 16 to 32 bits, then a conversion.
+        #[inline(always)]
+        fn i8x16(src: &[i8]) -> [f32; 16] {
+            use std::arch::x86_64::*;
+            let src = &src[..16];
+            // SAFETY: 16 bytes are read from a slice that has them; this marker is only used
+            // in functions compiled with AVX-512F.
+            unsafe {
+                let b = _mm_loadu_si128(src.as_ptr() as *const __m128i);
+                let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+                std::mem::transmute::<__m512, [f32; 16]>(v)
+            }
+        }
+
         /// Invisible and NaN lanes become minus infinity, then a tree of maxima.
         #[inline(always)]
         fn visible_max16(scores: &[f32; 16], lo: usize, hi: usize) -> f32 {
@@ -293,6 +399,13 @@ pub(crate) mod sealed {
         #[inline(always)]
         fn widen16<W: Isa>(src: &[f16]) -> [f32; 16] {
             W::f16x16(src)
+        }
+    }
+
+    impl Widen16 for i8 {
+        #[inline(always)]
+        fn widen16<W: Isa>(src: &[i8]) -> [f32; 16] {
+            W::i8x16(src)
         }
     }
 

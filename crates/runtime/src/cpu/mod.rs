@@ -24,8 +24,8 @@ pub mod stream;
 
 pub use activation::{gated_mul, gelu_tanh_mul, silu_mul, GatedAct};
 pub use attention::{
-    paged_attention, write_kv, write_kv_par, AttentionShape, KvLayerMut, MAX_BLOCK_SIZE,
-    MAX_HEAD_DIM,
+    paged_attention, paged_attention_scaled, write_kv, write_kv_par, write_kv_scaled,
+    AttentionShape, KvLayerMut, RowScales, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
 };
 pub use embedding::embedding;
 pub use kv_dtype::{zeroed_vec, KvDtype, KvElem};

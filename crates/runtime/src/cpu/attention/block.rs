@@ -11,16 +11,69 @@ use crate::cpu::simd;
 /// Most pairs of one token that go through a block together.
 pub(super) const MAX_RUN: usize = 4;
 
+/// One (block, KV head) of a layer's cache: its keys (transposed, `[head_dim, block_size]`),
+/// values (`[block_size, head_dim]`) and, for a scaled type, each slot's key and value scale
+/// (`[block_size]`; empty for the float types).
+#[derive(Clone, Copy)]
+pub(super) struct BlockKv<'a, E> {
+    pub(super) keys: &'a [E],
+    pub(super) vals: &'a [E],
+    pub(super) k_scales: &'a [f32],
+    pub(super) v_scales: &'a [f32],
+}
+
+impl<E> BlockKv<'_, E> {
+    /// Hints every line of the block towards L1.
+    #[inline(always)]
+    pub(super) fn prefetch(&self) {
+        prefetch(self.keys);
+        prefetch(self.vals);
+        prefetch(self.k_scales);
+        prefetch(self.v_scales);
+    }
+
+    /// Hints every line of the block towards L2.
+    #[inline(always)]
+    pub(super) fn prefetch_l2(&self) {
+        prefetch_l2(self.keys);
+        prefetch_l2(self.vals);
+        prefetch_l2(self.k_scales);
+        prefetch_l2(self.v_scales);
+    }
+}
+
 /// Pairs of one token against one block: `first` is the index of the first pair, `range` the
 /// visible keys of the block.
 pub(super) struct Run<'a, E> {
     pub(super) pairs: &'a [(usize, usize)],
     pub(super) first: usize,
     pub(super) range: (usize, usize),
-    /// Keys and values of the block that comes next, to prefetch meanwhile.
-    pub(super) next: Option<(&'a [E], &'a [E])>,
-    /// Keys and values of a block further on, to bring into L2 meanwhile.
-    pub(super) far: Option<(&'a [E], &'a [E])>,
+    /// The block that comes next, to prefetch meanwhile.
+    pub(super) next: Option<BlockKv<'a, E>>,
+    /// A block further on, to bring into L2 meanwhile.
+    pub(super) far: Option<BlockKv<'a, E>>,
+}
+
+/// A block's raw score of key `j` (the dot product with the stored key) as attention uses it:
+/// times the key's scale for a scaled type, then times `scale`.
+#[inline(always)]
+fn scaled_score<E: KvElem>(raw: f32, k_scales: &[f32], j: usize, scale: f32) -> f32 {
+    if E::SCALED {
+        raw * k_scales[j] * scale
+    } else {
+        raw * scale
+    }
+}
+
+/// Key `j`'s softmax weight as it multiplies the stored values: times the value's scale for a
+/// scaled type.
+#[inline(always)]
+fn value_weight<E: KvElem>(prob: f32, v_scales: &[f32], j: usize) -> f32 {
+    if E::SCALED {
+        prob * v_scales[j]
+    } else {
+        prob
+    }
 }
 
 /// The maximum of a block's visible scores (keys `lo..hi`): lane maxima, then their fold
@@ -73,8 +126,7 @@ pub(super) fn softmax_step(
 #[inline(always)]
 pub(super) fn block_any<E: KvElem>(
     qv: &[f32],
-    keys: &[E],
-    vals: &[E],
+    blk: BlockKv<'_, E>,
     bs: usize,
     range: (usize, usize),
     scale: f32,
@@ -85,8 +137,10 @@ pub(super) fn block_any<E: KvElem>(
     let hd = qv.len();
     let mut scores = [0f32; MAX_BLOCK_SIZE];
     let mut probs = [0f32; MAX_BLOCK_SIZE];
-    block_scores_any(qv, keys, bs, &mut scores[..bs]);
-    scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
+    block_scores_any(qv, blk.keys, bs, &mut scores[..bs]);
+    for (j, sc) in scores[..bs].iter_mut().enumerate() {
+        *sc = scaled_score::<E>(*sc, blk.k_scales, j, scale);
+    }
     if let Some(cap) = softcap {
         scores[..bs]
             .iter_mut()
@@ -95,7 +149,10 @@ pub(super) fn block_any<E: KvElem>(
     let block_max = visible_max(&scores[..bs], range);
     softmax_step(block_max, &scores[..bs], range, s, acc, &mut probs[..bs]);
     let (lo, hi) = range;
-    weighted_values_any(acc, &probs[lo..hi], &vals[lo * hd..hi * hd]);
+    for (j, p) in probs[..bs].iter_mut().enumerate() {
+        *p = value_weight::<E>(*p, blk.v_scales, j);
+    }
+    weighted_values_any(acc, &probs[lo..hi], &blk.vals[lo * hd..hi * hd]);
 }
 
 /// `NP` pairs of one token against a block of 16 keys with head size `HD`: the block's keys
@@ -108,20 +165,27 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     q: &[f32],
     t: usize,
     nh: usize,
-    keys: &[E],
-    vals: &[E],
+    blk: BlockKv<'_, E>,
     scale: f32,
     st: &mut [SoftmaxState],
     out: &mut [f32],
 ) {
     const BS: usize = 16;
+    let (keys, vals) = (blk.keys, blk.vals);
     let qs: [&[f32; HD]; NP] = std::array::from_fn(|k| {
         let at = (t * nh + run.pairs[k].1) * HD;
         q[at..at + HD].try_into().expect("HD values")
     });
     // Without a next block, the prefetches touch this one (in cache): no branch in the loops.
-    let (next_k, next_v) = run.next.unwrap_or((keys, vals));
-    let (far_k, far_v) = run.far.unwrap_or((keys, vals));
+    let next_blk = run.next.unwrap_or(blk);
+    let far_blk = run.far.unwrap_or(blk);
+    // Their scales are a line or two: hinted at once.
+    prefetch(next_blk.k_scales);
+    prefetch(next_blk.v_scales);
+    prefetch_l2(far_blk.k_scales);
+    prefetch_l2(far_blk.v_scales);
+    let (next_k, next_v) = (next_blk.keys, next_blk.vals);
+    let (far_k, far_v) = (far_blk.keys, far_blk.vals);
     // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
     let mut part = [[[0f32; BS]; 4]; NP];
     // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
@@ -141,7 +205,8 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     for k in 0..NP {
         let mut scores = [0f32; BS];
         for j in 0..BS {
-            scores[j] = ((part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j])) * scale;
+            let raw = (part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j]);
+            scores[j] = scaled_score::<E>(raw, blk.k_scales, j, scale);
         }
         let p = run.first + k;
         // The block's maximum as the build does it best (the same value as `visible_max`'s).
@@ -154,6 +219,10 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
             &mut out[p * HD..(p + 1) * HD],
             &mut probs[k],
         );
+        // The denominator has its weights: from here on they multiply the stored values.
+        for (j, pr) in probs[k].iter_mut().enumerate() {
+            *pr = value_weight::<E>(*pr, blk.v_scales, j);
+        }
     }
     // Weighted values, key by key, every pair's accumulator in registers.
     let (lo, hi) = run.range;

@@ -3,9 +3,8 @@
 //! per-block score and value loops for each instruction set; prefetch hints.
 
 use super::block::*;
-use super::prefetch::{prefetch, prefetch_l2};
 use super::softmax::*;
-use super::{AttentionShape, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
+use super::{AttentionShape, RowScales, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
 use crate::cpu::kv_dtype::sealed::{Isa, Portable};
 use crate::cpu::kv_dtype::KvElem;
 use crate::cpu::{simd, DisjointMut};
@@ -54,6 +53,7 @@ pub(super) fn attend_item<E: KvElem>(
     q: &[f32],
     k_cache: &[E],
     v_cache: &[E],
+    scales: RowScales<'_>,
     table: &[u32],
     seq: &SeqSlice,
     it: Item,
@@ -84,6 +84,7 @@ pub(super) fn attend_item<E: KvElem>(
             q,
             k_cache,
             v_cache,
+            scales,
             table,
             pairs,
             origin,
@@ -158,6 +159,7 @@ pub(super) struct PairsJob<'a, E> {
     q: &'a [f32],
     k_cache: &'a [E],
     v_cache: &'a [E],
+    scales: RowScales<'a>,
     table: &'a [u32],
     pairs: &'a [(usize, usize)],
     origin: (usize, usize),
@@ -223,6 +225,7 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
         q,
         k_cache,
         v_cache,
+        scales,
         table,
         pairs,
         origin,
@@ -257,20 +260,27 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
     const FAR: usize = 4;
     let block_kv = |bi: usize| {
         let n = shape.block_base(table[bi] as usize, kv_head);
-        (&k_cache[n..n + bs * hd], &v_cache[n..n + bs * hd])
+        let (k_scales, v_scales) = if E::SCALED {
+            let r = n / hd..n / hd + bs;
+            (&scales.k[r.clone()], &scales.v[r])
+        } else {
+            (&[][..], &[][..])
+        };
+        BlockKv {
+            keys: &k_cache[n..n + bs * hd],
+            vals: &v_cache[n..n + bs * hd],
+            k_scales,
+            v_scales,
+        }
     };
     for bi in b_lo + 1..(b_lo + AHEAD).min(b_hi + 1) {
-        let (k, v) = block_kv(bi);
-        prefetch(k);
-        prefetch(v);
+        block_kv(bi).prefetch();
     }
     for bi in b_lo + AHEAD..(b_lo + FAR).min(b_hi + 1) {
-        let (k, v) = block_kv(bi);
-        prefetch_l2(k);
-        prefetch_l2(v);
+        block_kv(bi).prefetch_l2();
     }
     for bi in b_lo..=b_hi {
-        let (keys, vals) = block_kv(bi);
+        let blk = block_kv(bi);
         let mut next = (bi + AHEAD <= b_hi).then(|| block_kv(bi + AHEAD));
         let mut far = (bi + FAR <= b_hi).then(|| block_kv(bi + FAR));
         let block_start = bi * bs;
@@ -303,57 +313,54 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
                 let fast_bs = if shape.softcap.is_some() { 0 } else { bs };
                 match (fast_bs, hd, run.pairs.len()) {
                     (16, 64, 1) => {
-                        block_fast::<E, W, 64, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 1>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 64, 2) => {
-                        block_fast::<E, W, 64, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 2>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 64, 3) => {
-                        block_fast::<E, W, 64, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 3>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 64, 4) => {
-                        block_fast::<E, W, 64, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 64, 4>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 128, 1) => {
-                        block_fast::<E, W, 128, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 1>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 128, 2) => {
-                        block_fast::<E, W, 128, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 2>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 128, 3) => {
-                        block_fast::<E, W, 128, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 3>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 128, 4) => {
-                        block_fast::<E, W, 128, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 128, 4>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     // Gemma's head size.
                     (16, 256, 1) => {
-                        block_fast::<E, W, 256, 1>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 256, 1>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 256, 2) => {
-                        block_fast::<E, W, 256, 2>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 256, 2>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 256, 3) => {
-                        block_fast::<E, W, 256, 3>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 256, 3>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     (16, 256, 4) => {
-                        block_fast::<E, W, 256, 4>(&run, q, t, nh, keys, vals, shape.scale, st, out)
+                        block_fast::<E, W, 256, 4>(&run, q, t, nh, blk, shape.scale, st, out)
                     }
                     _ => {
-                        if let Some((nk, nv)) = run.next {
-                            prefetch(nk);
-                            prefetch(nv);
+                        if let Some(n) = run.next {
+                            n.prefetch();
                         }
-                        if let Some((fk, fv)) = run.far {
-                            prefetch_l2(fk);
-                            prefetch_l2(fv);
+                        if let Some(f) = run.far {
+                            f.prefetch_l2();
                         }
                         for (k, &(_, h)) in run.pairs.iter().enumerate() {
                             let p = run.first + k;
                             block_any(
                                 qv(h),
-                                keys,
-                                vals,
+                                blk,
                                 bs,
                                 run.range,
                                 shape.scale,

@@ -1,6 +1,7 @@
-//! Writing new tokens' keys and values into their cache slots, rounded to the cache's type.
+//! Writing new tokens' keys and values into their cache slots, rounded to the cache's type
+//! (for int8, each (token, KV head) row quantized with its own scale, stored beside it).
 
-use super::AttentionShape;
+use super::{AttentionShape, MAX_HEAD_DIM};
 use crate::cpu::kv_dtype::KvElem;
 use crate::cpu::DisjointMut;
 use crate::ThreadPool;
@@ -16,14 +17,18 @@ pub fn write_kv<E: KvElem>(
     k_cache: &mut [E],
     v_cache: &mut [E],
 ) {
-    let (kc, vc) = (DisjointMut::new(k_cache), DisjointMut::new(v_cache));
-    for g in 0..shape.num_kv_heads {
-        // SAFETY: one thread writes everything, one region at a time.
-        unsafe {
-            write_head(k, slot_mapping, shape, g, &kc, true);
-            write_head(v, slot_mapping, shape, g, &vc, false);
-        }
-    }
+    assert!(
+        !E::SCALED,
+        "a scaled cache needs its scales: write_kv_scaled"
+    );
+    write_kv_scaled(
+        None,
+        k,
+        v,
+        slot_mapping,
+        shape,
+        (k_cache, v_cache, &mut [], &mut []),
+    )
 }
 
 /// Batches of at least this many tokens write their keys and values in parallel.
@@ -42,30 +47,76 @@ pub fn write_kv_par<E: KvElem>(
     k_cache: &mut [E],
     v_cache: &mut [E],
 ) {
-    if slot_mapping.len() < PAR_WRITE_TOKENS || pool.num_threads() == 1 {
-        return write_kv(k, v, slot_mapping, shape, k_cache, v_cache);
+    assert!(
+        !E::SCALED,
+        "a scaled cache needs its scales: write_kv_scaled"
+    );
+    write_kv_scaled(
+        Some(pool),
+        k,
+        v,
+        slot_mapping,
+        shape,
+        (k_cache, v_cache, &mut [], &mut []),
+    )
+}
+
+/// [`write_kv`] (on the calling thread without a pool, else as [`write_kv_par`]) into a cache
+/// of any type: `cache` is the keys, the values and, for a scaled type, their rows' scales
+/// (`[num_blocks, num_kv_heads, block_size]` each; unused and possibly empty otherwise).
+pub fn write_kv_scaled<E: KvElem>(
+    pool: Option<&ThreadPool>,
+    k: &[f32],
+    v: &[f32],
+    slot_mapping: &[u32],
+    shape: &AttentionShape,
+    cache: (&mut [E], &mut [E], &mut [f32], &mut [f32]),
+) {
+    let (k_cache, v_cache, k_scales, v_scales) = cache;
+    if E::SCALED {
+        let rows = k_cache.len() / shape.head_dim.max(1);
+        assert!(
+            k_scales.len() == rows && v_scales.len() == rows,
+            "a scale per cached row"
+        );
     }
     let (kc, vc) = (DisjointMut::new(k_cache), DisjointMut::new(v_cache));
-    pool.parallel_for(2 * shape.num_kv_heads, |i| {
-        let (g, keys) = (i / 2, i % 2 == 0);
-        let (src, dst) = if keys { (k, &kc) } else { (v, &vc) };
-        // SAFETY: task (g, cache) writes only head g's regions of that cache, and no other
-        // task writes those.
-        unsafe { write_head(src, slot_mapping, shape, g, dst, keys) };
-    });
+    let (ks, vs) = (DisjointMut::new(k_scales), DisjointMut::new(v_scales));
+    let dst = |keys: bool| if keys { (k, &kc, &ks) } else { (v, &vc, &vs) };
+    match pool {
+        Some(pool) if slot_mapping.len() >= PAR_WRITE_TOKENS && pool.num_threads() > 1 => {
+            pool.parallel_for(2 * shape.num_kv_heads, |i| {
+                let (g, keys) = (i / 2, i % 2 == 0);
+                let (src, cache, scales) = dst(keys);
+                // SAFETY: task (g, cache) writes only head g's regions of that cache and its
+                // scales, and no other task writes those.
+                unsafe { write_head(src, slot_mapping, shape, g, (cache, scales), keys) };
+            });
+        }
+        _ => {
+            for g in 0..shape.num_kv_heads {
+                for keys in [true, false] {
+                    let (src, cache, scales) = dst(keys);
+                    // SAFETY: one thread writes everything, one region at a time.
+                    unsafe { write_head(src, slot_mapping, shape, g, (cache, scales), keys) };
+                }
+            }
+        }
+    }
 }
 
 /// Writes KV head `g` of every token (`src`: `[num_tokens, num_kv_heads * head_dim]`) into
-/// `cache`: transposed within its block (`keys`) or as a row.
+/// `cache`: transposed within its block (`keys`) or as a row, with the row's scale for a scaled
+/// type.
 ///
 /// # Safety
-/// No other thread touches head `g`'s regions of `cache` meanwhile.
+/// No other thread touches head `g`'s regions of `cache` (or its scales) meanwhile.
 pub(super) unsafe fn write_head<E: KvElem>(
     src: &[f32],
     slot_mapping: &[u32],
     shape: &AttentionShape,
     g: usize,
-    cache: &DisjointMut<E>,
+    (cache, scales): (&DisjointMut<E>, &DisjointMut<f32>),
     keys: bool,
 ) {
     let (hd, bs) = (shape.head_dim, shape.block_size);
@@ -75,18 +126,20 @@ pub(super) unsafe fn write_head<E: KvElem>(
         let x = &src[t * row + g * hd..][..hd];
         // SAFETY: (block, head g) is one region of `cache`; the caller owns head g's regions.
         let region = unsafe { cache.slice(shape.block_base(block, g), bs * hd) };
-        if keys {
-            // Keys are transposed within the block: rounded 64 at a time into a row first.
-            for d0 in (0..hd).step_by(64) {
-                let n = (hd - d0).min(64);
-                let mut r = [E::from_f32(0.0); 64];
-                E::narrow_row(&x[d0..d0 + n], &mut r[..n]);
-                for (d, &e) in (d0..d0 + n).zip(&r[..n]) {
-                    region[d * bs + offset] = e;
-                }
+        let scale = if keys {
+            // Keys are transposed within the block: encoded into a row first.
+            let mut r = [E::from_f32(0.0); MAX_HEAD_DIM];
+            let scale = E::encode_row(x, &mut r[..hd]);
+            for (d, &e) in r[..hd].iter().enumerate() {
+                region[d * bs + offset] = e;
             }
+            scale
         } else {
-            E::narrow_row(x, &mut region[offset * hd..(offset + 1) * hd]);
+            E::encode_row(x, &mut region[offset * hd..(offset + 1) * hd])
+        };
+        if E::SCALED {
+            // SAFETY: slot (block, head g, offset) is one scale; the caller owns head g's.
+            unsafe { scales.slice(shape.block_base(block, g) / hd + offset, 1)[0] = scale };
         }
     }
 }

@@ -14,7 +14,10 @@
 //! so results never depend on the batch, the chunking of a prompt or the thread count.
 //!
 //! The cache holds f32 or a half type ([`KvElem`]); keys and values are widened to f32 as they
-//! are loaded, and everything after that is the same f32 arithmetic.
+//! are loaded, and everything after that is the same f32 arithmetic. An int8 cache also holds a
+//! scale per (block, KV head, slot) for keys and for values ([`RowScales`],
+//! `[num_blocks, num_kv_heads, block_size]`): a key's scale multiplies its score after the dot
+//! product, a value's scale its softmax weight (after the weight joined the denominator).
 //!
 //! Files: [`planner`] cuts the batch into items and folds split parts; [`kernels`] runs an
 //! item; [`block`] runs its pairs against one block, updating each pair's [`softmax`] state;
@@ -22,6 +25,8 @@
 //! its element type.
 
 mod block;
+#[cfg(test)]
+mod int8_tests;
 mod kernels;
 mod kv_write;
 mod planner;
@@ -30,12 +35,20 @@ mod softmax;
 #[cfg(test)]
 mod tests;
 
-pub use kv_write::{write_kv, write_kv_par};
-pub use planner::paged_attention;
+pub use kv_write::{write_kv, write_kv_par, write_kv_scaled};
+pub use planner::{paged_attention, paged_attention_scaled};
 
 use crate::ThreadPool;
 use ferrum_types::batch::SeqSlice;
 use half::{bf16, f16};
+
+/// The scales of a scaled cache's rows (int8): one per (block, KV head, slot) for keys and for
+/// values, `[num_blocks, num_kv_heads, block_size]` each. Empty for the float types.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RowScales<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
 
 /// Largest head size the kernel's stack buffers hold.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -80,6 +93,8 @@ pub enum KvLayerMut<'a> {
     F32(&'a mut [f32], &'a mut [f32]),
     F16(&'a mut [f16], &'a mut [f16]),
     Bf16(&'a mut [bf16], &'a mut [bf16]),
+    /// Keys, values, key scales, value scales.
+    Int8(&'a mut [i8], &'a mut [i8], &'a mut [f32], &'a mut [f32]),
 }
 
 impl KvLayerMut<'_> {
@@ -96,6 +111,9 @@ impl KvLayerMut<'_> {
             KvLayerMut::F32(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
             KvLayerMut::F16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
             KvLayerMut::Bf16(kc, vc) => write_kv_par(pool, k, v, slot_mapping, shape, kc, vc),
+            KvLayerMut::Int8(kc, vc, ks, vs) => {
+                write_kv_scaled(Some(pool), k, v, slot_mapping, shape, (kc, vc, ks, vs))
+            }
         }
     }
 
@@ -121,6 +139,16 @@ impl KvLayerMut<'_> {
             KvLayerMut::Bf16(kc, vc) => {
                 paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out, partials)
             }
+            KvLayerMut::Int8(kc, vc, ks, vs) => paged_attention_scaled(
+                pool,
+                q,
+                (kc, vc, RowScales { k: ks, v: vs }),
+                seqs,
+                block_tables,
+                shape,
+                out,
+                partials,
+            ),
         }
     }
 }

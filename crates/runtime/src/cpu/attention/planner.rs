@@ -5,7 +5,7 @@
 use super::kernels::*;
 use super::prefetch::prefetch_l2;
 use super::softmax::*;
-use super::{AttentionShape, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
+use super::{AttentionShape, RowScales, LANES, MAX_HEAD_DIM, MAX_PAIRS, PART};
 use crate::cpu::kv_dtype::KvElem;
 use crate::cpu::DisjointMut;
 use crate::ThreadPool;
@@ -62,6 +62,43 @@ pub fn paged_attention<E: KvElem>(
     out: &mut [f32],
     partials: &mut Vec<f32>,
 ) {
+    assert!(
+        !E::SCALED,
+        "a scaled cache needs its scales: paged_attention_scaled"
+    );
+    paged_attention_scaled(
+        pool,
+        q,
+        (k_cache, v_cache, RowScales::default()),
+        seqs,
+        block_tables,
+        shape,
+        out,
+        partials,
+    )
+}
+
+/// [`paged_attention`] over a cache of any type: `cache` is the keys, the values and, for a
+/// scaled type (int8), their rows' scales (`[num_blocks, num_kv_heads, block_size]` each).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_scaled<E: KvElem>(
+    pool: &ThreadPool,
+    q: &[f32],
+    cache: (&[E], &[E], RowScales<'_>),
+    seqs: &[SeqSlice],
+    block_tables: &[u32],
+    shape: &AttentionShape,
+    out: &mut [f32],
+    partials: &mut Vec<f32>,
+) {
+    let (k_cache, v_cache, scales) = cache;
+    if E::SCALED {
+        let rows = k_cache.len() / shape.head_dim.max(1);
+        assert!(
+            scales.k.len() == rows && scales.v.len() == rows,
+            "a scale per cached row"
+        );
+    }
     let (nh, nkv, hd) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
     let group = nh / nkv;
     // Whole groups of heads when that gives enough items for the pool, else single heads;
@@ -187,7 +224,7 @@ pub fn paged_attention<E: KvElem>(
         } else {
             Dest::Out(&out_shared)
         };
-        attend_item(q, k_cache, v_cache, table, s, it, shape, dst);
+        attend_item(q, k_cache, v_cache, scales, table, s, it, shape, dst);
     };
     // Each thread walks its own run of items (a sequence's KV heads, whose blocks sit side by
     // side in the cache), stealing the others' last ones when done.

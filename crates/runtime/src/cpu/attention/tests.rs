@@ -438,6 +438,12 @@ fn fast_equals_general<const HD: usize>() {
     let keys: Vec<f32> = (0..HD * 16).map(|i| f(i, 0.11)).collect();
     let vals: Vec<f32> = (0..HD * 16).map(|i| f(i, 0.23)).collect();
     let pairs = [(0usize, 0usize), (0, 1), (0, 2), (0, 3)];
+    let blk = BlockKv {
+        keys: &keys,
+        vals: &vals,
+        k_scales: &[],
+        v_scales: &[],
+    };
     for range in [(0, 16), (3, 11)] {
         // Two blocks in a row, so the second one rescales.
         let mut want_st = [SoftmaxState::EMPTY; 4];
@@ -446,8 +452,7 @@ fn fast_equals_general<const HD: usize>() {
             for (p, &(_, h)) in pairs.iter().enumerate() {
                 block_any(
                     &q[h * HD..(h + 1) * HD],
-                    &keys,
-                    &vals,
+                    blk,
                     16,
                     range,
                     0.125,
@@ -467,9 +472,7 @@ fn fast_equals_general<const HD: usize>() {
                 next: None,
                 far: None,
             };
-            block_fast::<f32, Portable, HD, 3>(
-                &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
-            );
+            block_fast::<f32, Portable, HD, 3>(&run, &q, 0, 4, blk, 0.125, &mut st, &mut got);
             let run = Run {
                 pairs: &pairs[3..],
                 first: 3,
@@ -477,9 +480,7 @@ fn fast_equals_general<const HD: usize>() {
                 next: None,
                 far: None,
             };
-            block_fast::<f32, Portable, HD, 1>(
-                &run, &q, 0, 4, &keys, &vals, 0.125, &mut st, &mut got,
-            );
+            block_fast::<f32, Portable, HD, 1>(&run, &q, 0, 4, blk, 0.125, &mut st, &mut got);
         }
         assert_eq!(got, want, "hd {HD} {range:?}");
         for (a, b) in st.iter().zip(&want_st) {
