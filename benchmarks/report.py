@@ -154,6 +154,7 @@ def real_files(d: pathlib.Path) -> None:
             p(r)
         p("")
     kv_disk(d)
+    kv_quant(d)
     serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:
@@ -196,6 +197,49 @@ def kv_disk(d: pathlib.Path) -> None:
             p(f"| {k} the tier | {ws['second_pass_s'][k]} | {ws['second_pass_median_ttft_s'][k]} | {ws['first_pass_s'][k]} |")
         p(f"\nSecond pass {ws['second_pass_speedup']}x faster with the tier; the same tokens: "
           f"{'yes' if ws['same_tokens'] else 'NO'}.\n")
+
+
+def kv_quant(d: pathlib.Path) -> None:
+    """The int8 KV cache against f16 and llama.cpp's q8_0 (benchmarks/kv_quant.py)."""
+    r = load(d / "kvquant.json")
+    if not r:
+        return
+    p = print
+    fq, lq = r["ferrum_quality"], r["llamacpp_quality"]
+    c = fq["reference"]
+    p("### The int8 KV cache (`--kv-cache-dtype int8`)\n")
+    p(f"{r['model']}, {fq['text_tokens']} tokens of held-out text (`{r['text']}`: Ferrum's own docs, "
+      "written after the model), in chunks of")
+    p(f"{r['ctx']} whose second halves are scored ({fq['scored_tokens']} tokens), llama.cpp's "
+      "`llama-perplexity` scoring; each engine's quantized cache against its own f16 cache")
+    p("(`ferrum bench perplexity --kv-cache-dtype int8 --reference-kv-cache-dtype f16`;")
+    p("`llama-perplexity -fa on --kl-divergence-base` with f16, then `-ctk q8_0 -ctv q8_0 --kl-divergence`):\n")
+    p("| | perplexity, f16 cache | quantized cache | change | mean KL, nats | max KL | same argmax |")
+    p("| --- | --- | --- | --- | --- | --- | --- |")
+    p(f"| Ferrum int8 | {c['perplexity']:.4f} | {fq['perplexity']:.4f} | "
+      f"{100 * (fq['perplexity'] / c['perplexity'] - 1):+.2f}% | {c['mean_kl']:.2e} | {c['max_kl']:.3f} | "
+      f"{100 * c['top1_agreement']:.2f}% |")
+    p(f"| llama.cpp q8_0 | {lq['ppl_base']:.4f} | {lq['ppl_q8_0']:.4f} | "
+      f"{100 * (lq['ppl_q8_0'] / lq['ppl_base'] - 1):+.2f}% | {lq['mean_kl']:.2e} | {lq['max_kl']:.3f} | "
+      f"{100 * lq['top1_agreement']:.2f}% |\n")
+    g = c["greedy"]
+    p(f"Ferrum's last-position logits: the largest |difference| at most {100 * c['last_logit_err']:.1f}% of the "
+      f"largest |logit| over the {fq['chunks']} chunks. Greedy continuations of {g[0]['tokens'] if g else 0} tokens "
+      f"after the first {g[0]['prompt_tokens'] if g else 0} tokens of the first {len(g)} chunks, int8 against f16: "
+      + ", ".join(f"{x['equal']} equal (first difference at {x['first_divergence']})" for x in g) + ".\n")
+    m, kb = r["median_decode_tok_s"], r["kv_bytes_per_token"]
+    p(f"Decode at batch {r['batch']} after {r['input_len']}-token prompts ({r['output_len']} steps), "
+      f"{len(r['decode_tok_s']['bandwidth'])} rounds alternated, medians; read bandwidth "
+      f"{m['bandwidth']:.1f} GB/s (`ferrum bench bandwidth`, each round):\n")
+    p("| | KV bytes per token | f16 cache, tok/s | quantized cache, tok/s | ratio |")
+    p("| --- | --- | --- | --- | --- |")
+    p(f"| Ferrum int8 | {kb['ferrum_f16']:.0f} -> {kb['ferrum_int8']:.0f} "
+      f"({kb['ferrum_f16'] / kb['ferrum_int8']:.2f}x the tokens) | {m['ferrum_f16']:.1f} | {m['ferrum_int8']:.1f} | "
+      f"{m['ferrum_int8'] / m['ferrum_f16']:.3f} |")
+    p(f"| llama.cpp q8_0 | {kb['llamacpp_f16']:.0f} -> {kb['llamacpp_q8_0']:.0f} "
+      f"({kb['llamacpp_f16'] / kb['llamacpp_q8_0']:.2f}x) | {m['llamacpp_f16']:.1f} | {m['llamacpp_q8_0']:.1f} | "
+      f"{m['llamacpp_q8_0'] / m['llamacpp_f16']:.3f} |\n")
+    p(f"Ferrum int8 over llama.cpp q8_0: {m['ferrum_int8'] / m['llamacpp_q8_0']:.2f}x.\n")
 
 
 def main() -> None:

@@ -160,6 +160,13 @@ if [ "$quick" = 0 ]; then
     --rounds 3 --cold-files > "$out/kvdisk-restart.json" || rm -f "$out/kvdisk-restart.json"
   python3 benchmarks/kv_disk_restart.py --bin "$ferrum" --model "$q15" --working-set 8:1000:140 \
     --max-tokens 8 > "$out/kvdisk-workingset.json" || rm -f "$out/kvdisk-workingset.json"
+  # The int8 KV cache against f16, beside llama.cpp's q8_0 cache: perplexity, KL divergence and
+  # greedy agreement on a held-out text, decode speed at batch 16, bytes per token.
+  if [ -x "$llama_bin/llama-perplexity" ]; then
+    echo "== int8 KV cache (Qwen2.5-Coder-1.5B)"
+    python3 benchmarks/kv_quant.py --bin "$ferrum" --llama-bin "$llama_bin" --model "$q15" \
+      --threads "$threads" > "$out/kvquant.json" || rm -f "$out/kvquant.json"
+  fi
 fi
 
 # The same raw speed on a busy machine: one CPU-bound process (a Python busy loop) shares the

@@ -4,7 +4,7 @@
 #
 # 1. target/bench/venv-llamacpp: the Python bindings (`llama_cpp`, used by llamacpp_latency.py)
 #    and their server (`python -m llama_cpp.server`).
-# 2. target/bench/llama.cpp/bin: llama.cpp's own `llama-server`, `llama-batched-bench` and
+# 2. target/bench/llama.cpp/bin: llama.cpp's own `llama-server`, `llama-batched-bench`, `llama-perplexity` and
 #    `llama-speculative` (draft-model speculative decoding, the peer of `--speculative-model`).
 #    The wheel does not ship them: its CMakeLists adds llama.cpp as a subdirectory, where
 #    LLAMA_BUILD_TOOLS and LLAMA_BUILD_SERVER default to OFF, and it installs only the libraries.
@@ -35,7 +35,7 @@ else
 fi
 
 bin="$bench/llama.cpp/bin"
-tools=(llama-server llama-batched-bench llama-speculative)
+tools=(llama-server llama-batched-bench llama-speculative llama-perplexity)
 have=1
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || have=0; done
 if [ "$have" = 1 ]; then

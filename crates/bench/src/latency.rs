@@ -59,6 +59,8 @@ impl DecodeProfile {
 pub struct LatencyResult {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
+    /// KV cache bytes one token takes (all layers, keys and values, scales included).
+    pub kv_bytes_per_token: usize,
     /// Weight bytes one step reads (shared by the batch).
     pub weight_bytes_per_step: usize,
     pub bytes_per_decode_token: f64,
@@ -105,6 +107,7 @@ pub fn latency(model: &mut Model, cfg: &LatencyConfig) -> Result<LatencyResult> 
     let kv_bytes = kv_per_pos as f64 * (cfg.input_len as f64 + cfg.output_len as f64 / 2.0);
     let bytes_per_decode_token = weight_bytes_per_step as f64 / cfg.batch_size as f64 + kv_bytes;
     Ok(LatencyResult {
+        kv_bytes_per_token: kv_per_pos,
         prefill_tok_s,
         decode_tok_s,
         weight_bytes_per_step,

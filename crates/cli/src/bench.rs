@@ -29,6 +29,10 @@ enum BenchCommand {
     /// Fault-injecting load on a server: a random request mix, clients that disconnect, and
     /// checks that every response is well-formed and memory and KV blocks come back.
     Soak(ferrum_bench::soak::SoakArgs),
+    /// Perplexity of the model on a text (llama.cpp's `llama-perplexity` scoring), and with
+    /// --reference-kv-cache-dtype how far this setting's logits and greedy tokens are from the
+    /// same model with that KV cache.
+    Perplexity(Box<PerplexityArgs>),
     /// This machine's streaming read bandwidth (the bound on decode speed for large models).
     Bandwidth(BandwidthArgs),
     /// What a parallel run's communication costs: all-reduce and stage-to-stage send of
@@ -48,6 +52,34 @@ pub struct CommArgs {
     #[arg(long, default_value_t = 200)]
     num_iters: usize,
     /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text (UTF-8), tokenized without special tokens.
+    #[arg(long)]
+    file: std::path::PathBuf,
+    /// Tokens per chunk; each chunk's second half is scored.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Chunks at most (default: every whole chunk of the text).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Also run the model with this KV cache type and compare (KL divergence, argmax
+    /// agreement, last-position logits, greedy continuations).
+    #[arg(long, value_enum)]
+    reference_kv_cache_dtype: Option<crate::common::KvCacheDtype>,
+    /// Greedy tokens decoded from each compared prompt.
+    #[arg(long, default_value_t = 128)]
+    greedy_tokens: usize,
+    /// Prompts (the first halves of the first chunks) continued greedily by both.
+    #[arg(long, default_value_t = 4)]
+    greedy_prompts: usize,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -127,6 +159,7 @@ pub fn bench(args: &BenchArgs, launch: &Launch) -> Result<()> {
         BenchCommand::Throughput(a) => throughput(a, launch),
         BenchCommand::Serve(a) => ferrum_bench::serve::bench_serve(a),
         BenchCommand::Soak(a) => ferrum_bench::soak::soak(a),
+        BenchCommand::Perplexity(a) => perplexity(a, launch),
         BenchCommand::Bandwidth(a) => bandwidth(a),
         BenchCommand::Comm(a) => comm(a, launch),
     }
@@ -192,6 +225,7 @@ fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
                     "prefill_tok_s": r.prefill_tok_s,
                     "decode_tok_s": r.decode_tok_s,
                     "weight_bytes_per_step": r.weight_bytes_per_step,
+                    "kv_bytes_per_token": r.kv_bytes_per_token,
                     "bytes_per_decode_token": r.bytes_per_decode_token,
                     "decode_read_gb_s": r.decode_read_gb_s,
                     "profile": r.profile.as_ref().map(profile_json),
@@ -212,6 +246,79 @@ fn latency(args: &LatencyArgs, launch: &Launch) -> Result<()> {
             if let Some(p) = &r.profile {
                 print_profile(p);
             }
+        }
+    }
+    Ok(())
+}
+
+fn perplexity(args: &PerplexityArgs, launch: &Launch) -> Result<()> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading --file {}", args.file.display()))?;
+    let (mut model, assets, _) = load_parts(&args.model, launch)?;
+    let assets = assets.map_err(|e| anyhow::anyhow!("the model's tokenizer: {e}"))?;
+    let tokens = assets.tokenizer.encode(&text, false)?;
+    let mut reference = match args.reference_kv_cache_dtype {
+        Some(d) => {
+            let mut a = args.model.clone();
+            a.kv_cache_dtype = d;
+            Some(load_parts(&a, launch)?.0)
+        }
+        None => None,
+    };
+    let cfg = ferrum_bench::PerplexityConfig {
+        ctx: args.ctx,
+        max_chunks: args.chunks,
+        greedy_tokens: args.greedy_tokens,
+        greedy_prompts: args.greedy_prompts,
+    };
+    let r = ferrum_bench::perplexity(&mut model, reference.as_mut(), &tokens, &cfg)?;
+    let kv = model.config().kv_cache_dtype.name();
+    let ref_kv = reference.as_ref().map(|m| m.config().kv_cache_dtype.name());
+    if args.json {
+        #[derive(serde::Serialize)]
+        struct Report<'a> {
+            model: &'a str,
+            file: &'a std::path::Path,
+            text_tokens: usize,
+            kv_cache_dtype: &'a str,
+            reference_kv_cache_dtype: Option<&'a str>,
+            #[serde(flatten)]
+            result: &'a ferrum_bench::PerplexityResult,
+        }
+        let report = Report {
+            model: &args.model.model,
+            file: &args.file,
+            text_tokens: tokens.len(),
+            kv_cache_dtype: kv,
+            reference_kv_cache_dtype: ref_kv,
+            result: &r,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} tokens, {} chunks of {}, {} scored",
+        tokens.len(),
+        r.chunks,
+        r.ctx,
+        r.scored_tokens
+    );
+    println!("perplexity ({kv} cache): {:.4}", r.perplexity);
+    if let (Some(c), Some(ref_kv)) = (&r.reference, ref_kv) {
+        println!("perplexity ({ref_kv} cache): {:.4}", c.perplexity);
+        println!(
+            "KL({ref_kv} ‖ {kv}): mean {:.3e}, max {:.3e} nats; argmax agreement {:.2}%; \
+             last-position max |Δ logit| / max |logit| {:.3e}",
+            c.mean_kl,
+            c.max_kl,
+            100.0 * c.top1_agreement,
+            c.last_logit_err
+        );
+        for (i, g) in c.greedy.iter().enumerate() {
+            println!(
+                "greedy {i}: {} tokens after {} of the text: first difference at {}, {} equal",
+                g.tokens, g.prompt_tokens, g.first_divergence, g.equal
+            );
         }
     }
     Ok(())

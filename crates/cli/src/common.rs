@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where the model is and how to run it.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// Model folder (config.json + safetensors + tokenizer.json), .gguf file, or Hugging Face
     /// id (org/name, or org/name:file.gguf).

@@ -2,7 +2,8 @@
 //! files a previous one left, with the same tokens; a damaged, foreign or missing file is
 //! recomputed, never served; a folder that cannot be used, or that vanishes, leaves the engine
 //! running without the tier; two engines on one folder do not spoil each other's files; the
-//! tier keeps to its size.
+//! tier keeps to its size; an int8 cache's blocks (with their scales) restart too, apart from a
+//! float cache's.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -248,5 +249,51 @@ fn two_engines_share_a_folder_and_the_tier_keeps_to_its_size() {
         m.kv_disk
     );
     assert!(block_files(&dir).1.len() <= 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An int8 cache's blocks (values and their scales) go to disk and come back: a restart serves
+/// the prefix with the tokens of an int8 engine without the tier. A float cache on the same
+/// folder keeps to its own fingerprint (the layout differs) and never reads them.
+#[test]
+fn an_int8_cache_restarts_from_disk_apart_from_a_float_cache() {
+    use ferrum_models::{load_model, LoadOptions};
+    use ferrum_runtime::cpu::KvDtype;
+    let int8 = |cfg: &EngineConfig| {
+        let model = load_model(
+            &common::fixture("tiny-qwen2"),
+            &LoadOptions {
+                num_threads: Some(2),
+                kv_cache_dtype: Some(KvDtype::Int8),
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        EngineHandle::start(model, None, cfg).unwrap()
+    };
+    let dir = temp_dir("int8");
+    let p = prompt(3);
+    let plain = int8(&EngineConfig {
+        block_size: BS,
+        ..EngineConfig::default()
+    });
+    let want = ask(&plain, &p).0;
+    plain.shutdown();
+    let e = int8(&cfg(&dir, "tiny", 64 << 20));
+    assert_eq!(ask(&e, &p).0, want);
+    e.shutdown();
+    let e = int8(&cfg(&dir, "tiny", 64 << 20));
+    let (again, u) = ask(&e, &p);
+    assert_eq!((again, u.cached_tokens), (want, 56));
+    assert_eq!(e.metrics().kv_disk.bad_files, 0);
+    e.shutdown();
+    // The f32 engine: its own folder beside the int8 one, nothing read from it.
+    let e = start(&dir, "tiny");
+    let (ids, u) = ask(&e, &p);
+    assert_eq!((ids, u.cached_tokens), (reference(&p), 0));
+    assert_eq!(e.metrics().kv_disk.hits, 0);
+    e.shutdown();
+    let folders = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(folders, 2, "one fingerprint folder per cache layout");
     std::fs::remove_dir_all(&dir).unwrap();
 }

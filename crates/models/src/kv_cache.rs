@@ -1,8 +1,9 @@
 //! The physical paged KV cache: per layer, one key and one value buffer of the config's
 //! `kv_cache_dtype` (f32, f16, bf16 or int8), allocated once. In host memory (the CPU backend)
 //! each is `[num_blocks, num_kv_heads, ...]` with keys transposed within a block (see
-//! `ferrum_runtime::cpu::paged_attention`); an int8 cache also holds each row's key and value
-//! scale, `[num_blocks, num_kv_heads, block_size]` f32 each (host memory only); on a GPU (made by the CUDA backend) each is
+//! `ferrum_runtime::cpu::paged_attention`); an int8 cache also holds the f16 scales of each
+//! row's groups of 32 keys and values, `[num_blocks, num_kv_heads, groups, block_size]` each
+//! (host memory only); on a GPU (made by the CUDA backend) each is
 //! `[num_blocks * block_size, num_kv_heads, head_dim]`, one row per slot. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
 //! to which sequence is the scheduler's business, not the cache's.
 
@@ -22,25 +23,25 @@ enum Layers {
     Device(KvDtype, SharedGpu, Vec<(DeviceBuffer, DeviceBuffer)>),
 }
 
-/// One layer of an int8 cache: keys and values as the float types hold them, and each
-/// (block, KV head, slot)'s key and value scale.
+/// One layer of an int8 cache: keys and values as the float types hold them, and the scales
+/// of each (block, KV head, slot)'s key and value groups.
 #[derive(Debug)]
 struct ScaledLayer {
     k: Vec<i8>,
     v: Vec<i8>,
-    k_scales: Vec<f32>,
-    v_scales: Vec<f32>,
+    k_scales: Vec<f16>,
+    v_scales: Vec<f16>,
 }
 
 impl ScaledLayer {
-    /// A zeroed (untouched) layer of `len` elements per buffer, a scale per `head_dim` of them.
+    /// A zeroed (untouched) layer of `len` elements per buffer, rows of `head_dim`.
     fn zeroed(len: usize, head_dim: usize) -> ScaledLayer {
-        let rows = len / head_dim.max(1);
+        let scales = len / head_dim.max(1) * KvDtype::Int8.scales_per_row(head_dim);
         ScaledLayer {
             k: zeroed_vec(len),
             v: zeroed_vec(len),
-            k_scales: zeroed_vec(rows),
-            v_scales: zeroed_vec(rows),
+            k_scales: zeroed_vec(scales),
+            v_scales: zeroed_vec(scales),
         }
     }
 
@@ -328,9 +329,9 @@ impl KvCache {
         self.block_size * self.num_kv_heads * self.head_dim * self.dtype().size()
     }
 
-    /// Bytes of one block's key (or value) scales: none for the float types.
+    /// Bytes of one block's key (or value) scales (f16): none for the float types.
     fn scale_region(&self) -> usize {
-        self.block_size * self.num_kv_heads * self.dtype().scale_bytes()
+        self.block_size * self.num_kv_heads * self.dtype().scales_per_row(self.head_dim) * 2
     }
 
     /// One block's byte ranges in an int8 layer's buffers, in block order: keys, key scales,

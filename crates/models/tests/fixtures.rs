@@ -337,10 +337,11 @@ fn half_kv_caches_within_rounding() {
     }
 }
 
-/// An int8 KV cache stores each (token, KV head) row as `round(x · 127 / amax)` with the
-/// row's scale: an error uniform in `±amax / 254` per value, RMS `amax / (254 sqrt 3)`, which
-/// relative to the row's RMS is at most `sqrt(head_dim) / (254 sqrt 3)` (a row's largest value
-/// is at most `sqrt(head_dim)` times its RMS), at 2 stages per layer. The bound is twice
+/// An int8 KV cache stores each group of 32 values of a (token, KV head) row as `round(x / s)`
+/// with the group's scale `s ≈ amax / 127`: an error uniform in `±s / 2` per value, RMS at most
+/// `amax / (254 sqrt 3)` with `amax` the row's largest value, which relative to the row's RMS
+/// is at most `sqrt(head_dim) / (254 sqrt 3)` (a row's largest value is at most
+/// `sqrt(head_dim)` times its RMS), at 2 stages per layer. The bound is twice
 /// `sqrt(2 L)` times that ([`within_rms_bound`]), on the float path (the only error beyond
 /// f32's), on fixtures with full attention, biases and a sliding window.
 #[test]

@@ -8,13 +8,15 @@
 //! between builds (`vcvtph2ps` or plain code), its result does not.
 //!
 //! An int8 cache ([`KvElem::SCALED`]) stores each head's key or value row `x` (head_dim values)
-//! as `q = round(x · 127 / amax)` (half away from zero) with `amax = max |x|`, and its scale
-//! `s = amax / 127` in f32 beside it; `q · s` differs from `x` by at most `s / 2` (and a few
-//! ulps), a relative error of at most 1/254 of the row's largest value. Attention widens `q`
-//! exactly to f32 and applies `s` once per key: to the key's score after the dot product, and
-//! to the key's softmax weight before the weighted sum of values. A row with a non-finite value
-//! gets a non-finite scale, so it poisons attention as it would in a float cache.
-
+//! in groups of [`SCALE_GROUP`] (32, llama.cpp's `q8_0` block) values: a group with largest
+//! magnitude `amax` gets the scale `s`, `amax / 127` rounded up to an f16, and its values
+//! `q = round(x / s)` (half away from zero), so `|q| ≤ 127` and `q · s` differs from `x` by at
+//! most `s / 2` (and a few ulps): 1/254 of the group's largest value. Groups keep a channel of
+//! large values (Qwen2's keys have some in the hundreds) from coarsening the rest of the row.
+//! Attention widens `q` exactly to f32 and applies the scales once per group of each key: to the
+//! group's partial dot product, and to the key's softmax weight for the group's values. A group
+//! with a non-finite value, or whose scale overflows an f16 (`amax` past 8.3e6), gets a
+//! non-finite scale, so it poisons attention as an overflowing f16 cache would.
 use half::{bf16, f16};
 
 /// Element type of a KV cache.
@@ -23,7 +25,7 @@ pub enum KvDtype {
     F32,
     F16,
     Bf16,
-    /// int8 with an f32 scale per (token, KV head) row of keys and of values.
+    /// int8 with an f16 scale per [`SCALE_GROUP`] values of each (token, KV head) row.
     Int8,
 }
 
@@ -37,18 +39,18 @@ impl KvDtype {
         }
     }
 
-    /// Bytes of the scale stored beside each (token, KV head) row of keys or of values: 4 for
-    /// int8, none for the float types.
-    pub fn scale_bytes(self) -> usize {
+    /// Scales stored beside each (token, KV head) row of `head_dim` keys or values: one per
+    /// [`SCALE_GROUP`] for int8, none for the float types.
+    pub fn scales_per_row(self, head_dim: usize) -> usize {
         match self {
-            KvDtype::Int8 => 4,
+            KvDtype::Int8 => head_dim.div_ceil(SCALE_GROUP),
             KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
         }
     }
 
-    /// Bytes one token takes in one KV head's keys (or values), scale included.
+    /// Bytes one token takes in one KV head's keys (or values), scales (f16) included.
     pub fn row_bytes(self, head_dim: usize) -> usize {
-        head_dim * self.size() + self.scale_bytes()
+        head_dim * self.size() + 2 * self.scales_per_row(head_dim)
     }
 
     /// The lower-case name used by flags and reports (`f32`, `f16`, `bf16`, `int8`).
@@ -68,22 +70,26 @@ impl std::fmt::Display for KvDtype {
     }
 }
 
+/// Values of a row that share one scale in a scaled cache (int8).
+pub const SCALE_GROUP: usize = 32;
+
 /// A type the KV cache can hold.
 pub trait KvElem: sealed::Widen16 + Copy + Send + Sync + 'static {
     const DTYPE: KvDtype;
-    /// Whether each (token, KV head) row is stored with a scale ([`KvElem::encode_row`]): the
-    /// row's values are `to_f32() · scale`.
+    /// Whether each (token, KV head) row is stored with a scale per [`SCALE_GROUP`] values
+    /// ([`KvElem::encode_row`]): value `d` is `to_f32() · scale[d / SCALE_GROUP]`.
     const SCALED: bool = false;
     /// Rounds to nearest, ties to even (int8: half away from zero, saturating).
     fn from_f32(x: f32) -> Self;
     /// Exact (int8: the stored integer, unscaled).
     fn to_f32(self) -> f32;
-    /// Stores the row `src` into `dst` (equal lengths) and returns its scale: 1 for the
-    /// unscaled types, which round each value ([`KvElem::narrow_row`]).
+    /// Stores the row `src` into `dst` (equal lengths), and for a scaled type its groups'
+    /// scales into `scales` (one per [`SCALE_GROUP`]; untouched, and may be empty, for the
+    /// unscaled types, which round each value: [`KvElem::narrow_row`]).
     #[inline]
-    fn encode_row(src: &[f32], dst: &mut [Self]) -> f32 {
+    fn encode_row(src: &[f32], dst: &mut [Self], scales: &mut [f16]) {
+        let _ = scales;
         Self::narrow_row(src, dst);
-        1.0
     }
     /// `dst[i] = from_f32(src[i])` (equal lengths), as fast as this CPU does it.
     #[inline]
@@ -183,25 +189,43 @@ impl KvElem for i8 {
     fn to_f32(self) -> f32 {
         f32::from(self)
     }
-    /// `q = round(x · 127 / amax)`, scale `amax / 127` (see the module doc). An all-zero row
-    /// has scale 0; a row holding a non-finite value a non-finite scale.
+    /// Per group: scale `s = amax / 127` rounded up to an f16, `q = round(x / s)` (see the
+    /// module doc). An all-zero group has scale 0; a group holding a non-finite value a
+    /// non-finite scale.
     #[inline]
-    fn encode_row(src: &[f32], dst: &mut [i8]) -> f32 {
-        let amax = src.iter().fold(0f32, |m, &x| m.max(x.abs()));
-        let amax = if src.iter().all(|x| x.is_finite()) {
-            amax
-        } else {
-            f32::NAN
-        };
-        let inv = if amax > 0.0 && amax.is_finite() {
-            127.0 / amax
-        } else {
-            0.0
-        };
-        for (d, &x) in dst.iter_mut().zip(src) {
-            *d = (x * inv).round().clamp(-127.0, 127.0) as i8;
+    fn encode_row(src: &[f32], dst: &mut [i8], scales: &mut [f16]) {
+        for ((x, q), s) in src
+            .chunks(SCALE_GROUP)
+            .zip(dst.chunks_mut(SCALE_GROUP))
+            .zip(scales.iter_mut())
+        {
+            let scale = group_scale(x);
+            *s = scale;
+            let s = scale.to_f32();
+            for (d, &v) in q.iter_mut().zip(x) {
+                *d = if s > 0.0 && s.is_finite() {
+                    (v / s).round().clamp(-127.0, 127.0) as i8
+                } else {
+                    0
+                };
+            }
         }
-        amax / 127.0
+    }
+}
+
+/// The f16 scale of one group: `amax / 127` rounded up (so `|x| / scale ≤ 127`), NaN for a
+/// group holding a non-finite value, infinity past the f16 range.
+fn group_scale(x: &[f32]) -> f16 {
+    if !x.iter().all(|v| v.is_finite()) {
+        return f16::NAN;
+    }
+    let s = x.iter().fold(0f32, |m, &v| m.max(v.abs())) / 127.0;
+    let h = f16::from_f32(s);
+    if h.to_f32() >= s {
+        h
+    } else {
+        // The next f16 up (`h` is finite and non-negative here: below `s`, which is finite).
+        f16::from_bits(h.to_bits() + 1)
     }
 }
 

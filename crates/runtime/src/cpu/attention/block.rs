@@ -4,22 +4,23 @@
 use super::prefetch::{prefetch, prefetch_l2};
 use super::softmax::SoftmaxState;
 use super::{LANES, MAX_BLOCK_SIZE};
-use crate::cpu::kv_dtype::sealed::Isa;
-use crate::cpu::kv_dtype::KvElem;
+use crate::cpu::kv_dtype::sealed::{Isa, Widen16};
+use crate::cpu::kv_dtype::{KvElem, SCALE_GROUP};
 use crate::cpu::simd;
+use half::f16;
 
 /// Most pairs of one token that go through a block together.
 pub(super) const MAX_RUN: usize = 4;
 
 /// One (block, KV head) of a layer's cache: its keys (transposed, `[head_dim, block_size]`),
-/// values (`[block_size, head_dim]`) and, for a scaled type, each slot's key and value scale
-/// (`[block_size]`; empty for the float types).
+/// values (`[block_size, head_dim]`) and, for a scaled type, the scales of each slot's key and
+/// value groups (`[groups, block_size]`; empty for the float types).
 #[derive(Clone, Copy)]
 pub(super) struct BlockKv<'a, E> {
     pub(super) keys: &'a [E],
     pub(super) vals: &'a [E],
-    pub(super) k_scales: &'a [f32],
-    pub(super) v_scales: &'a [f32],
+    pub(super) k_scales: &'a [f16],
+    pub(super) v_scales: &'a [f16],
 }
 
 impl<E> BlockKv<'_, E> {
@@ -52,28 +53,6 @@ pub(super) struct Run<'a, E> {
     pub(super) next: Option<BlockKv<'a, E>>,
     /// A block further on, to bring into L2 meanwhile.
     pub(super) far: Option<BlockKv<'a, E>>,
-}
-
-/// A block's raw score of key `j` (the dot product with the stored key) as attention uses it:
-/// times the key's scale for a scaled type, then times `scale`.
-#[inline(always)]
-fn scaled_score<E: KvElem>(raw: f32, k_scales: &[f32], j: usize, scale: f32) -> f32 {
-    if E::SCALED {
-        raw * k_scales[j] * scale
-    } else {
-        raw * scale
-    }
-}
-
-/// Key `j`'s softmax weight as it multiplies the stored values: times the value's scale for a
-/// scaled type.
-#[inline(always)]
-fn value_weight<E: KvElem>(prob: f32, v_scales: &[f32], j: usize) -> f32 {
-    if E::SCALED {
-        prob * v_scales[j]
-    } else {
-        prob
-    }
 }
 
 /// The maximum of a block's visible scores (keys `lo..hi`): lane maxima, then their fold
@@ -137,10 +116,12 @@ pub(super) fn block_any<E: KvElem>(
     let hd = qv.len();
     let mut scores = [0f32; MAX_BLOCK_SIZE];
     let mut probs = [0f32; MAX_BLOCK_SIZE];
-    block_scores_any(qv, blk.keys, bs, &mut scores[..bs]);
-    for (j, sc) in scores[..bs].iter_mut().enumerate() {
-        *sc = scaled_score::<E>(*sc, blk.k_scales, j, scale);
+    if E::SCALED {
+        block_scores_scaled(qv, blk.keys, blk.k_scales, bs, &mut scores[..bs]);
+    } else {
+        block_scores_any(qv, blk.keys, bs, &mut scores[..bs]);
     }
+    scores[..bs].iter_mut().for_each(|sc| *sc *= scale);
     if let Some(cap) = softcap {
         scores[..bs]
             .iter_mut()
@@ -149,10 +130,11 @@ pub(super) fn block_any<E: KvElem>(
     let block_max = visible_max(&scores[..bs], range);
     softmax_step(block_max, &scores[..bs], range, s, acc, &mut probs[..bs]);
     let (lo, hi) = range;
-    for (j, p) in probs[..bs].iter_mut().enumerate() {
-        *p = value_weight::<E>(*p, blk.v_scales, j);
+    if E::SCALED {
+        weighted_values_scaled(acc, &probs[..bs], blk.vals, blk.v_scales, range);
+    } else {
+        weighted_values_any(acc, &probs[lo..hi], &blk.vals[lo * hd..hi * hd]);
     }
-    weighted_values_any(acc, &probs[lo..hi], &blk.vals[lo * hd..hi * hd]);
 }
 
 /// `NP` pairs of one token against a block of 16 keys with head size `HD`: the block's keys
@@ -186,27 +168,60 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
     prefetch_l2(far_blk.v_scales);
     let (next_k, next_v) = (next_blk.keys, next_blk.vals);
     let (far_k, far_v) = (far_blk.keys, far_blk.vals);
-    // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores`.
-    let mut part = [[[0f32; BS]; 4]; NP];
-    // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
-    // registers (it stored every accumulator on every step, which cost a quarter of the time).
-    for (c, k4) in keys[..HD * BS].chunks_exact(4 * BS).enumerate() {
-        for r in 0..4 {
-            let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
-            for k in 0..NP {
-                let qd = qs[k][4 * c + r];
-                for j in 0..BS {
-                    part[k][r][j] = qd.mul_add(krow[j], part[k][r][j]);
+    // A scaled block's scales, widened once: `[group][key]`.
+    const GROUPS: usize = super::MAX_HEAD_DIM / SCALE_GROUP;
+    let (mut ksf, mut vsf) = ([[0f32; BS]; GROUPS], [[0f32; BS]; GROUPS]);
+    if E::SCALED {
+        for g in 0..HD / SCALE_GROUP {
+            ksf[g] = f16::widen16::<W>(&blk.k_scales[g * BS..(g + 1) * BS]);
+            vsf[g] = f16::widen16::<W>(&blk.v_scales[g * BS..(g + 1) * BS]);
+        }
+    }
+    // Scores: per pair four partial sums over dimensions d ≡ r (mod 4), as `block_scores_any`
+    // (a scaled block: per group of dimensions, then the groups' scaled sums in order, as
+    // `block_scores_scaled`).
+    let mut raw = [[0f32; BS]; NP];
+    // Each group's four partial sums, folded into `raw`.
+    let fold = |raw: &mut [[f32; BS]; NP], part: &[[[f32; BS]; 4]; NP], g: usize| {
+        for k in 0..NP {
+            for j in 0..BS {
+                let sum = (part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j]);
+                raw[k][j] = if E::SCALED {
+                    ksf[g][j].mul_add(sum, raw[k][j])
+                } else {
+                    sum
+                };
+            }
+        }
+    };
+    let group = if E::SCALED { SCALE_GROUP } else { HD };
+    for g in 0..HD / group {
+        let mut part = [[[0f32; BS]; 4]; NP];
+        // No prefetch in this loop: a prefetch here keeps the compiler from holding `part` in
+        // registers (it stored every accumulator on every step, which cost a quarter of the
+        // time).
+        let dims = g * group..(g + 1) * group;
+        for (c, k4) in keys[dims.start * BS..dims.end * BS]
+            .chunks_exact(4 * BS)
+            .enumerate()
+        {
+            for r in 0..4 {
+                let krow = E::widen16::<W>(&k4[r * BS..(r + 1) * BS]);
+                for k in 0..NP {
+                    let qd = qs[k][dims.start + 4 * c + r];
+                    for j in 0..BS {
+                        part[k][r][j] = qd.mul_add(krow[j], part[k][r][j]);
+                    }
                 }
             }
         }
+        fold(&mut raw, &part, g);
     }
     let mut probs = [[0f32; BS]; NP];
     for k in 0..NP {
         let mut scores = [0f32; BS];
         for j in 0..BS {
-            let raw = (part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j]);
-            scores[j] = scaled_score::<E>(raw, blk.k_scales, j, scale);
+            scores[j] = raw[k][j] * scale;
         }
         let p = run.first + k;
         // The block's maximum as the build does it best (the same value as `visible_max`'s).
@@ -219,10 +234,6 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
             &mut out[p * HD..(p + 1) * HD],
             &mut probs[k],
         );
-        // The denominator has its weights: from here on they multiply the stored values.
-        for (j, pr) in probs[k].iter_mut().enumerate() {
-            *pr = value_weight::<E>(*pr, blk.v_scales, j);
-        }
     }
     // Weighted values, key by key, every pair's accumulator in registers.
     let (lo, hi) = run.range;
@@ -248,7 +259,13 @@ pub(super) fn block_fast<E: KvElem, W: Isa, const HD: usize, const NP: usize>(
         for c in 0..HD / 16 {
             let w = E::widen16::<W>(&v[c * 16..(c + 1) * 16]);
             for k in 0..NP {
-                let pr = probs[k][j];
+                // A scaled block's weight for this group of values, as
+                // `weighted_values_scaled`.
+                let pr = if E::SCALED {
+                    probs[k][j] * vsf[c * 16 / SCALE_GROUP][j]
+                } else {
+                    probs[k][j]
+                };
                 for d in 0..16 {
                     a[k][c * 16 + d] = pr.mul_add(w[d], a[k][c * 16 + d]);
                 }
@@ -273,6 +290,59 @@ pub(super) fn block_scores_any<E: KvElem>(q: &[f32], keys: &[E], bs: usize, out:
     }
     for (j, o) in out.iter_mut().enumerate() {
         *o = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+    }
+}
+
+/// [`block_scores_any`] for a scaled block (`k_scales`: `[groups, bs]`): per group of
+/// [`SCALE_GROUP`] dimensions its four partial sums and their sum `g`, then
+/// `score = fma(scale_g, g, score)` over the groups in order.
+#[inline(always)]
+pub(super) fn block_scores_scaled<E: KvElem>(
+    q: &[f32],
+    keys: &[E],
+    k_scales: &[f16],
+    bs: usize,
+    out: &mut [f32],
+) {
+    out.fill(0.0);
+    for (g, qg) in q.chunks(SCALE_GROUP).enumerate() {
+        let mut part = [[0f32; MAX_BLOCK_SIZE]; 4];
+        let kg = &keys[g * SCALE_GROUP * bs..];
+        for (d, (&qd, krow)) in qg.iter().zip(kg.chunks_exact(bs)).enumerate() {
+            for (a, &k) in part[d % 4][..bs].iter_mut().zip(krow) {
+                *a = qd.mul_add(k.to_f32(), *a);
+            }
+        }
+        for (j, o) in out.iter_mut().enumerate() {
+            let sum = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+            *o = k_scales[g * bs + j].to_f32().mul_add(sum, *o);
+        }
+    }
+}
+
+/// `acc += Σ_k probs[k] · vals[k]` over the visible keys of a scaled block, key by key, each
+/// group of values weighted by `probs[k] · v_scales[group][k]` (`v_scales`: `[groups, bs]`).
+#[inline(always)]
+pub(super) fn weighted_values_scaled<E: KvElem>(
+    acc: &mut [f32],
+    probs: &[f32],
+    vals: &[E],
+    v_scales: &[f16],
+    (lo, hi): (usize, usize),
+) {
+    let (hd, bs) = (acc.len(), probs.len());
+    for j in lo..hi {
+        let v = &vals[j * hd..(j + 1) * hd];
+        for (g, (ag, vg)) in acc
+            .chunks_mut(SCALE_GROUP)
+            .zip(v.chunks(SCALE_GROUP))
+            .enumerate()
+        {
+            let w = probs[j] * v_scales[g * bs + j].to_f32();
+            for (a, &x) in ag.iter_mut().zip(vg) {
+                *a = w.mul_add(x.to_f32(), *a);
+            }
+        }
     }
 }
 

@@ -1,20 +1,22 @@
-//! Attention over an int8 cache: rows quantized within half a step, attention equal (to f32
-//! rounding) to dense attention over the dequantized keys and values, and the same bits
+//! Attention over an int8 cache: rows quantized by groups within half a step, attention equal
+//! (to f32 rounding) to dense attention over the dequantized keys and values, and the same bits
 //! whatever the batching, the split of a decode, the block path or the thread count.
 
 use super::block::*;
 use super::softmax::*;
 use super::*;
 use crate::cpu::kv_dtype::sealed::Portable;
+use crate::cpu::kv_dtype::SCALE_GROUP;
 use crate::cpu::KvElem;
+use half::f16;
 
 /// A sequence's keys and values (`[len, kv_heads * head_dim]`) written into a fresh int8
 /// cache through `table`, with the dequantized values each row was stored as.
 struct Cache {
     k: Vec<i8>,
     v: Vec<i8>,
-    ks: Vec<f32>,
-    vs: Vec<f32>,
+    ks: Vec<f16>,
+    vs: Vec<f16>,
     /// `[len, kv_heads * head_dim]`: what attention sees.
     k_deq: Vec<f32>,
     v_deq: Vec<f32>,
@@ -26,11 +28,12 @@ impl Cache {
         let len = k.len() / (nkv * hd);
         let blocks = table.iter().max().map_or(0, |&b| b as usize + 1);
         let rows = blocks * nkv * bs;
+        let groups = shape.scale_groups();
         let mut c = Cache {
             k: vec![0; rows * hd],
             v: vec![0; rows * hd],
-            ks: vec![0.0; rows],
-            vs: vec![0.0; rows],
+            ks: vec![f16::ZERO; rows * groups],
+            vs: vec![f16::ZERO; rows * groups],
             k_deq: Vec::new(),
             v_deq: Vec::new(),
         };
@@ -51,12 +54,16 @@ impl Cache {
             let (b, o) = (table[j / bs] as usize, j % bs);
             for g in 0..nkv {
                 let base = shape.block_base(b, g);
-                let srow = base / hd + o;
+                let sc = |s: &[f16], d: usize| {
+                    s[shape.scale_base(b, g) + d / SCALE_GROUP * bs + o].to_f32()
+                };
                 for d in 0..hd {
-                    c.k_deq.push(f32::from(c.k[base + d * bs + o]) * c.ks[srow]);
+                    c.k_deq
+                        .push(f32::from(c.k[base + d * bs + o]) * sc(&c.ks, d));
                 }
                 for d in 0..hd {
-                    c.v_deq.push(f32::from(c.v[base + o * hd + d]) * c.vs[srow]);
+                    c.v_deq
+                        .push(f32::from(c.v[base + o * hd + d]) * sc(&c.vs, d));
                 }
             }
         }
@@ -103,27 +110,41 @@ fn rows_round_trip_within_half_a_step() {
         r ^= r << 5;
         (r % 20001) as f32 * 1e-3 - 10.0
     };
-    for scale in [1e-30f32, 1e-3, 1.0, 300.0, 1e30] {
-        let x: Vec<f32> = (0..128).map(|_| rnd() * scale).collect();
+    // Groups of very different sizes in one row (an outlier channel among small values), and
+    // rows of every magnitude the f16 scale holds, subnormal ones included.
+    for scale in [1e-9f32, 1e-3, 1.0, 300.0, 1e3] {
+        let mut x: Vec<f32> = (0..128).map(|_| rnd() * scale).collect();
+        x[70] = 400.0 * scale;
         let mut q = vec![0i8; 128];
-        let s = i8::encode_row(&x, &mut q);
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert_eq!(s, amax / 127.0);
-        assert!(
-            q.iter().any(|&v| v.abs() == 127),
-            "the largest value maps to ±127"
-        );
-        for (a, &b) in x.iter().zip(&q) {
-            let err = (a - f32::from(b) * s).abs();
-            assert!(err <= s * 0.5 * (1.0 + 1e-5), "{a} -> {b}·{s}: {err}");
+        let mut s = vec![f16::ZERO; 4];
+        i8::encode_row(&x, &mut q, &mut s);
+        for g in 0..4 {
+            let xs = &x[g * 32..(g + 1) * 32];
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let sg = s[g].to_f32();
+            assert!(sg >= amax / 127.0, "the scale is rounded up");
+            // f16 spacing (relative 2^-10, or 2^-24 absolute below the normal range).
+            assert!(sg <= amax / 127.0 * (1.0 + 2f32.powi(-10)) + 2f32.powi(-24));
+            for (a, &b) in xs.iter().zip(&q[g * 32..(g + 1) * 32]) {
+                let err = (a - f32::from(b) * sg).abs();
+                assert!(err <= sg * 0.5 * (1.0 + 1e-6), "{a} -> {b}·{sg}: {err}");
+            }
+        }
+        // The outlier's group alone is coarse (above the smallest f16 scales).
+        if scale >= 1e-3 {
+            assert!(s[2].to_f32() > 10.0 * s[0].to_f32(), "{s:?}");
         }
     }
     let mut q = vec![5i8; 4];
-    assert_eq!(i8::encode_row(&[0.0; 4], &mut q), 0.0);
-    assert_eq!(q, [0; 4]);
-    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let s = i8::encode_row(&[1.0, bad, 2.0], &mut q[..3]);
-        assert!(!s.is_finite(), "{bad}: a non-finite row poisons its scale");
+    let mut s = [f16::ONE];
+    i8::encode_row(&[0.0; 4], &mut q, &mut s);
+    assert_eq!((q.as_slice(), s[0].to_f32()), (&[0i8; 4][..], 0.0));
+    for bad in [f32::NAN, f32::INFINITY, 1e9] {
+        i8::encode_row(&[1.0, bad, 2.0], &mut q[..3], &mut s);
+        assert!(
+            !s[0].to_f32().is_finite(),
+            "{bad}: the group's scale is not finite"
+        );
     }
 }
 
@@ -274,8 +295,13 @@ fn fast_paths_equal_the_general_ones() {
         let q: Vec<f32> = (0..4 * HD).map(|i| f(i, 0.37)).collect();
         let keys: Vec<i8> = (0..HD * 16).map(|i| (f(i, 0.11) * 127.0) as i8).collect();
         let vals: Vec<i8> = (0..HD * 16).map(|i| (f(i, 0.23) * 127.0) as i8).collect();
-        let ks: Vec<f32> = (0..16).map(|j| 0.01 + j as f32 * 1e-3).collect();
-        let vs: Vec<f32> = (0..16).map(|j| 0.02 - j as f32 * 1e-3).collect();
+        let groups = HD / SCALE_GROUP;
+        let ks: Vec<f16> = (0..16 * groups)
+            .map(|j| f16::from_f32(0.01 + (j % 23) as f32 * 1e-3))
+            .collect();
+        let vs: Vec<f16> = (0..16 * groups)
+            .map(|j| f16::from_f32(0.03 - (j % 19) as f32 * 1e-3))
+            .collect();
         let blk = BlockKv {
             keys: &keys,
             vals: &vals,
@@ -315,6 +341,7 @@ fn fast_paths_equal_the_general_ones() {
     }
     check::<64>();
     check::<128>();
+    check::<256>();
 }
 
 /// Every int8 value widens exactly in each build this CPU can run.

@@ -261,7 +261,8 @@ pub(super) fn attend_pairs_impl<E: KvElem, W: Isa>(
     let block_kv = |bi: usize| {
         let n = shape.block_base(table[bi] as usize, kv_head);
         let (k_scales, v_scales) = if E::SCALED {
-            let r = n / hd..n / hd + bs;
+            let at = shape.scale_base(table[bi] as usize, kv_head);
+            let r = at..at + shape.scale_groups() * bs;
             (&scales.k[r.clone()], &scales.v[r])
         } else {
             (&[][..], &[][..])

@@ -1,10 +1,11 @@
 //! Writing new tokens' keys and values into their cache slots, rounded to the cache's type
-//! (for int8, each (token, KV head) row quantized with its own scale, stored beside it).
+//! (for int8, each (token, KV head) row quantized by groups, their scales stored beside it).
 
 use super::{AttentionShape, MAX_HEAD_DIM};
-use crate::cpu::kv_dtype::KvElem;
+use crate::cpu::kv_dtype::{KvElem, SCALE_GROUP};
 use crate::cpu::DisjointMut;
 use crate::ThreadPool;
+use half::f16;
 
 /// Writes the new tokens' keys and values (`[num_tokens, num_kv_heads * head_dim]`) into their
 /// cache slots (`slot = block * block_size + offset`), rounded to the cache's type. Slots were
@@ -63,21 +64,21 @@ pub fn write_kv_par<E: KvElem>(
 
 /// [`write_kv`] (on the calling thread without a pool, else as [`write_kv_par`]) into a cache
 /// of any type: `cache` is the keys, the values and, for a scaled type, their rows' scales
-/// (`[num_blocks, num_kv_heads, block_size]` each; unused and possibly empty otherwise).
+/// (`[num_blocks, num_kv_heads, groups, block_size]` each; unused and possibly empty otherwise).
 pub fn write_kv_scaled<E: KvElem>(
     pool: Option<&ThreadPool>,
     k: &[f32],
     v: &[f32],
     slot_mapping: &[u32],
     shape: &AttentionShape,
-    cache: (&mut [E], &mut [E], &mut [f32], &mut [f32]),
+    cache: (&mut [E], &mut [E], &mut [f16], &mut [f16]),
 ) {
     let (k_cache, v_cache, k_scales, v_scales) = cache;
     if E::SCALED {
-        let rows = k_cache.len() / shape.head_dim.max(1);
+        let n = k_cache.len() / shape.head_dim.max(1) * shape.scale_groups();
         assert!(
-            k_scales.len() == rows && v_scales.len() == rows,
-            "a scale per cached row"
+            k_scales.len() == n && v_scales.len() == n,
+            "a scale per group of each cached row"
         );
     }
     let (kc, vc) = (DisjointMut::new(k_cache), DisjointMut::new(v_cache));
@@ -116,30 +117,38 @@ pub(super) unsafe fn write_head<E: KvElem>(
     slot_mapping: &[u32],
     shape: &AttentionShape,
     g: usize,
-    (cache, scales): (&DisjointMut<E>, &DisjointMut<f32>),
+    (cache, scales): (&DisjointMut<E>, &DisjointMut<f16>),
     keys: bool,
 ) {
     let (hd, bs) = (shape.head_dim, shape.block_size);
     let row = shape.num_kv_heads * hd;
+    let groups = shape.scale_groups();
+    let mut sc = [f16::ZERO; MAX_HEAD_DIM / SCALE_GROUP];
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let (block, offset) = (slot as usize / bs, slot as usize % bs);
         let x = &src[t * row + g * hd..][..hd];
         // SAFETY: (block, head g) is one region of `cache`; the caller owns head g's regions.
         let region = unsafe { cache.slice(shape.block_base(block, g), bs * hd) };
-        let scale = if keys {
+        if keys {
             // Keys are transposed within the block: encoded into a row first.
             let mut r = [E::from_f32(0.0); MAX_HEAD_DIM];
-            let scale = E::encode_row(x, &mut r[..hd]);
+            E::encode_row(x, &mut r[..hd], &mut sc[..groups]);
             for (d, &e) in r[..hd].iter().enumerate() {
                 region[d * bs + offset] = e;
             }
-            scale
         } else {
-            E::encode_row(x, &mut region[offset * hd..(offset + 1) * hd])
-        };
+            E::encode_row(
+                x,
+                &mut region[offset * hd..(offset + 1) * hd],
+                &mut sc[..groups],
+            );
+        }
         if E::SCALED {
-            // SAFETY: slot (block, head g, offset) is one scale; the caller owns head g's.
-            unsafe { scales.slice(shape.block_base(block, g) / hd + offset, 1)[0] = scale };
+            // SAFETY: (block, head g)'s scales are one region; the caller owns head g's.
+            let dst = unsafe { scales.slice(shape.scale_base(block, g), groups * bs) };
+            for (gi, &s) in sc[..groups].iter().enumerate() {
+                dst[gi * bs + offset] = s;
+            }
         }
     }
 }

@@ -14,10 +14,11 @@
 //! so results never depend on the batch, the chunking of a prompt or the thread count.
 //!
 //! The cache holds f32 or a half type ([`KvElem`]); keys and values are widened to f32 as they
-//! are loaded, and everything after that is the same f32 arithmetic. An int8 cache also holds a
-//! scale per (block, KV head, slot) for keys and for values ([`RowScales`],
-//! `[num_blocks, num_kv_heads, block_size]`): a key's scale multiplies its score after the dot
-//! product, a value's scale its softmax weight (after the weight joined the denominator).
+//! are loaded, and everything after that is the same f32 arithmetic. An int8 cache also holds
+//! f16 scales, one per [`SCALE_GROUP`] values of each (block, KV head, slot)'s key and value
+//! ([`RowScales`], `[num_blocks, num_kv_heads, groups, block_size]`): a key group's scale
+//! multiplies the group's partial dot product, a value group's scale the key's softmax weight
+//! for that group (after the weight joined the denominator).
 //!
 //! Files: [`planner`] cuts the batch into items and folds split parts; [`kernels`] runs an
 //! item; [`block`] runs its pairs against one block, updating each pair's [`softmax`] state;
@@ -38,16 +39,18 @@ mod tests;
 pub use kv_write::{write_kv, write_kv_par, write_kv_scaled};
 pub use planner::{paged_attention, paged_attention_scaled};
 
+use crate::cpu::kv_dtype::SCALE_GROUP;
 use crate::ThreadPool;
 use ferrum_types::batch::SeqSlice;
 use half::{bf16, f16};
 
-/// The scales of a scaled cache's rows (int8): one per (block, KV head, slot) for keys and for
-/// values, `[num_blocks, num_kv_heads, block_size]` each. Empty for the float types.
+/// The scales of a scaled cache's rows (int8): one per [`SCALE_GROUP`] values of each
+/// (block, KV head, slot) for keys and for values, `[num_blocks, num_kv_heads, groups,
+/// block_size]` each ([`AttentionShape::scale_base`]). Empty for the float types.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RowScales<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [f16],
+    pub v: &'a [f16],
 }
 
 /// Largest head size the kernel's stack buffers hold.
@@ -77,6 +80,17 @@ impl AttentionShape {
     pub(crate) fn block_base(&self, block: usize, kv_head: usize) -> usize {
         (block * self.num_kv_heads + kv_head) * self.block_size * self.head_dim
     }
+
+    /// Scale groups of a row in a scaled cache.
+    pub fn scale_groups(&self) -> usize {
+        self.head_dim.div_ceil(SCALE_GROUP)
+    }
+
+    /// Start of (block, kv head) in either scale buffer of a scaled cache: its
+    /// `[groups, block_size]` scales.
+    pub(crate) fn scale_base(&self, block: usize, kv_head: usize) -> usize {
+        (block * self.num_kv_heads + kv_head) * self.block_size * self.scale_groups()
+    }
 }
 
 /// Positions per softmax partition: every (token, head) pair's keys are cut at multiples of
@@ -94,7 +108,7 @@ pub enum KvLayerMut<'a> {
     F16(&'a mut [f16], &'a mut [f16]),
     Bf16(&'a mut [bf16], &'a mut [bf16]),
     /// Keys, values, key scales, value scales.
-    Int8(&'a mut [i8], &'a mut [i8], &'a mut [f32], &'a mut [f32]),
+    Int8(&'a mut [i8], &'a mut [i8], &'a mut [f16], &'a mut [f16]),
 }
 
 impl KvLayerMut<'_> {

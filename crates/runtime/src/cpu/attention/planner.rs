@@ -79,7 +79,8 @@ pub fn paged_attention<E: KvElem>(
 }
 
 /// [`paged_attention`] over a cache of any type: `cache` is the keys, the values and, for a
-/// scaled type (int8), their rows' scales (`[num_blocks, num_kv_heads, block_size]` each).
+/// scaled type (int8), their rows' scales (`[num_blocks, num_kv_heads, groups, block_size]`
+/// each).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_scaled<E: KvElem>(
     pool: &ThreadPool,
@@ -93,10 +94,10 @@ pub fn paged_attention_scaled<E: KvElem>(
 ) {
     let (k_cache, v_cache, scales) = cache;
     if E::SCALED {
-        let rows = k_cache.len() / shape.head_dim.max(1);
+        let n = k_cache.len() / shape.head_dim.max(1) * shape.scale_groups();
         assert!(
-            scales.k.len() == rows && scales.v.len() == rows,
-            "a scale per cached row"
+            scales.k.len() == n && scales.v.len() == n,
+            "a scale per group of each cached row"
         );
     }
     let (nh, nkv, hd) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
