@@ -43,10 +43,12 @@ def llama_quality(a):
     common = ["-m", a.model, "-f", a.text, "-c", str(a.ctx), "-t", str(a.threads), "-fa", "on"]
     with tempfile.TemporaryDirectory() as tmp:
         base = f"{tmp}/base.kld"
-        log = run([ppl, *common, "--kl-divergence-base", base]).stderr
+        r = run([ppl, *common, "--kl-divergence-base", base])
+        log = r.stdout + r.stderr
         f16 = float(re.search(r"Final estimate: PPL = ([0-9.]+)", log).group(1))
-        log = run([ppl, *common, "-ctk", "q8_0", "-ctv", "q8_0", "--kl-divergence-base", base,
-                   "--kl-divergence"]).stderr
+        r = run([ppl, *common, "-ctk", "q8_0", "-ctv", "q8_0", "--kl-divergence-base", base,
+                 "--kl-divergence"])
+        log = r.stdout + r.stderr
     num = lambda pat: float(re.search(pat, log).group(1))
     return {
         "ppl_f16": f16,

@@ -238,9 +238,50 @@ fn parse_line(
         Some(Value::String(u)) => Some(u.clone()),
         Some(_) => bail!("`user` must be a string"),
     };
+    let slo = match obj.get("slo") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => {
+            let ms = |key: &str| -> Result<Option<std::time::Duration>> {
+                match o.get(key) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(v) => v
+                        .as_u64()
+                        .filter(|&m| m >= 1)
+                        .map(|m| Some(std::time::Duration::from_millis(m)))
+                        .with_context(|| {
+                            format!(
+                                "`slo.{key}` must be a whole number of milliseconds, at least 1"
+                            )
+                        }),
+                }
+            };
+            let best_effort = match o.get("best_effort") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => bail!("`slo.best_effort` must be true or false"),
+            };
+            if let Some(k) = o
+                .keys()
+                .find(|k| !["ttft_ms", "tpot_ms", "best_effort"].contains(&k.as_str()))
+            {
+                bail!("`slo.{k}` is not a field of `slo` (ttft_ms, tpot_ms, best_effort)");
+            }
+            let (ttft, tpot) = (ms("ttft_ms")?, ms("tpot_ms")?);
+            if ttft.is_none() && tpot.is_none() {
+                bail!("`slo` needs `ttft_ms` or `tpot_ms`");
+            }
+            Some(ferrum_engine::Slo {
+                ttft,
+                tpot,
+                best_effort,
+            })
+        }
+        Some(_) => bail!("`slo` must be an object"),
+    };
     Ok(GenerateRequest {
         priority,
         tenant,
+        slo,
         ..GenerateRequest::new(prompt, p)
     })
 }

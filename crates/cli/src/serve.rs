@@ -42,11 +42,15 @@ pub struct ServeArgs {
     /// http://localhost:3000; comma-separated or repeated; `*` allows any. Default: none.
     #[arg(long, value_name = "ORIGINS")]
     allowed_origins: Vec<String>,
-    /// A service-level class requests name with `"slo_class": NAME`: NAME:TTFT_MS, its
-    /// time-to-first-token target in milliseconds, and `:best-effort` to serve requests the
-    /// engine predicts will miss it instead of refusing them (429 with `Retry-After`).
-    /// Repeatable.
-    #[arg(long = "slo-class", value_name = "NAME:TTFT_MS[:best-effort]")]
+    /// A service-level class requests name with `"slo_class": NAME`: NAME:TTFT_MS[:TPOT_MS],
+    /// its time-to-first-token target (a request the engine predicts will miss it is refused
+    /// with 429 and `Retry-After`; `-` for none) and time-per-output-token target (prefill
+    /// chunks are kept short enough for it) in milliseconds, and `:best-effort` to serve
+    /// requests predicted to miss the first instead of refusing them. Repeatable.
+    #[arg(
+        long = "slo-class",
+        value_name = "NAME:TTFT_MS[:TPOT_MS][:best-effort]"
+    )]
     slo_class: Vec<String>,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
@@ -146,32 +150,44 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
     .context("serving")
 }
 
-/// `--slo-class NAME:TTFT_MS[:best-effort]`.
+/// `--slo-class NAME:TTFT_MS[:TPOT_MS][:best-effort]` (a time `-`: no target).
 fn parse_slo_class(spec: &str) -> Result<(String, ferrum_engine::Slo)> {
     let bad = || {
         anyhow::anyhow!(
-            "--slo-class {spec:?}: expected NAME:TTFT_MS or NAME:TTFT_MS:best-effort (TTFT_MS a whole number of milliseconds, at least 1)"
+            "--slo-class {spec:?}: expected NAME:TTFT_MS[:TPOT_MS][:best-effort] (times whole \
+             numbers of milliseconds, at least 1, or - for none; at least one of them)"
         )
     };
-    let mut parts = spec.split(':');
-    let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(bad)?;
-    let ms: u64 = parts
-        .next()
-        .and_then(|m| m.parse().ok())
-        .filter(|&m| m >= 1)
-        .ok_or_else(bad)?;
-    let best_effort = match parts.next() {
-        None => false,
-        Some("best-effort") => true,
-        Some(_) => return Err(bad()),
+    let ms = |p: Option<&str>| -> Result<Option<Duration>> {
+        match p {
+            Some("-") => Ok(None),
+            Some(m) => m
+                .parse::<u64>()
+                .ok()
+                .filter(|&m| m >= 1)
+                .map(|m| Some(Duration::from_millis(m)))
+                .ok_or_else(bad),
+            None => Err(bad()),
+        }
     };
-    if parts.next().is_some() {
+    let mut parts: Vec<&str> = spec.split(':').collect();
+    let best_effort = parts.last() == Some(&"best-effort");
+    if best_effort {
+        parts.pop();
+    }
+    let (name, ttft, tpot) = match parts.as_slice() {
+        [name, ttft] => (*name, ms(Some(ttft))?, None),
+        [name, ttft, tpot] => (*name, ms(Some(ttft))?, ms(Some(tpot))?),
+        _ => return Err(bad()),
+    };
+    if name.is_empty() || (ttft.is_none() && tpot.is_none()) {
         return Err(bad());
     }
     Ok((
         name.to_string(),
         ferrum_engine::Slo {
-            ttft: Duration::from_millis(ms),
+            ttft,
+            tpot,
             best_effort,
         },
     ))
@@ -185,8 +201,15 @@ mod tests {
     fn slo_classes_are_read_and_checked() {
         let (n, s) = parse_slo_class("chat:800").unwrap();
         assert_eq!(
-            (n.as_str(), s.ttft.as_millis(), s.best_effort),
-            ("chat", 800, false)
+            (n.as_str(), s.ttft, s.tpot, s.best_effort),
+            ("chat", Some(Duration::from_millis(800)), None, false)
+        );
+        let (_, s) = parse_slo_class("chat:1000:100").unwrap();
+        assert_eq!(s.tpot, Some(Duration::from_millis(100)));
+        let (_, s) = parse_slo_class("stream:-:50:best-effort").unwrap();
+        assert_eq!(
+            (s.ttft, s.tpot, s.best_effort),
+            (None, Some(Duration::from_millis(50)), true)
         );
         assert!(
             parse_slo_class("batch:60000:best-effort")
@@ -202,6 +225,10 @@ mod tests {
             "x:y",
             "x:5:maybe",
             "x:5:best-effort:1",
+            "x:-",
+            "x:-:-",
+            "x:5:0",
+            "x:5:6:7",
         ] {
             assert!(parse_slo_class(bad).is_err(), "{bad}");
         }

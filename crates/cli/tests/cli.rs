@@ -541,6 +541,28 @@ fn offline_batch_mode_runs_every_line_through_the_engine() {
         "{}",
         stderr(&out)
     );
+    std::fs::write(&input, "{\"prompt\": \"x\", \"slo\": {\"tpot_ms\": 0}}\n").unwrap();
+    let out = ferrum(&[
+        "run",
+        "--model",
+        m,
+        "--prompts-file",
+        input.to_str().unwrap(),
+    ]);
+    assert!(stderr(&out).contains("`slo.tpot_ms`"), "{}", stderr(&out));
+    std::fs::write(
+        &input,
+        "{\"prompt\": \"x\", \"max_tokens\": 2, \"slo\": {\"tpot_ms\": 500}}\n",
+    )
+    .unwrap();
+    let out = ferrum(&[
+        "run",
+        "--model",
+        m,
+        "--prompts-file",
+        input.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
     std::fs::write(&input, "{\"prompt\": \"x\"}\n").unwrap();
     let out = ferrum(&[
         "run",
@@ -707,4 +729,78 @@ fn device_flags_fail_clearly() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `bench perplexity` on the tiny GGUF: an int8 cache against an f16 one over a short text,
+/// every figure present and sane; a text shorter than a chunk is an error naming `--ctx`.
+#[test]
+fn bench_perplexity_compares_kv_cache_types() {
+    let model = fixtures().join("tiny-smollm/model-q8_0.gguf");
+    let m = model.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("ferrum-ppl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.txt");
+    let words: Vec<String> = (0..400).map(|i| format!("word{} ", i * 7 % 53)).collect();
+    std::fs::write(&text, words.concat()).unwrap();
+    let out = ferrum(&[
+        "bench",
+        "perplexity",
+        "--model",
+        m,
+        "--file",
+        text.to_str().unwrap(),
+        "--ctx",
+        "64",
+        "--chunks",
+        "3",
+        "--kv-cache-dtype",
+        "int8",
+        "--reference-kv-cache-dtype",
+        "f16",
+        "--greedy-tokens",
+        "8",
+        "--greedy-prompts",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            v["kv_cache_dtype"].as_str(),
+            v["reference_kv_cache_dtype"].as_str()
+        ),
+        (Some("int8"), Some("f16"))
+    );
+    assert_eq!(
+        (v["chunks"].as_u64(), v["scored_tokens"].as_u64()),
+        (Some(3), Some(96))
+    );
+    let ppl = v["perplexity"].as_f64().unwrap();
+    let r = &v["reference"];
+    let ref_ppl = r["perplexity"].as_f64().unwrap();
+    assert!(
+        ppl > 1.0 && ppl.is_finite() && (ppl / ref_ppl - 1.0).abs() < 0.1,
+        "{v}"
+    );
+    let kl = r["mean_kl"].as_f64().unwrap();
+    assert!((0.0..0.1).contains(&kl), "{v}");
+    assert!(r["top1_agreement"].as_f64().unwrap() > 0.5, "{v}");
+    assert_eq!(r["greedy"].as_array().unwrap().len(), 2);
+    let out = ferrum(&[
+        "bench",
+        "perplexity",
+        "--model",
+        m,
+        "--file",
+        text.to_str().unwrap(),
+        "--ctx",
+        "100000",
+    ]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--ctx"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -111,6 +111,8 @@ pub(crate) struct EngineCore {
     tenants: Tenants,
     /// The step cost, learned from the steps' timings, and the shape of the step being run.
     cost: CostModel,
+    /// The last step's prefill cap for TPOT targets, if one applied.
+    prefill_cap: Option<usize>,
     /// The clock deadlines are counted on (`slo` scheduling).
     epoch: Instant,
     shape: StepShape,
@@ -205,6 +207,7 @@ impl EngineCore {
             parked: HashMap::new(),
             tenants: Tenants::default(),
             cost: CostModel::new(crate::config::DEFAULT_COST_SEED),
+            prefill_cap: None,
             epoch: Instant::now(),
             shape: StepShape::default(),
             #[cfg(feature = "fault-injection")]
@@ -407,6 +410,12 @@ impl EngineCore {
             .sched
             .add_with(seq, &r.request.prompt, priority, tenant, latest)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
+        if let Some(tpot) = r.request.slo.and_then(|s| s.tpot) {
+            self.st
+                .sched
+                .set_tpot(seq, tpot.as_secs_f64())
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
+        }
         self.st.seqs.insert(
             seq,
             SeqState {
@@ -435,7 +444,9 @@ impl EngineCore {
             self.finish_pending()?;
         }
         self.propose()?;
-        let out = self.st.sched.schedule();
+        // Prefill chunks sized for the decodes' TPOT targets once the cost model is trusted.
+        let out = (self.st.sched).schedule_with(self.cost.is_ready().then_some(&self.cost));
+        self.prefill_cap = out.prefill_cap;
         if out.seqs.is_empty() {
             if self.pending.is_some() {
                 // Every sequence waits on the step in flight (its blocks, say).
@@ -760,7 +771,14 @@ impl EngineCore {
             m.pending_prefill_tokens = self.st.sched.pending_prefill_tokens();
             m.decoding = self.st.sched.num_decoding();
             m.kv_blocks_read = st.blocks_total - st.blocks_free;
-            m.max_num_batched_tokens = self.st.sched.config().max_num_batched_tokens;
+            // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions
+            // see the cap.
+            let budget = self.st.sched.config().max_num_batched_tokens;
+            m.max_num_batched_tokens = match self.prefill_cap {
+                Some(cap) => budget.min(m.decoding + cap),
+                None => budget,
+            };
+            m.prefill_cap = self.prefill_cap;
         }
     }
 }

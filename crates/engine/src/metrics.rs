@@ -154,6 +154,8 @@ pub struct Metrics {
     pub decoding: usize,
     pub kv_blocks_read: usize,
     pub max_num_batched_tokens: usize,
+    /// The last step's prefill tokens allowed by its decodes' TPOT targets, if one applied.
+    pub prefill_cap: Option<usize>,
 }
 
 impl Default for Metrics {
@@ -192,6 +194,7 @@ impl Default for Metrics {
             decoding: 0,
             kv_blocks_read: 0,
             max_num_batched_tokens: 0,
+            prefill_cap: None,
         }
     }
 }

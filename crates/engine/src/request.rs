@@ -4,12 +4,15 @@ use crate::guide::Guide;
 use ferrum_types::{FinishReason, SamplingParams, TokenId};
 use std::time::Duration;
 
-/// A request's service-level target: its first token within `ttft`. Unless `best_effort`, a
-/// request the engine's cost model predicts cannot meet it is refused when submitted
-/// ([`crate::EngineError::Unmeetable`]), before any compute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A request's service-level targets: its first token within `ttft`, and each later token
+/// within `tpot` of the one before. Unless `best_effort`, a request the engine's cost model
+/// predicts cannot meet its `ttft` is refused when submitted
+/// ([`crate::EngineError::Unmeetable`]), before any compute. While it decodes, steps keep their
+/// prefill chunks short enough for its `tpot` (see `ferrum_scheduler::Scheduler::set_tpot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Slo {
-    pub ttft: Duration,
+    pub ttft: Option<Duration>,
+    pub tpot: Option<Duration>,
     pub best_effort: bool,
 }
 
@@ -24,7 +27,7 @@ pub struct GenerateRequest {
     /// Whose share of the engine the request uses (the `fair` policy); `None`: the tenant of
     /// requests that name none.
     pub tenant: Option<String>,
-    /// A time-to-first-token target, if any.
+    /// Service-level targets, if any.
     pub slo: Option<Slo>,
     /// `params.structured` compiled already ([`crate::EngineHandle::compile_guide`], say on a
     /// blocking thread); when `None`, `generate` compiles it.

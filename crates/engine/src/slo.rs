@@ -26,14 +26,14 @@ use std::time::{Duration, Instant};
 /// first-token deadline: the deadline less its own predicted prefill. [`NO_DEADLINE`] without
 /// a target; 0 when it is already late.
 pub(crate) fn latest_start(epoch: Instant, r: &ReqState, cost: &CostModel) -> u64 {
-    let Some(slo) = r.request.slo else {
+    let Some(ttft) = r.request.slo.and_then(|s| s.ttft) else {
         return NO_DEADLINE;
     };
     let own = cost.predict(StepShape {
         prefill_tokens: r.request.prompt.len(),
         ..StepShape::default()
     });
-    let deadline = (r.arrived + slo.ttft).saturating_duration_since(epoch);
+    let deadline = (r.arrived + ttft).saturating_duration_since(epoch);
     let start = deadline.as_secs_f64() - own;
     if start <= 0.0 {
         0
@@ -42,13 +42,16 @@ pub(crate) fn latest_start(epoch: Instant, r: &ReqState, cost: &CostModel) -> u6
     }
 }
 
-/// Refuses a request whose target `slo` the snapshot `m` predicts it cannot meet.
+/// Refuses a request whose first-token target the snapshot `m` predicts it cannot meet.
 pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
+    let Some(ttft) = slo.ttft else {
+        return Ok(());
+    };
     if slo.best_effort || !m.cost_ready {
         return Ok(());
     }
     let model = CostModel::new(m.cost);
-    let target = slo.ttft.as_secs_f64();
+    let target = ttft.as_secs_f64();
     let predict = |ahead| {
         predict_first_token(
             &model,
@@ -64,7 +67,7 @@ pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
         return Err(EngineError::Request(format!(
             "a time-to-first-token target of {} ms cannot be met for a {prompt_len}-token \
              prompt: its prefill alone is predicted to take {:.0} ms on this engine",
-            slo.ttft.as_millis(),
+            ttft.as_millis(),
             alone * 1e3
         )));
     }
@@ -77,7 +80,7 @@ pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
                  past the target of {} ms; retry in {:.1} s",
                 predicted * 1e3,
                 m.pending_prefill_tokens,
-                slo.ttft.as_millis(),
+                ttft.as_millis(),
                 excess
             ),
             retry_after: Duration::from_secs_f64(excess),
@@ -103,8 +106,8 @@ mod tests {
             ..Metrics::default()
         };
         let slo = |ms| Slo {
-            ttft: Duration::from_millis(ms),
-            best_effort: false,
+            ttft: Some(Duration::from_millis(ms)),
+            ..Slo::default()
         };
         // 1000 tokens: 10 steps of 110 ms.
         assert!(admit(&m, 100, &slo(1200)).is_ok());
@@ -137,5 +140,11 @@ mod tests {
             admit(&m, 1000, &slo(500)),
             Err(EngineError::Request(msg)) if msg.contains("alone")
         ));
+        // A TPOT target alone refuses nothing at submission.
+        let tpot = Slo {
+            tpot: Some(Duration::from_millis(1)),
+            ..Slo::default()
+        };
+        assert!(admit(&m, 1000, &tpot).is_ok());
     }
 }

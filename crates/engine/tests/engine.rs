@@ -528,7 +528,8 @@ fn requests_that_would_miss_their_first_token_target_are_refused_up_front() {
     assert!(e.metrics().cost_ready);
     let with = |ms, best_effort| GenerateRequest {
         slo: Some(Slo {
-            ttft: Duration::from_millis(ms),
+            ttft: Some(Duration::from_millis(ms)),
+            tpot: None,
             best_effort,
         }),
         ..GenerateRequest::new(vec![3, 4, 5], p(1))
@@ -561,6 +562,71 @@ fn requests_that_would_miss_their_first_token_target_are_refused_up_front() {
         collect(s, 1);
     }
     collect(taken, 1);
+    wait_for_idle(&e);
+    e.shutdown();
+}
+
+/// A time-per-output-token target with a fake cost (10 ms a prefill token): while a decode
+/// with a 50 ms target runs, steps cap their prefill (published in the metrics) far below the
+/// budget, and a long prompt beside it is prefilled in those chunks and answers as it does on
+/// an engine without targets; without a target there is no cap.
+#[test]
+fn a_tpot_target_caps_the_prefill_beside_its_decode() {
+    use ferrum_engine::Slo;
+    let e = engine(
+        "tiny-qwen2",
+        EngineConfig {
+            cost_seed: [0.0, 0.01, 0.0, 0.0],
+            ..EngineConfig::default()
+        },
+    );
+    let p = |n| SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    // Enough steps for the model to be trusted.
+    collect(
+        e.generate(GenerateRequest::new(vec![5, 6, 7], p(12)))
+            .unwrap(),
+        1,
+    );
+    assert!(e.metrics().cost_ready);
+    assert_eq!(e.metrics().prefill_cap, None);
+    let decode = e
+        .generate(GenerateRequest {
+            slo: Some(Slo {
+                tpot: Some(Duration::from_millis(50)),
+                ..Slo::default()
+            }),
+            ..GenerateRequest::new(vec![5, 6, 7], p(3000))
+        })
+        .unwrap();
+    let t = Instant::now();
+    while e.metrics().prefill_cap.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no cap came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let budget = EngineConfig::default().max_num_batched_tokens;
+    let cap = e.metrics().prefill_cap.unwrap();
+    assert!(cap < 100 && cap < budget, "cap {cap} of {budget}");
+    // A long prompt, against the tokens of an engine without any target.
+    let other: Vec<TokenId> = (0..300).map(|j| 5 + j % 190).collect();
+    let want = {
+        let plain = engine("tiny-qwen2", EngineConfig::default());
+        let w = collect(
+            plain
+                .generate(GenerateRequest::new(other.clone(), p(4)))
+                .unwrap(),
+            1,
+        )
+        .0;
+        plain.shutdown();
+        w
+    };
+    let beside = collect(e.generate(GenerateRequest::new(other, p(4))).unwrap(), 1).0;
+    assert_eq!(beside, want, "chunked or not, the same tokens");
+    drop(decode);
     wait_for_idle(&e);
     e.shutdown();
 }

@@ -11,7 +11,11 @@
 //! length; their slots are overwritten later. Blocks belong to the [`KvCacheManager`].
 //!
 //! Order within a step: running sequences that decode, running sequences still prefilling
-//! (chunked within the token budget), then waiting sequences by (priority, arrival). Admission
+//! (chunked within the token budget), then waiting sequences by (priority, arrival). Given a
+//! step cost model ([`Scheduler::schedule_with`]), the prefill tokens of a step are capped so
+//! the step is predicted to take no longer than the tightest time-per-output-token target of
+//! the decodes in it ([`Scheduler::set_tpot`]), but never below one block of prefill, so
+//! waiting requests always progress. Admission
 //! stops at the first waiting sequence that does not fit, so equal priorities are served first
 //! come first served. When a running sequence needs a block and none is free, the running
 //! sequence with the lowest priority (largest value) that was admitted last is preempted: its
@@ -24,7 +28,9 @@
 //!   the pool is whole;
 //! - the first `num_computed` tokens of a sequence have K/V in its blocks (reused blocks hold
 //!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
-//! - only final tokens enter the prefix cache.
+//! - only final tokens enter the prefix cache;
+//! - with a cost model, a step's predicted seconds exceed its decodes' tightest TPOT target
+//!   only by what the decodes alone and one block of prefill take.
 
 use crate::queue::{RequestQueue, Running, SchedulingPolicy, Waiting, NO_DEADLINE};
 use crate::{BlockPool, KvCacheManager, Result, SchedulerError};
@@ -105,6 +111,9 @@ pub struct SchedulerOutput {
     /// Sequences preempted in this step (their K/V is gone; they wait for recompute).
     pub preempted: Vec<RequestId>,
     pub num_batched_tokens: usize,
+    /// The prefill tokens this step was allowed under its decodes' TPOT targets, when a cost
+    /// model and a target limited it ([`Scheduler::schedule_with`]).
+    pub prefill_cap: Option<usize>,
 }
 
 /// Counters for metrics.
@@ -127,6 +136,8 @@ struct Seq {
     tenant: u32,
     /// The latest start that meets its first-token deadline ([`NO_DEADLINE`]: none).
     latest_start: u64,
+    /// Its time-per-output-token target, in seconds.
+    tpot: Option<f64>,
     arrival: u64,
     admitted: u64,
     /// Final tokens (prompt, then output), then the proposals for the next step.
@@ -330,6 +341,7 @@ impl Scheduler {
                 priority,
                 tenant,
                 latest_start,
+                tpot: None,
                 arrival,
                 admitted: 0,
                 tokens: prompt.to_vec(),
@@ -348,6 +360,20 @@ impl Scheduler {
             tenant,
             latest_start,
         });
+        Ok(())
+    }
+
+    /// Sets sequence `id`'s time-per-output-token target: while it decodes, steps with a cost
+    /// model keep their prefill short enough to be predicted within it
+    /// ([`Scheduler::schedule_with`]). `seconds` must be positive and finite.
+    pub fn set_tpot(&mut self, id: RequestId, seconds: f64) -> Result<()> {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return Err(SchedulerError::Config(format!(
+                "a time-per-output-token target of {seconds} s: expected a positive time"
+            )));
+        }
+        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
+        seq.tpot = Some(seconds);
         Ok(())
     }
 
@@ -440,10 +466,22 @@ impl Scheduler {
 
     /// Plans the next step.
     pub fn schedule(&mut self) -> SchedulerOutput {
+        self.schedule_with(None)
+    }
+
+    /// Plans the next step; with `cost` (the step cost model, fitted by the caller), the
+    /// prefill tokens are capped for the decodes' TPOT targets ([`Scheduler::prefill_cap`]).
+    pub fn schedule_with(&mut self, cost: Option<&crate::CostModel>) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
         // Decodes, then prefill chunks, of running sequences.
         for decode_pass in [true, false] {
+            if !decode_pass {
+                if let Some(cap) = cost.and_then(|c| self.prefill_cap(&out, c)) {
+                    budget = budget.min(cap);
+                    out.prefill_cap = Some(cap);
+                }
+            }
             // Preemption changes `running`; walk a snapshot and skip the preempted.
             self.order.clear();
             self.order.extend_from_slice(&self.running);
@@ -512,6 +550,37 @@ impl Scheduler {
         out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
         out.kv_loads = self.kv.take_loads();
         out
+    }
+
+    /// The prefill tokens a step whose decodes are `out` may add and still be predicted
+    /// (`cost`) within the decodes' tightest TPOT target: `None` when no decode has one. At
+    /// least one block, so prefills progress even when the decodes alone take longer than the
+    /// target. The prefill's own reads of the KV cache are left out of the prediction (its
+    /// blocks are counted once it runs).
+    fn prefill_cap(&self, out: &SchedulerOutput, cost: &crate::CostModel) -> Option<usize> {
+        let target = out
+            .seqs
+            .iter()
+            .filter_map(|s| self.seqs.get(&s.id)?.tpot)
+            .fold(f64::INFINITY, f64::min);
+        if !target.is_finite() {
+            return None;
+        }
+        let floor = self.cfg.block_size;
+        let per_token = cost.coefficients()[1];
+        if per_token <= 0.0 {
+            return None;
+        }
+        let spare = target - cost.predict(self.step_shape(out));
+        let fit = (spare / per_token).floor();
+        let fit = if fit >= self.cfg.max_num_batched_tokens as f64 {
+            self.cfg.max_num_batched_tokens
+        } else if fit > 0.0 {
+            fit as usize
+        } else {
+            0
+        };
+        Some(fit.max(floor))
     }
 
     /// Gets blocks for a run of `n` more tokens of running sequence `id`, the last `k` of them

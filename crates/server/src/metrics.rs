@@ -230,6 +230,13 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         if m.cost_ready { 1.0 } else { 0.0 },
     );
     o.metric(
+        "ferrum_step_prefill_cap_tokens",
+        "gauge",
+        "Prefill tokens the last step allowed so its decodes keep their time-per-output-token \
+         targets (-1: no target limited it).",
+        m.prefill_cap.map_or(-1.0, |c| c as f64),
+    );
+    o.metric(
         "ferrum_pending_prefill_tokens",
         "gauge",
         "Prompt tokens still to be computed (what a new request's first token waits behind).",

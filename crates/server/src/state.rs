@@ -58,9 +58,11 @@ impl AppState {
             None => None,
             Some(SloAsk::Target {
                 ttft_ms,
+                tpot_ms,
                 best_effort,
             }) => Some(ferrum_engine::Slo {
-                ttft: std::time::Duration::from_millis(*ttft_ms),
+                ttft: ttft_ms.map(std::time::Duration::from_millis),
+                tpot: tpot_ms.map(std::time::Duration::from_millis),
                 best_effort: *best_effort,
             }),
             Some(SloAsk::Class(c)) => Some(*self.slo_classes.get(c).ok_or_else(|| {

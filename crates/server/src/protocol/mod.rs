@@ -184,8 +184,18 @@ mod tests {
         assert_eq!(
             c.opts.slo,
             Some(SloAsk::Target {
-                ttft_ms: 800,
+                ttft_ms: Some(800),
+                tpot_ms: None,
                 best_effort: true
+            })
+        );
+        let c = completion(r#"{"prompt":"x","slo":{"tpot_ms":50}}"#).unwrap();
+        assert_eq!(
+            c.opts.slo,
+            Some(SloAsk::Target {
+                ttft_ms: None,
+                tpot_ms: Some(50),
+                best_effort: false
             })
         );
         let c = chat(r#"{"messages":[{"role":"user","content":"x"}],"slo_class":"chat"}"#).unwrap();
@@ -209,7 +219,11 @@ mod tests {
             ),
             (r#"{"prompt":"x","slo":{}}"#.to_string(), "slo.ttft_ms"),
             (
-                r#"{"prompt":"x","slo":{"ttft_ms":5,"tpot_ms":50}}"#.to_string(),
+                r#"{"prompt":"x","slo":{"ttft_ms":5,"tpot_ms":0}}"#.to_string(),
+                "slo.tpot_ms",
+            ),
+            (
+                r#"{"prompt":"x","slo":{"tpot_ms":"fast"}}"#.to_string(),
                 "slo.tpot_ms",
             ),
             (

@@ -40,7 +40,7 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<TokenIds>,
     pub ignore_eos: Option<Flag>,
     pub skip_special_tokens: Option<Flag>,
-    /// A service-level target: `{"ttft_ms": N, "best_effort": bool}`.
+    /// Service-level targets: `{"ttft_ms": N, "tpot_ms": N, "best_effort": bool}`.
     pub slo: Option<SloFields>,
     /// A service-level class of the server's (`--slo-class`).
     pub slo_class: Option<Text>,
@@ -51,15 +51,18 @@ pub struct SamplingFields {
 #[serde(expecting = "an object")]
 pub struct SloFields {
     pub ttft_ms: Option<Count>,
-    /// Not served yet: a 400 naming it.
-    pub tpot_ms: Option<Value>,
+    pub tpot_ms: Option<Count>,
     pub best_effort: Option<Flag>,
 }
 
-/// The service-level target a request asks for, as sent.
+/// The service-level targets a request asks for, as sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SloAsk {
-    Target { ttft_ms: u64, best_effort: bool },
+    Target {
+        ttft_ms: Option<u64>,
+        tpot_ms: Option<u64>,
+        best_effort: bool,
+    },
     Class(String),
 }
 
@@ -217,27 +220,27 @@ impl SamplingFields {
             (None, None) => Ok(None),
             (None, Some(Text(c))) => Ok(Some(SloAsk::Class(c.clone()))),
             (Some(s), None) => {
-                if s.tpot_ms.as_ref().is_some_and(|v| !v.is_null()) {
+                let ms = |v: Option<Count>, name: &'static str| match v {
+                    Some(Count(0)) => Err(ServerError::param(
+                        name,
+                        format!("'{name}' must be at least 1 (milliseconds)"),
+                    )),
+                    other => Ok(other.map(|Count(n)| n as u64)),
+                };
+                let (ttft_ms, tpot_ms) =
+                    (ms(s.ttft_ms, "slo.ttft_ms")?, ms(s.tpot_ms, "slo.tpot_ms")?);
+                if ttft_ms.is_none() && tpot_ms.is_none() {
                     return Err(ServerError::param(
-                        "slo.tpot_ms",
-                        "'slo.tpot_ms' is not supported yet: only a time-to-first-token target \
-                         ('slo.ttft_ms') is served",
+                        "slo.ttft_ms",
+                        "'slo' needs 'ttft_ms' (the time-to-first-token target) or 'tpot_ms' \
+                         (the time-per-output-token target), in milliseconds",
                     ));
                 }
-                match s.ttft_ms {
-                    None => Err(ServerError::param(
-                        "slo.ttft_ms",
-                        "'slo' needs 'ttft_ms', the time-to-first-token target in milliseconds",
-                    )),
-                    Some(Count(0)) => Err(ServerError::param(
-                        "slo.ttft_ms",
-                        "'slo.ttft_ms' must be at least 1",
-                    )),
-                    Some(Count(ms)) => Ok(Some(SloAsk::Target {
-                        ttft_ms: ms as u64,
-                        best_effort: s.best_effort.is_some_and(|Flag(b)| b),
-                    })),
-                }
+                Ok(Some(SloAsk::Target {
+                    ttft_ms,
+                    tpot_ms,
+                    best_effort: s.best_effort.is_some_and(|Flag(b)| b),
+                }))
             }
         }
     }

@@ -1,0 +1,211 @@
+//! Time-per-output-token targets on a simulated clock: with a known step cost, every step
+//! whose decodes carry a target is predicted within the tightest one unless its decodes alone
+//! (with one block of prefill) already exceed it; prefills still progress, so every request
+//! finishes; without targets the plan is the plain one.
+#![allow(clippy::unwrap_used)]
+
+use ferrum_scheduler::{CostModel, Scheduler, SchedulerConfig, SchedulingPolicy};
+use ferrum_types::{ForwardBatch, RequestId, TokenId};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Req {
+    arrive_at: usize,
+    prompt: usize,
+    max_out: usize,
+    /// Milliseconds.
+    tpot: Option<u32>,
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    (
+        0..30usize,
+        2..300usize,
+        1..24usize,
+        prop::option::weighted(0.6, 5..60u32),
+    )
+        .prop_map(|(arrive_at, prompt, max_out, tpot)| Req {
+            arrive_at,
+            prompt,
+            max_out,
+            tpot,
+        })
+}
+
+/// Seconds a step costs: 4 ms, 0.2 ms a prefill token, 1 ms a decode row, 2 us a KV block.
+const COST: [f64; 4] = [0.004, 0.0002, 0.001, 0.000002];
+
+/// Each step's plan: (sequence, tokens) of its runs.
+type Plans = Vec<Vec<(RequestId, usize)>>;
+
+/// Runs `reqs` to the end, checking each step against its decodes' targets; returns the steps
+/// taken and each step's plan.
+fn simulate(
+    cfg: &SchedulerConfig,
+    reqs: &[Req],
+    cost: Option<&CostModel>,
+    targets: bool,
+) -> Result<(usize, Plans), TestCaseError> {
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut outs: Vec<Vec<TokenId>> = vec![Vec::new(); reqs.len()];
+    let mut arrived = vec![false; reqs.len()];
+    let mut seen = vec![false; reqs.len()];
+    let mut batch = ForwardBatch::new();
+    let mut plans = Vec::new();
+    for step in 0..20_000 {
+        for (i, r) in reqs.iter().enumerate() {
+            if r.arrive_at == step && !arrived[i] {
+                arrived[i] = true;
+                let prompt: Vec<TokenId> = (0..r.prompt).map(|j| (i * 31 + j) as TokenId).collect();
+                s.add(i as RequestId, &prompt, 0).unwrap();
+                if let (Some(ms), true) = (r.tpot, targets) {
+                    s.set_tpot(i as RequestId, ms as f64 / 1e3).unwrap();
+                }
+            }
+        }
+        if step > 30 && !s.has_unfinished() {
+            return Ok((step, plans));
+        }
+        let out = s.schedule_with(cost);
+        plans.push(out.seqs.iter().map(|x| (x.id, x.num_tokens)).collect());
+        // The decodes: one-token runs of sequences scheduled before (admissions come after
+        // the cap).
+        let decodes: Vec<_> = out
+            .seqs
+            .iter()
+            .filter(|x| x.num_tokens == 1 && x.samples && seen[x.id as usize])
+            .collect();
+        let prefill: usize = out.seqs.iter().map(|x| x.num_tokens).sum::<usize>() - decodes.len();
+        let tightest = decodes
+            .iter()
+            .filter_map(|x| reqs[x.id as usize].tpot.filter(|_| targets))
+            .min();
+        match (cost, tightest) {
+            (Some(_), Some(ms)) => {
+                let cap = out.prefill_cap;
+                prop_assert!(cap.is_some_and(|c| prefill <= c), "{prefill} over {cap:?}");
+                let kv: usize = decodes
+                    .iter()
+                    .map(|x| s.block_table(x.id).unwrap().len())
+                    .sum();
+                let predicted = COST[0]
+                    + COST[1] * prefill as f64
+                    + COST[2] * decodes.len() as f64
+                    + COST[3] * kv as f64;
+                prop_assert!(
+                    predicted <= ms as f64 / 1e3 + 1e-12 || prefill <= cfg.block_size,
+                    "step {}: predicted {} s over the target {} ms with {} prefill tokens",
+                    step,
+                    predicted,
+                    ms,
+                    prefill
+                );
+            }
+            _ => prop_assert!(out.prefill_cap.is_none()),
+        }
+        for x in &out.seqs {
+            seen[x.id as usize] = true;
+        }
+        s.fill_batch(&out, &mut batch).unwrap();
+        let mut samples = Vec::new();
+        for x in &out.seqs {
+            if x.samples {
+                samples.push((x.id, 7 as TokenId));
+            }
+        }
+        s.update(&out, &samples);
+        for &(id, _) in &samples {
+            let i = id as usize;
+            outs[i].push(7);
+            if outs[i].len() == reqs[i].max_out {
+                s.remove(id);
+            }
+        }
+        s.check().map_err(TestCaseError::fail)?;
+    }
+    Err(TestCaseError::fail("the requests never finished"))
+}
+
+fn config() -> impl Strategy<Value = SchedulerConfig> {
+    (
+        prop::sample::select(vec![4usize, 16]),
+        prop::sample::select(vec![64usize, 256, 1024]),
+        1..8usize,
+    )
+        .prop_map(|(bs, budget, seqs)| SchedulerConfig {
+            num_blocks: 400usize.div_ceil(bs) * 3,
+            block_size: bs,
+            max_num_batched_tokens: budget,
+            max_num_seqs: seqs,
+            enable_prefix_caching: false,
+            policy: SchedulingPolicy::Priority,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn steps_keep_to_the_tightest_target_and_everything_finishes(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..16),
+    ) {
+        let cost = CostModel::new(COST);
+        simulate(&cfg, &reqs, Some(&cost), true)?;
+    }
+
+    #[test]
+    fn without_targets_the_plan_is_the_plain_one(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..16),
+    ) {
+        let cost = CostModel::new(COST);
+        let (_, with_cost) = simulate(&cfg, &reqs, Some(&cost), false)?;
+        let (_, plain) = simulate(&cfg, &reqs, None, false)?;
+        prop_assert_eq!(with_cost, plain);
+    }
+}
+
+/// A long prompt arriving beside a decode with a 10 ms target: its prefill goes in chunks the
+/// target allows (with the cost above, 4 ms + 1 ms for the decode leaves 25 tokens), and the
+/// decode's steps stay within it; without the target the prompt takes the whole budget.
+#[test]
+fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
+    let cfg = SchedulerConfig {
+        num_blocks: 200,
+        block_size: 4,
+        max_num_batched_tokens: 512,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+        policy: SchedulingPolicy::Priority,
+    };
+    let cost = CostModel::new(COST);
+    for target in [Some(0.010), None] {
+        let mut s = Scheduler::new(cfg.clone()).unwrap();
+        s.add(0, &[1, 2, 3], 0).unwrap();
+        if let Some(t) = target {
+            s.set_tpot(0, t).unwrap();
+        }
+        let out = s.schedule_with(Some(&cost));
+        s.update(&out, &[(0, 9)]);
+        s.add(1, &(0..400).collect::<Vec<TokenId>>(), 0).unwrap();
+        let out = s.schedule_with(Some(&cost));
+        let chunk = out.seqs.iter().find(|x| x.id == 1).unwrap().num_tokens;
+        match target {
+            Some(t) => {
+                assert_eq!(out.prefill_cap, Some(chunk));
+                assert!((4..30).contains(&chunk), "{chunk}");
+                assert!(
+                    cost.predict(s.step_shape(&out)) <= t,
+                    "{:?}",
+                    s.step_shape(&out)
+                );
+            }
+            None => assert_eq!((chunk, out.prefill_cap), (400, None)),
+        }
+    }
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(0, &[1], 0).unwrap();
+    assert!(s.set_tpot(0, 0.0).is_err() && s.set_tpot(0, f64::NAN).is_err());
+    assert!(s.set_tpot(5, 0.01).is_err(), "an unknown sequence");
+}
