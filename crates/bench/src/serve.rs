@@ -10,8 +10,11 @@
 //! it honours `min_tokens`). Per level: wall time, completed and failed requests, token and
 //! request rates, and TTFT, inter-token, per-output-token and end-to-end latency percentiles.
 //! `--compare` prints the table of several saved `--json` reports; `benchmarks/plot_serve.py`
-//! draws them on one chart.
+//! draws them on one chart. With `--class` (repeated) the levels give way to a mixed workload
+//! of request classes for `--duration` seconds ([`mix`]): goodput against each class's targets,
+//! per-class percentiles and the gaps between streamed chunks.
 
+pub mod mix;
 pub(crate) mod prompts;
 mod report;
 pub(crate) mod request;
@@ -77,6 +80,15 @@ pub struct ServeBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// A request class of a mixed workload, run instead of the concurrency levels
+    /// (repeatable): name=N,(rate=R|concurrency=C),input=TOKENS,output=TOKENS and optionally
+    /// ttft_ms=T,tpot_ms=T (the targets goodput counts), slo=body|class:NAME (how the server
+    /// hears of them), user=TENANT, priority=P, api_key=K.
+    #[arg(long = "class", value_name = "SPEC")]
+    classes: Vec<String>,
+    /// Seconds a mixed workload (--class) sends requests for.
+    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    duration: f64,
     /// Instead of running, print the table of these saved `--json` reports (each labelled
     /// with its `label`). `benchmarks/plot_serve.py` draws them on one chart.
     #[arg(
@@ -94,11 +106,27 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<()> {
     }
     let timeout = validate(args)?;
     let base = base_url(&args.base_url)?;
+    let classes = args
+        .classes
+        .iter()
+        .map(|c| c.parse::<mix::ClassSpec>())
+        .collect::<Result<Vec<_>>>()?;
+    let duration = mix::validate(&classes, args.duration)?;
     let tokenizer = args.tokenizer.as_deref().map(load_tokenizer).transpose()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the HTTP client")?;
+    if !classes.is_empty() {
+        return rt.block_on(run_mix(
+            args,
+            &base,
+            &classes,
+            duration,
+            timeout,
+            tokenizer.as_deref(),
+        ));
+    }
     let report = rt.block_on(run(args, &base, timeout, tokenizer.as_deref()))?;
     if args.json {
         println!("{}", report.to_json_string()?);
@@ -304,6 +332,48 @@ async fn run(
         ignore_eos: !args.no_ignore_eos,
         levels,
     })
+}
+
+/// `--class`: the mixed workload, printed as a table or one JSON object.
+async fn run_mix(
+    args: &ServeBenchArgs,
+    base: &str,
+    classes: &[mix::ClassSpec],
+    duration: Duration,
+    timeout: Duration,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10).min(timeout))
+        .pool_max_idle_per_host(0)
+        .build()
+        .context("building the HTTP client")?;
+    let model = resolve_model(&client, base, args, timeout).await?;
+    let (wall_s, reports) = mix::run(
+        &client, base, &model, classes, duration, timeout, tokenizer, args.seed,
+    )
+    .await?;
+    let report = mix::MixReport {
+        label: args.label.clone().unwrap_or_else(|| model.clone()),
+        base_url: base.to_string(),
+        model,
+        duration_s: duration.as_secs_f64(),
+        wall_s,
+        classes: reports,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", mix::table(&report));
+    }
+    if report.classes.iter().all(|c| c.completed == 0) {
+        let first = report.classes.iter().flat_map(|c| &c.errors).next();
+        bail!(
+            "every request failed; the first error: {}",
+            first.map_or("none recorded", String::as_str)
+        );
+    }
+    Ok(())
 }
 
 /// Runs every request with at most `concurrency` in flight; the wall time and the outcomes.

@@ -52,6 +52,12 @@ pub struct ServeArgs {
         value_name = "NAME:TTFT_MS[:TPOT_MS][:best-effort]"
     )]
     slo_class: Vec<String>,
+    /// A further API key, and what it stands for: `class=NAME` a --slo-class for its requests
+    /// that name none, `tenant=NAME` its tenant under --scheduling fair (the key fixes it: a
+    /// request's `user` cannot claim another). With any of these, every route but /health,
+    /// /metrics and the chat page needs a key (this one or --api-key). Repeatable.
+    #[arg(long = "api-key-role", value_name = "KEY[:class=NAME][:tenant=NAME]")]
+    api_key_role: Vec<String>,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -80,6 +86,17 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
         bail!("--api-key must not be empty");
     }
     ferrum_server::cors::parse_origins(&args.allowed_origins)?;
+    // Checked before the model loads.
+    let slo_classes = args
+        .slo_class
+        .iter()
+        .map(|c| parse_slo_class(c))
+        .collect::<Result<Vec<_>>>()?;
+    let key_roles = args
+        .api_key_role
+        .iter()
+        .map(|k| parse_key_role(k, &slo_classes))
+        .collect::<Result<Vec<_>>>()?;
     let (model, text, _) = load_parts(&args.model, launch)?;
     let TextAssets {
         tokenizer,
@@ -123,11 +140,8 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
             .and_then(ferrum_server::tools::ToolFormat::from_name),
         web_ui: !args.no_web_ui,
         allowed_origins: args.allowed_origins.clone(),
-        slo_classes: args
-            .slo_class
-            .iter()
-            .map(|c| parse_slo_class(c))
-            .collect::<Result<_>>()?,
+        slo_classes,
+        key_roles,
     };
     let has_template = chat_template.is_some();
     let web_ui = server.web_ui;
@@ -148,6 +162,38 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
         );
     })
     .context("serving")
+}
+
+/// `--api-key-role KEY[:class=NAME][:tenant=NAME]`, its class checked against `classes`.
+fn parse_key_role(
+    spec: &str,
+    classes: &[(String, ferrum_engine::Slo)],
+) -> Result<(String, ferrum_server::state::KeyRole)> {
+    let bad = |why: &str| {
+        anyhow::anyhow!("--api-key-role {spec:?}: {why} (expected KEY[:class=NAME][:tenant=NAME])")
+    };
+    let mut parts = spec.split(':');
+    let key = parts
+        .next()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| bad("no key"))?;
+    let mut role = ferrum_server::state::KeyRole::default();
+    for p in parts {
+        match p.split_once('=') {
+            Some(("class", c)) if !c.is_empty() => {
+                if !classes.iter().any(|(n, _)| n == c) {
+                    return Err(bad(&format!("no --slo-class {c:?}")));
+                }
+                role.slo_class = Some(c.to_string());
+            }
+            Some(("tenant", t)) if !t.is_empty() && t.len() <= 256 => {
+                role.tenant = Some(t.to_string())
+            }
+            _ => return Err(bad(&format!("{p:?} is not class=NAME or tenant=NAME"))),
+        }
+    }
+    Ok((key.to_string(), role))
 }
 
 /// `--slo-class NAME:TTFT_MS[:TPOT_MS][:best-effort]` (a time `-`: no target).
@@ -231,6 +277,30 @@ mod tests {
             "x:5:6:7",
         ] {
             assert!(parse_slo_class(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn key_roles_are_read_and_checked() {
+        let classes = vec![parse_slo_class("chat:800").unwrap()];
+        let (k, r) = parse_key_role("sk-1:class=chat:tenant=acme", &classes).unwrap();
+        assert_eq!(
+            (k.as_str(), r.slo_class.as_deref(), r.tenant.as_deref()),
+            ("sk-1", Some("chat"), Some("acme"))
+        );
+        assert_eq!(
+            parse_key_role("sk-2", &classes).unwrap().1,
+            Default::default()
+        );
+        for bad in [
+            "",
+            ":class=chat",
+            "k:class=none",
+            "k:tenant=",
+            "k:colour=red",
+            "k:chat",
+        ] {
+            assert!(parse_key_role(bad, &classes).is_err(), "{bad}");
         }
     }
 }

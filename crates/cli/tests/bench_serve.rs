@@ -192,3 +192,49 @@ fn bad_flags_are_clear_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// A mixed workload against a server with a service-level class: an open-loop class naming
+/// the class and a closed-loop tenant beside it, each reported with its goodput, percentiles
+/// and chunk gaps; a class spec that cannot be read is a clear error.
+#[test]
+fn a_mixed_workload_reports_each_class() {
+    let server = Server::start(&["--slo-class", "chat:60000:2000", "--scheduling", "slo"]);
+    let out = bench(&[
+        "--base-url",
+        &server.base,
+        "--tokenizer",
+        &tiny(),
+        "--duration",
+        "2",
+        "--class",
+        "name=interactive,rate=4,input=12,output=6,ttft_ms=60000,tpot_ms=2000,slo=class:chat",
+        "--class",
+        "name=batch,concurrency=2,input=24,output=8,user=b",
+        "--json",
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect(&stdout);
+    let classes = v["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2);
+    for c in classes {
+        let (sent, done) = (
+            c["sent"].as_u64().unwrap(),
+            c["completed"].as_u64().unwrap(),
+        );
+        assert!(sent >= 1 && done == sent, "{c}");
+        assert!(c["ttft_ms"]["p50"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["chunk_gap_ms"]["p99"].as_f64().is_some(), "{c}");
+    }
+    assert_eq!(classes[0]["goodput"].as_f64(), Some(1.0), "{}", classes[0]);
+    assert_eq!(
+        classes[1]["output_tokens"].as_u64(),
+        Some(8 * classes[1]["completed"].as_u64().unwrap())
+    );
+    let out = bench(&["--base-url", &server.base, "--class", "name=x,rate=1"]);
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("--class"),
+        "{}",
+        text(&out.stderr)
+    );
+}

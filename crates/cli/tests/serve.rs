@@ -535,3 +535,47 @@ async fn a_hostile_chat_template_cannot_take_the_server_down() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--api-key-role` keys are accepted beside `--api-key` (each standing for its class and
+/// tenant), others are refused; a role naming an unknown class stops the server at start.
+#[tokio::test]
+async fn api_key_roles_are_keys_too() {
+    let s = Server::start(&[
+        "--api-key",
+        "plain",
+        "--slo-class",
+        "chat:60000:2000",
+        "--api-key-role",
+        "team-a:class=chat:tenant=a",
+        "--scheduling",
+        "fair",
+    ]);
+    let c = reqwest::Client::new();
+    let body = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, "user": "b"}).to_string();
+    for (key, status) in [("plain", 200), ("team-a", 200), ("team-b", 401)] {
+        let r = c
+            .post(s.url("/v1/completions"))
+            .header("content-type", "application/json")
+            .bearer_auth(key)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{key}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args([
+            "serve",
+            "--model",
+            &common::tiny(),
+            "--api-key-role",
+            "k:class=none",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--api-key-role"),
+        "{err}"
+    );
+}

@@ -48,10 +48,14 @@ type Result<T> = std::result::Result<T, AnthropicError>;
 
 pub async fn messages(
     State(s): State<Arc<AppState>>,
+    role: Option<axum::Extension<crate::state::KeyRole>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
     let mut req = MessagesRequest::from_body(&body)?.admit(false)?;
+    if let Some(axum::Extension(r)) = role {
+        r.apply(&mut req.opts);
+    }
     s.check_model(req.opts.model.as_deref())?;
     let started = start_chat(&s, &mut req).await?;
     let id = s.new_id("msg").replacen('-', "_", 1);

@@ -29,12 +29,16 @@ use std::sync::Arc;
 
 pub async fn chat_completions(
     State(s): State<Arc<AppState>>,
+    role: Option<axum::Extension<crate::state::KeyRole>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
     let req = ChatCompletionRequest::from_body(&body)?;
     req.refuse_unsupported()?;
     let mut req = req.admit()?;
+    if let Some(axum::Extension(r)) = role {
+        r.apply(&mut req.opts);
+    }
     s.check_model(req.opts.model.as_deref())?;
     let started = start_chat(&s, &mut req).await?;
     let (merged, calls, n) = (started.merged, started.calls, started.n);

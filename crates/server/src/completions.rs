@@ -21,12 +21,16 @@ use std::sync::Arc;
 
 pub async fn completions(
     State(s): State<Arc<AppState>>,
+    role: Option<axum::Extension<crate::state::KeyRole>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
     let req = CompletionRequest::from_body(&body)?;
     req.refuse_unsupported()?;
-    let req = req.admit()?;
+    let mut req = req.admit()?;
+    if let Some(axum::Extension(r)) = role {
+        r.apply(&mut req.opts);
+    }
     s.check_model(req.opts.model.as_deref())?;
     let (tok, prompts, echo) = (s.tokenizer.clone(), req.prompts.clone(), req.echo);
     let skip_special = req.opts.params.skip_special_tokens;

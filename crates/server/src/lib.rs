@@ -69,6 +69,8 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// `--slo-class`: service-level classes a request names with `slo_class`.
     pub slo_classes: Vec<(String, ferrum_engine::Slo)>,
+    /// `--api-key-role`: further API keys, each standing for a class and a tenant.
+    pub key_roles: Vec<(String, state::KeyRole)>,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +87,7 @@ impl Default for ServerConfig {
             web_ui: true,
             allowed_origins: Vec::new(),
             slo_classes: Vec::new(),
+            key_roles: Vec::new(),
         }
     }
 }
@@ -133,6 +136,18 @@ pub fn run(
     }
     state.web_ui = cfg.web_ui;
     state.slo_classes = cfg.slo_classes.iter().cloned().collect();
+    for (_, role) in &cfg.key_roles {
+        if let Some(c) = role
+            .slo_class
+            .as_ref()
+            .filter(|c| !state.slo_classes.contains_key(*c))
+        {
+            return Err(ServerError::Internal(format!(
+                "--api-key-role names the class {c:?}, which no --slo-class defines"
+            )));
+        }
+    }
+    state.key_roles = cfg.key_roles.clone();
     state.allowed_origins = cors::parse_origins(&cfg.allowed_origins)?;
     let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()

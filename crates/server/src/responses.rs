@@ -41,12 +41,16 @@ use std::sync::Arc;
 
 pub async fn responses(
     State(s): State<Arc<AppState>>,
+    role: Option<axum::Extension<crate::state::KeyRole>>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let body = s.body(body)?;
     let req = ResponsesRequest::from_body(&body)?;
     req.refuse_unsupported()?;
     let mut req = req.admit()?;
+    if let Some(axum::Extension(r)) = role {
+        r.apply(&mut req.chat.opts);
+    }
     s.check_model(req.chat.opts.model.as_deref())?;
     let started = start_chat(&s, &mut req.chat).await?;
     let id = s.new_id("resp").replacen('-', "_", 1);

@@ -81,18 +81,36 @@ fn given_key(req: &Request) -> Option<&str> {
         .map(str::trim)
 }
 
-async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn auth(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     // The chat page is open: it asks for the key and sends it with its API calls.
     let open = matches!(req.uri().path(), "/health" | "/metrics" | "/");
-    if let (Some(key), false) = (&s.api_key, open) {
+    if (s.api_key.is_some() || !s.key_roles.is_empty()) && !open {
         let refusal = match given_key(&req) {
             None => Some(ServerError::Unauthorized(
                 "no API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'".into(),
             )),
-            Some(g) if !same(g.as_bytes(), key.as_bytes()) => {
-                Some(ServerError::Unauthorized("the API key is not valid".into()))
+            Some(g) => {
+                // Every key is compared, so timings do not tell which one came close.
+                let plain = s
+                    .api_key
+                    .as_ref()
+                    .is_some_and(|k| same(g.as_bytes(), k.as_bytes()));
+                let role = s.key_roles.iter().fold(None, |found, (k, r)| {
+                    if same(g.as_bytes(), k.as_bytes()) {
+                        Some(r.clone())
+                    } else {
+                        found
+                    }
+                });
+                match role {
+                    Some(r) => {
+                        req.extensions_mut().insert(r);
+                        None
+                    }
+                    None if plain => None,
+                    None => Some(ServerError::Unauthorized("the API key is not valid".into())),
+                }
             }
-            Some(_) => None,
         };
         if let Some(e) = refusal {
             return if anthropic_path(req.uri().path()) {

@@ -35,6 +35,8 @@ pub struct AppState {
     pub created: u64,
     /// `--slo-class`: service-level classes by name.
     pub slo_classes: std::collections::HashMap<String, ferrum_engine::Slo>,
+    /// `--api-key-role`: further keys, each with what it stands for.
+    pub key_roles: Vec<(String, KeyRole)>,
     next_id: AtomicU64,
     id_salt: u64,
 }
@@ -44,6 +46,28 @@ pub fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// What an API key of `--api-key-role` stands for: a service-level class for requests that
+/// name none, and a tenant, which the key fixes (a request's `user` cannot claim another).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyRole {
+    pub slo_class: Option<String>,
+    pub tenant: Option<String>,
+}
+
+impl KeyRole {
+    /// Applies the role to an admitted request's options.
+    pub fn apply(&self, opts: &mut crate::protocol::Options) {
+        if opts.slo.is_none() {
+            if let Some(c) = &self.slo_class {
+                opts.slo = Some(crate::protocol::sampling::SloAsk::Class(c.clone()));
+            }
+        }
+        if let Some(t) = &self.tenant {
+            opts.tenant = Some(t.clone());
+        }
+    }
 }
 
 impl AppState {
@@ -104,6 +128,7 @@ impl AppState {
             allowed_origins: Origins::None,
             created: unix_now(),
             slo_classes: Default::default(),
+            key_roles: Vec::new(),
             next_id: AtomicU64::new(0),
             id_salt: salt,
         })
@@ -192,5 +217,46 @@ impl AppState {
                 ServerError::bad(format!("cannot read the request body: {}", rej.body_text()))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::sampling::SloAsk;
+
+    /// A key's class stands in for a request that names none; its tenant always wins.
+    #[test]
+    fn key_roles_apply_their_class_and_tenant() {
+        let role = KeyRole {
+            slo_class: Some("chat".into()),
+            tenant: Some("a".into()),
+        };
+        let body = r#"{"prompt":"x","user":"b"}"#;
+        let mut opts = crate::protocol::completions::CompletionRequest::from_body(body.as_bytes())
+            .unwrap()
+            .admit()
+            .unwrap()
+            .opts;
+        role.apply(&mut opts);
+        assert_eq!(opts.slo, Some(SloAsk::Class("chat".into())));
+        assert_eq!(opts.tenant.as_deref(), Some("a"));
+        let body = r#"{"prompt":"x","slo_class":"bulk"}"#;
+        let mut opts = crate::protocol::completions::CompletionRequest::from_body(body.as_bytes())
+            .unwrap()
+            .admit()
+            .unwrap()
+            .opts;
+        KeyRole::default().apply(&mut opts);
+        assert_eq!(
+            (opts.slo.clone(), opts.tenant.clone()),
+            (Some(SloAsk::Class("bulk".into())), None)
+        );
+        role.apply(&mut opts);
+        assert_eq!(
+            opts.slo,
+            Some(SloAsk::Class("bulk".into())),
+            "the request's own"
+        );
     }
 }
