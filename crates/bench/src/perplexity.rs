@@ -303,6 +303,58 @@ fn argmax(row: &[f32]) -> usize {
 mod tests {
     use super::*;
 
+    /// On the tiny GGUF: an int8 cache against an f16 one over a short text, every figure
+    /// present and sane; a text shorter than a chunk is an error naming `--ctx`.
+    #[test]
+    fn compares_kv_cache_types_on_the_tiny_model() {
+        use ferrum_models::{load_model, LoadOptions};
+        use ferrum_runtime::cpu::KvDtype;
+        let path = ferrum_testdata::fixture("tiny-smollm/model-q8_0.gguf");
+        let load = |kv| {
+            load_model(
+                &path,
+                &LoadOptions {
+                    num_threads: Some(2),
+                    kv_cache_dtype: Some(kv),
+                    ..LoadOptions::default()
+                },
+            )
+            .unwrap()
+        };
+        let (mut int8, mut f16) = (load(KvDtype::Int8), load(KvDtype::F16));
+        let vocab = int8.config().vocab_size as u32;
+        let tokens: Vec<TokenId> = (0..400u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let cfg = PerplexityConfig {
+            ctx: 64,
+            max_chunks: Some(3),
+            greedy_tokens: 8,
+            greedy_prompts: 2,
+        };
+        let r = perplexity(&mut int8, Some(&mut f16), &tokens, &cfg).unwrap();
+        assert_eq!((r.chunks, r.scored_tokens), (3, 96));
+        let c = r.reference.as_ref().unwrap();
+        assert!(r.perplexity > 1.0 && r.perplexity.is_finite(), "{r:?}");
+        assert!((r.perplexity / c.perplexity - 1.0).abs() < 0.1, "{r:?}");
+        assert!(
+            (0.0..0.1).contains(&c.mean_kl) && c.top1_agreement > 0.5,
+            "{r:?}"
+        );
+        assert_eq!(c.greedy.len(), 2);
+        assert!(c
+            .greedy
+            .iter()
+            .all(|g| g.equal <= 8 && g.first_divergence <= g.equal));
+        // Against itself: no divergence at all.
+        let mut again = load(KvDtype::F16);
+        let same = perplexity(&mut f16, Some(&mut again), &tokens, &cfg).unwrap();
+        let c = same.reference.unwrap();
+        assert!(c.mean_kl.abs() < 1e-9 && c.top1_agreement == 1.0, "{c:?}");
+        assert!(c.greedy.iter().all(|g| g.equal == 8));
+        let short = PerplexityConfig { ctx: 1000, ..cfg };
+        let e = perplexity(&mut f16, None, &tokens, &short).unwrap_err();
+        assert!(e.to_string().contains("--ctx"), "{e}");
+    }
+
     #[test]
     fn stats_score_and_compare_rows() {
         let mut s = Stats::default();

@@ -769,6 +769,8 @@ impl EngineCore {
             m.cost = self.cost.coefficients();
             m.cost_ready = self.cost.is_ready();
             m.pending_prefill_tokens = self.st.sched.pending_prefill_tokens();
+            m.pending_prefill_by_priority = self.st.sched.pending_prefill_by_priority();
+            m.priority_first = self.st.sched.config().policy.priority_first();
             m.decoding = self.st.sched.num_decoding();
             m.kv_blocks_read = st.blocks_total - st.blocks_free;
             // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions

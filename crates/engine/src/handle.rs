@@ -357,7 +357,7 @@ impl EngineHandle {
         }
         if let Some(slo) = &request.slo {
             let m = s.metrics.lock().unwrap_or_else(|p| p.into_inner());
-            crate::slo::admit(&m, request.prompt.len(), slo)?;
+            crate::slo::admit(&m, request.prompt.len(), request.priority, slo)?;
         }
         if !request.params.stop.is_empty() && s.tokenizer.is_none() {
             return Err(EngineError::Request(

@@ -156,6 +156,11 @@ pub struct Metrics {
     pub max_num_batched_tokens: usize,
     /// The last step's prefill tokens allowed by its decodes' TPOT targets, if one applied.
     pub prefill_cap: Option<usize>,
+    /// `pending_prefill_tokens` by priority, ascending (running sequences first, under
+    /// `i32::MIN`), and whether the policy admits strictly by priority: a new request then
+    /// waits only behind work of its own priority or better.
+    pub pending_prefill_by_priority: Vec<(i32, usize)>,
+    pub priority_first: bool,
 }
 
 impl Default for Metrics {
@@ -195,6 +200,8 @@ impl Default for Metrics {
             kv_blocks_read: 0,
             max_num_batched_tokens: 0,
             prefill_cap: None,
+            pending_prefill_by_priority: Vec::new(),
+            priority_first: false,
         }
     }
 }

@@ -5,7 +5,9 @@
 //! compute and tells the client when to come back, instead of failing it late.
 //!
 //! The prediction ([`ferrum_scheduler::predict_first_token`]) pushes the prefill tokens ahead
-//! and the request's own through steps of the token budget shared with the decodes. The
+//! and the request's own through steps of the token budget shared with the decodes. Under a
+//! policy that admits strictly by priority (`priority`, `slo`), only the work of running
+//! sequences and of waiting ones of the request's priority or better is ahead of it. The
 //! retry time is the excess: once the work ahead has gone down by that much, the target can be
 //! met (if nothing arrives meanwhile). A target that the request's own prefill cannot meet even
 //! on an idle engine is the client's to mend (a 400), not a matter of waiting.
@@ -42,8 +44,22 @@ pub(crate) fn latest_start(epoch: Instant, r: &ReqState, cost: &CostModel) -> u6
     }
 }
 
-/// Refuses a request whose first-token target the snapshot `m` predicts it cannot meet.
-pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
+/// Prefill tokens a new request of `priority` waits behind, by the snapshot `m`.
+fn tokens_ahead(m: &Metrics, priority: i32) -> usize {
+    if m.priority_first {
+        m.pending_prefill_by_priority
+            .iter()
+            .filter(|(p, _)| *p <= priority)
+            .map(|(_, n)| n)
+            .sum()
+    } else {
+        m.pending_prefill_tokens
+    }
+}
+
+/// Refuses a request of `priority` whose first-token target the snapshot `m` predicts it
+/// cannot meet.
+pub(crate) fn admit(m: &Metrics, prompt_len: usize, priority: i32, slo: &Slo) -> Result<()> {
     let Some(ttft) = slo.ttft else {
         return Ok(());
     };
@@ -71,7 +87,8 @@ pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
             alone * 1e3
         )));
     }
-    let predicted = predict(m.pending_prefill_tokens);
+    let ahead = tokens_ahead(m, priority);
+    let predicted = predict(ahead);
     if predicted > target {
         let excess = predicted - target;
         return Err(EngineError::Unmeetable {
@@ -79,7 +96,7 @@ pub(crate) fn admit(m: &Metrics, prompt_len: usize, slo: &Slo) -> Result<()> {
                 "the first token is predicted after {:.0} ms ({} prompt tokens queued ahead), \
                  past the target of {} ms; retry in {:.1} s",
                 predicted * 1e3,
-                m.pending_prefill_tokens,
+                ahead,
                 ttft.as_millis(),
                 excess
             ),
@@ -94,7 +111,7 @@ mod tests {
     use super::*;
 
     /// With a fake cost (1 ms a prefill token, 10 ms a step), a budget of 100: the queue ahead
-    /// decides; the retry time is the excess; an untrained model or a best-effort request is
+    /// (under a priority-first policy, only work of the request's priority or better) decides; the retry time is the excess; an untrained model or a best-effort request is
     /// never refused; a target the prompt alone cannot meet is the client's error.
     #[test]
     fn refusals_follow_the_predicted_first_token() {
@@ -110,8 +127,8 @@ mod tests {
             ..Slo::default()
         };
         // 1000 tokens: 10 steps of 110 ms.
-        assert!(admit(&m, 100, &slo(1200)).is_ok());
-        match admit(&m, 100, &slo(600)) {
+        assert!(admit(&m, 100, 0, &slo(1200)).is_ok());
+        match admit(&m, 100, 0, &slo(600)) {
             Err(EngineError::Unmeetable { retry_after, msg }) => {
                 assert!((retry_after.as_secs_f64() - 0.5).abs() < 1e-6, "{msg}");
                 assert!(msg.contains("900 prompt tokens queued ahead"), "{msg}");
@@ -121,6 +138,7 @@ mod tests {
         assert!(admit(
             &m,
             100,
+            0,
             &Slo {
                 best_effort: true,
                 ..slo(600)
@@ -133,11 +151,12 @@ mod tests {
                 ..m.clone()
             },
             100,
+            0,
             &slo(600)
         )
         .is_ok());
         assert!(matches!(
-            admit(&m, 1000, &slo(500)),
+            admit(&m, 1000, 0, &slo(500)),
             Err(EngineError::Request(msg)) if msg.contains("alone")
         ));
         // A TPOT target alone refuses nothing at submission.
@@ -145,6 +164,29 @@ mod tests {
             tpot: Some(Duration::from_millis(1)),
             ..Slo::default()
         };
-        assert!(admit(&m, 1000, &tpot).is_ok());
+        assert!(admit(&m, 1000, 0, &tpot).is_ok());
+        // Strictly by priority: of the 900 tokens, 600 wait at priority 1 behind a request of
+        // priority 0 (running work, 100, and priority 0's, 200, are ahead of it).
+        let by = Metrics {
+            pending_prefill_by_priority: vec![(i32::MIN, 100), (0, 200), (1, 600)],
+            priority_first: true,
+            ..m.clone()
+        };
+        // 400 tokens: 4 steps of 110 ms.
+        assert!(admit(&by, 100, 0, &slo(600)).is_ok());
+        assert!(
+            admit(&by, 100, 1, &slo(600)).is_err(),
+            "its own priority waits behind all"
+        );
+        assert!(admit(
+            &Metrics {
+                priority_first: false,
+                ..by
+            },
+            100,
+            0,
+            &slo(600)
+        )
+        .is_err());
     }
 }

@@ -95,6 +95,12 @@ pub enum SchedulingPolicy {
 }
 
 impl SchedulingPolicy {
+    /// Whether waiting requests go strictly by priority first (`priority`, `slo`): a request
+    /// then waits only behind work of its own priority or better.
+    pub fn priority_first(&self) -> bool {
+        matches!(self, SchedulingPolicy::Priority | SchedulingPolicy::Slo)
+    }
+
     pub fn queue(&self) -> Box<dyn RequestQueue> {
         match self {
             SchedulingPolicy::Fifo => Box::new(FifoQueue::default()),

@@ -32,6 +32,8 @@
 //! - with a cost model, a step's predicted seconds exceed its decodes' tightest TPOT target
 //!   only by what the decodes alone and one block of prefill take.
 
+mod budget;
+
 use crate::queue::{RequestQueue, Running, SchedulingPolicy, Waiting, NO_DEADLINE};
 use crate::{BlockPool, KvCacheManager, Result, SchedulerError};
 use ferrum_types::{BlockId, ForwardBatch, RequestId, TokenId};
@@ -230,48 +232,6 @@ impl Scheduler {
         &self.kv
     }
 
-    /// What a planned step computes, for the cost model: prefill tokens (runs that are not a
-    /// single decode), decode rows (a run of the last final token and its proposals), and the
-    /// KV blocks the scheduled sequences hold (what attention reads).
-    pub fn step_shape(&self, out: &SchedulerOutput) -> crate::StepShape {
-        let mut shape = crate::StepShape::default();
-        for s in &out.seqs {
-            let decode = self.seqs.get(&s.id).is_some_and(|q| {
-                s.start + s.num_tokens - s.num_proposed == q.num_final
-                    && s.num_tokens - s.num_proposed == 1
-            });
-            if decode {
-                shape.decode_rows += s.num_tokens;
-            } else {
-                shape.prefill_tokens += s.num_tokens;
-            }
-            shape.kv_blocks += self.kv.block_table(s.id).len();
-        }
-        shape
-    }
-
-    /// Prompt (or recompute) tokens still to be computed before sequences can decode: every
-    /// waiting sequence's, and the rest of running sequences still prefilling.
-    pub fn pending_prefill_tokens(&self) -> usize {
-        self.seqs
-            .values()
-            .filter(|q| !q.held)
-            .map(|q| q.num_final.saturating_sub(q.num_computed + 1))
-            .sum()
-    }
-
-    /// Running sequences that decode (every final token but the last computed).
-    pub fn num_decoding(&self) -> usize {
-        self.running
-            .iter()
-            .filter(|id| {
-                self.seqs
-                    .get(id)
-                    .is_some_and(|q| q.num_computed + 1 >= q.num_final)
-            })
-            .count()
-    }
-
     /// See [`KvCacheManager::add_loadable`].
     pub fn add_loadable(&mut self, hash: crate::BlockHash) {
         self.kv.add_loadable(hash);
@@ -360,20 +320,6 @@ impl Scheduler {
             tenant,
             latest_start,
         });
-        Ok(())
-    }
-
-    /// Sets sequence `id`'s time-per-output-token target: while it decodes, steps with a cost
-    /// model keep their prefill short enough to be predicted within it
-    /// ([`Scheduler::schedule_with`]). `seconds` must be positive and finite.
-    pub fn set_tpot(&mut self, id: RequestId, seconds: f64) -> Result<()> {
-        if !(seconds.is_finite() && seconds > 0.0) {
-            return Err(SchedulerError::Config(format!(
-                "a time-per-output-token target of {seconds} s: expected a positive time"
-            )));
-        }
-        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
-        seq.tpot = Some(seconds);
         Ok(())
     }
 
@@ -470,7 +416,7 @@ impl Scheduler {
     }
 
     /// Plans the next step; with `cost` (the step cost model, fitted by the caller), the
-    /// prefill tokens are capped for the decodes' TPOT targets ([`Scheduler::prefill_cap`]).
+    /// prefill tokens are capped for the decodes' TPOT targets (`budget.rs`).
     pub fn schedule_with(&mut self, cost: Option<&crate::CostModel>) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
@@ -550,37 +496,6 @@ impl Scheduler {
         out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
         out.kv_loads = self.kv.take_loads();
         out
-    }
-
-    /// The prefill tokens a step whose decodes are `out` may add and still be predicted
-    /// (`cost`) within the decodes' tightest TPOT target: `None` when no decode has one. At
-    /// least one block, so prefills progress even when the decodes alone take longer than the
-    /// target. The prefill's own reads of the KV cache are left out of the prediction (its
-    /// blocks are counted once it runs).
-    fn prefill_cap(&self, out: &SchedulerOutput, cost: &crate::CostModel) -> Option<usize> {
-        let target = out
-            .seqs
-            .iter()
-            .filter_map(|s| self.seqs.get(&s.id)?.tpot)
-            .fold(f64::INFINITY, f64::min);
-        if !target.is_finite() {
-            return None;
-        }
-        let floor = self.cfg.block_size;
-        let per_token = cost.coefficients()[1];
-        if per_token <= 0.0 {
-            return None;
-        }
-        let spare = target - cost.predict(self.step_shape(out));
-        let fit = (spare / per_token).floor();
-        let fit = if fit >= self.cfg.max_num_batched_tokens as f64 {
-            self.cfg.max_num_batched_tokens
-        } else if fit > 0.0 {
-            fit as usize
-        } else {
-            0
-        };
-        Some(fit.max(floor))
     }
 
     /// Gets blocks for a run of `n` more tokens of running sequence `id`, the last `k` of them

@@ -1,7 +1,8 @@
 //! Time-per-output-token targets on a simulated clock: with a known step cost, every step
 //! whose decodes carry a target is predicted within the tightest one unless its decodes alone
 //! (with one block of prefill) already exceed it; prefills still progress, so every request
-//! finishes; without targets the plan is the plain one.
+//! finishes; without targets the plan is the plain one. And the pending prefill work by
+//! priority that first-token predictions read.
 #![allow(clippy::unwrap_used)]
 
 use ferrum_scheduler::{CostModel, Scheduler, SchedulerConfig, SchedulingPolicy};
@@ -208,4 +209,30 @@ fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
     s.add(0, &[1], 0).unwrap();
     assert!(s.set_tpot(0, 0.0).is_err() && s.set_tpot(0, f64::NAN).is_err());
     assert!(s.set_tpot(5, 0.01).is_err(), "an unknown sequence");
+}
+
+/// What first-token predictions see: pending prefill by priority, running work first.
+#[test]
+fn pending_prefill_is_reported_by_priority() {
+    let cfg = SchedulerConfig {
+        num_blocks: 100,
+        block_size: 4,
+        max_num_batched_tokens: 10,
+        max_num_seqs: 1,
+        enable_prefix_caching: false,
+        policy: SchedulingPolicy::Priority,
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(0, &[1; 30], 1).unwrap();
+    let out = s.schedule();
+    s.update(&out, &[]);
+    s.add(1, &[2; 20], 0).unwrap();
+    s.add(2, &[3; 8], 2).unwrap();
+    s.add(3, &[4; 5], 0).unwrap();
+    // Running: 30 - 10 computed - 1; waiting: priority 0: 19 + 4, priority 2: 7.
+    assert_eq!(
+        s.pending_prefill_by_priority(),
+        vec![(i32::MIN, 19), (0, 23), (2, 7)]
+    );
+    assert_eq!(s.pending_prefill_tokens(), 49);
 }

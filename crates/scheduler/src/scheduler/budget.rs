@@ -1,0 +1,116 @@
+//! What the cost model sees of the scheduler, and the step budget it sets: the shape of a
+//! planned step, the prefill work pending (by priority, for first-token predictions), and the
+//! prefill cap that keeps a step's decodes within their time-per-output-token targets.
+//!
+//! Invariant: the cap is never below one block, so waiting prompts always progress.
+
+use super::{Scheduler, SchedulerOutput};
+use crate::{Result, SchedulerError};
+use ferrum_types::RequestId;
+
+impl Scheduler {
+    /// What a planned step computes, for the cost model: prefill tokens (runs that are not a
+    /// single decode), decode rows (a run of the last final token and its proposals), and the
+    /// KV blocks the scheduled sequences hold (what attention reads).
+    pub fn step_shape(&self, out: &SchedulerOutput) -> crate::StepShape {
+        let mut shape = crate::StepShape::default();
+        for s in &out.seqs {
+            let decode = self.seqs.get(&s.id).is_some_and(|q| {
+                s.start + s.num_tokens - s.num_proposed == q.num_final
+                    && s.num_tokens - s.num_proposed == 1
+            });
+            if decode {
+                shape.decode_rows += s.num_tokens;
+            } else {
+                shape.prefill_tokens += s.num_tokens;
+            }
+            shape.kv_blocks += self.kv.block_table(s.id).len();
+        }
+        shape
+    }
+
+    /// Prompt (or recompute) tokens still to be computed before sequences can decode: every
+    /// waiting sequence's, and the rest of running sequences still prefilling.
+    pub fn pending_prefill_tokens(&self) -> usize {
+        self.seqs
+            .values()
+            .filter(|q| !q.held)
+            .map(|q| q.num_final.saturating_sub(q.num_computed + 1))
+            .sum()
+    }
+
+    /// [`Scheduler::pending_prefill_tokens`] by priority, ascending: waiting sequences under
+    /// their own priority, running ones (which go before any admission) under `i32::MIN`.
+    pub fn pending_prefill_by_priority(&self) -> Vec<(i32, usize)> {
+        let mut by: std::collections::BTreeMap<i32, usize> = std::collections::BTreeMap::new();
+        for q in self.seqs.values().filter(|q| !q.held) {
+            let n = q.num_final.saturating_sub(q.num_computed + 1);
+            if n > 0 {
+                let p = if q.running { i32::MIN } else { q.priority };
+                *by.entry(p).or_default() += n;
+            }
+        }
+        by.into_iter().collect()
+    }
+
+    /// Running sequences that decode (every final token but the last computed).
+    pub fn num_decoding(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|id| {
+                self.seqs
+                    .get(id)
+                    .is_some_and(|q| q.num_computed + 1 >= q.num_final)
+            })
+            .count()
+    }
+
+    /// Sets sequence `id`'s time-per-output-token target: while it decodes, steps with a cost
+    /// model keep their prefill short enough to be predicted within it
+    /// ([`Scheduler::schedule_with`]). `seconds` must be positive and finite.
+    pub fn set_tpot(&mut self, id: RequestId, seconds: f64) -> Result<()> {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return Err(SchedulerError::Config(format!(
+                "a time-per-output-token target of {seconds} s: expected a positive time"
+            )));
+        }
+        let seq = self.seqs.get_mut(&id).ok_or(SchedulerError::Unknown(id))?;
+        seq.tpot = Some(seconds);
+        Ok(())
+    }
+
+    /// The prefill tokens a step whose decodes are `out` may add and still be predicted
+    /// (`cost`) within the decodes' tightest TPOT target: `None` when no decode has one. At
+    /// least one block, so prefills progress even when the decodes alone take longer than the
+    /// target. The prefill's own reads of the KV cache are left out of the prediction (its
+    /// blocks are counted once it runs).
+    pub(super) fn prefill_cap(
+        &self,
+        out: &SchedulerOutput,
+        cost: &crate::CostModel,
+    ) -> Option<usize> {
+        let target = out
+            .seqs
+            .iter()
+            .filter_map(|s| self.seqs.get(&s.id)?.tpot)
+            .fold(f64::INFINITY, f64::min);
+        if !target.is_finite() {
+            return None;
+        }
+        let floor = self.cfg.block_size;
+        let per_token = cost.coefficients()[1];
+        if per_token <= 0.0 {
+            return None;
+        }
+        let spare = target - cost.predict(self.step_shape(out));
+        let fit = (spare / per_token).floor();
+        let fit = if fit >= self.cfg.max_num_batched_tokens as f64 {
+            self.cfg.max_num_batched_tokens
+        } else if fit > 0.0 {
+            fit as usize
+        } else {
+            0
+        };
+        Some(fit.max(floor))
+    }
+}
