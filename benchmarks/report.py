@@ -155,6 +155,7 @@ def real_files(d: pathlib.Path) -> None:
         p("")
     kv_disk(d)
     kv_quant(d)
+    slo_mix(d)
     serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:
@@ -240,6 +241,32 @@ def kv_quant(d: pathlib.Path) -> None:
       f"({kb['llamacpp_f16'] / kb['llamacpp_q8_0']:.2f}x) | {m['llamacpp_f16']:.1f} | {m['llamacpp_q8_0']:.1f} | "
       f"{m['llamacpp_q8_0'] / m['llamacpp_f16']:.3f} |\n")
     p(f"Ferrum int8 over llama.cpp q8_0: {m['ferrum_int8'] / m['llamacpp_q8_0']:.2f}x.\n")
+
+
+def slo_mix(d: pathlib.Path) -> None:
+    """Scheduling to targets: fifo against slo on a mixed workload (benchmarks/slo_mix.py)."""
+    r = load(d / "slomix.json")
+    if not r:
+        return
+    p = print
+    t = r["targets"]
+    p("### Scheduling to service-level targets (`--scheduling slo`)\n")
+    p(f"{r['model']}: capacity {r['capacity_rps']:.2f} requests/s (`bench serve --concurrency 8`, "
+      "200-token prompts, 64 tokens out). Then for "
+      f"{r['duration_s']:.0f} s an interactive class (Poisson, {r['rates']['interactive']:.2f}/s, "
+      f"50-token prompts, 32 out, targets TTFT {t['ttft_ms']} ms and TPOT {t['tpot_ms']} ms sent as "
+      f"`slo`, priority 0) beside a batch class (Poisson, {r['rates']['batch']:.2f}/s, 200 in, 64 out, "
+      f"priority 1): {r['load']}x capacity counted in batch-shaped requests, one fresh server per "
+      "policy (`python3 benchmarks/slo_mix.py --model M`):\n")
+    p("| policy | class | sent | completed | refused | goodput | out tok/s | TTFT p50 / p99, ms | TPOT p50 / p99, ms | chunk gap p50 / p99, ms |")
+    p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for run in r["runs"]:
+        for c in run["report"]["classes"]:
+            f = lambda k: (f"{c[k]['p50']:.0f} / {c[k]['p99']:.0f}" if c.get(k) else "-")
+            p(f"| {run['policy']} | {c['name']} | {c['sent']} | {c['completed']} | {c['refused']} | "
+              f"{100 * c['goodput']:.1f}% | {c['output_tok_s']:.1f} | {f('ttft_ms')} | {f('tpot_ms')} | "
+              f"{f('chunk_gap_ms')} |")
+    p("")
 
 
 def main() -> None:

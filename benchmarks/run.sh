@@ -162,6 +162,12 @@ if [ "$quick" = 0 ]; then
     --max-tokens 8 > "$out/kvdisk-workingset.json" || rm -f "$out/kvdisk-workingset.json"
   # The int8 KV cache against f16, beside llama.cpp's q8_0 cache: perplexity, KL divergence and
   # greedy agreement on a held-out text, decode speed at batch 16, bytes per token.
+  # Scheduling to targets: an interactive class beside a batch class at 1.5x capacity, fifo
+  # against slo.
+  echo "== SLO scheduling (Qwen2.5-Coder-0.5B)"
+  python3 benchmarks/slo_mix.py --bin "$ferrum" --threads "$threads" \
+    --model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)" \
+    > "$out/slomix.json" || rm -f "$out/slomix.json"
   if [ -x "$llama_bin/llama-perplexity" ]; then
     echo "== int8 KV cache (Qwen2.5-Coder-1.5B)"
     python3 benchmarks/kv_quant.py --bin "$ferrum" --llama-bin "$llama_bin" --model "$q15" \
