@@ -137,8 +137,15 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<()> {
         );
         print!("{}", report::table(std::slice::from_ref(&report)));
     }
-    if report.levels.iter().all(|l| l.completed == 0) {
-        let first = report.levels.iter().flat_map(|l| &l.errors).next();
+    all_failed(
+        report.levels.iter().all(|l| l.completed == 0),
+        report.levels.iter().flat_map(|l| &l.errors).next(),
+    )
+}
+
+/// An error when no request completed, with the first error seen.
+fn all_failed(none_completed: bool, first: Option<&String>) -> Result<()> {
+    if none_completed {
         bail!(
             "every request failed; the first error: {}",
             first.map_or("none recorded", String::as_str)
@@ -289,15 +296,7 @@ async fn run(
     timeout: Duration,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<Report> {
-    // A fresh connection per request: llama-server closes idle keep-alive connections, and a
-    // request sent on one it has just closed fails with "connection closed before message
-    // completed" (14 of 32 requests at concurrency 1 in one run). Connecting over loopback
-    // costs well under a millisecond, the same for every server.
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10).min(timeout))
-        .pool_max_idle_per_host(0)
-        .build()
-        .context("building the HTTP client")?;
+    let client = http_client(timeout)?;
     let model = resolve_model(&client, base, args, timeout).await?;
     let target = Arc::new(Target {
         url: format!("{base}/v1/completions"),
@@ -334,6 +333,18 @@ async fn run(
     })
 }
 
+/// The client of every request. A fresh connection per request: llama-server closes idle
+/// keep-alive connections, and a request sent on one it has just closed fails with
+/// "connection closed before message completed" (14 of 32 requests at concurrency 1 in one
+/// run). Connecting over loopback costs well under a millisecond, the same for every server.
+fn http_client(timeout: Duration) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10).min(timeout))
+        .pool_max_idle_per_host(0)
+        .build()
+        .context("building the HTTP client")
+}
+
 /// `--class`: the mixed workload, printed as a table or one JSON object.
 async fn run_mix(
     args: &ServeBenchArgs,
@@ -343,11 +354,7 @@ async fn run_mix(
     timeout: Duration,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10).min(timeout))
-        .pool_max_idle_per_host(0)
-        .build()
-        .context("building the HTTP client")?;
+    let client = http_client(timeout)?;
     let model = resolve_model(&client, base, args, timeout).await?;
     let (wall_s, reports) = mix::run(
         &client, base, &model, classes, duration, timeout, tokenizer, args.seed,
@@ -366,14 +373,10 @@ async fn run_mix(
     } else {
         print!("{}", mix::table(&report));
     }
-    if report.classes.iter().all(|c| c.completed == 0) {
-        let first = report.classes.iter().flat_map(|c| &c.errors).next();
-        bail!(
-            "every request failed; the first error: {}",
-            first.map_or("none recorded", String::as_str)
-        );
-    }
-    Ok(())
+    all_failed(
+        report.classes.iter().all(|c| c.completed == 0),
+        report.classes.iter().flat_map(|c| &c.errors).next(),
+    )
 }
 
 /// Runs every request with at most `concurrency` in flight; the wall time and the outcomes.

@@ -42,7 +42,7 @@ pub struct ServeArgs {
     /// http://localhost:3000; comma-separated or repeated; `*` allows any. Default: none.
     #[arg(long, value_name = "ORIGINS")]
     allowed_origins: Vec<String>,
-    /// A service-level class requests name with `"slo_class": NAME`: NAME:TTFT_MS[:TPOT_MS],
+    /// A service-level class requests name with `"slo_class": NAME`: `NAME:TTFT_MS[:TPOT_MS]`,
     /// its time-to-first-token target (a request the engine predicts will miss it is refused
     /// with 429 and `Retry-After`; `-` for none) and time-per-output-token target (prefill
     /// chunks are kept short enough for it) in milliseconds, and `:best-effort` to serve

@@ -528,40 +528,31 @@ fn offline_batch_mode_runs_every_line_through_the_engine() {
     assert_eq!(lines[0]["text"], single["text"]);
     assert_eq!(lines[0]["token_ids"], single["token_ids"]);
     // A bad line names its line number; bad engine flags name the flag.
+    let run_file = || {
+        ferrum(&[
+            "run",
+            "--model",
+            m,
+            "--prompts-file",
+            input.to_str().unwrap(),
+        ])
+    };
     std::fs::write(&input, "{\"prompt\": 5}\n").unwrap();
-    let out = ferrum(&[
-        "run",
-        "--model",
-        m,
-        "--prompts-file",
-        input.to_str().unwrap(),
-    ]);
+    let out = run_file();
     assert!(
         stderr(&out).contains("in.jsonl:1") && stderr(&out).contains("`prompt` must be a string"),
         "{}",
         stderr(&out)
     );
     std::fs::write(&input, "{\"prompt\": \"x\", \"slo\": {\"tpot_ms\": 0}}\n").unwrap();
-    let out = ferrum(&[
-        "run",
-        "--model",
-        m,
-        "--prompts-file",
-        input.to_str().unwrap(),
-    ]);
+    let out = run_file();
     assert!(stderr(&out).contains("`slo.tpot_ms`"), "{}", stderr(&out));
     std::fs::write(
         &input,
         "{\"prompt\": \"x\", \"max_tokens\": 2, \"slo\": {\"tpot_ms\": 500}}\n",
     )
     .unwrap();
-    let out = ferrum(&[
-        "run",
-        "--model",
-        m,
-        "--prompts-file",
-        input.to_str().unwrap(),
-    ]);
+    let out = run_file();
     assert!(out.status.success(), "{}", stderr(&out));
     std::fs::write(&input, "{\"prompt\": \"x\"}\n").unwrap();
     let out = ferrum(&[

@@ -480,6 +480,15 @@ fn scheduling_policies_and_tenants() {
     assert!(bad.is_err_and(|e| e.to_string().contains("weight")));
 }
 
+/// Greedy sampling of exactly `n` tokens.
+fn greedy_exactly(n: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
 /// Admission by prediction with a fake cost (a second per prefill token, which the tiny
 /// model's own quick steps barely move: no step of theirs prefills much): behind waiting
 /// prompts, a request whose first-token target cannot be met is refused when submitted, with
@@ -496,11 +505,7 @@ fn requests_that_would_miss_their_first_token_target_are_refused_up_front() {
             ..EngineConfig::default()
         },
     );
-    let p = |n| SamplingParams {
-        max_tokens: Some(n),
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
+    let p = greedy_exactly;
     // Steps for the model to be trusted, then one long decode that holds the only slot.
     collect(
         e.generate(GenerateRequest::new(vec![5, 6, 7], p(12)))
@@ -580,11 +585,7 @@ fn a_tpot_target_caps_the_prefill_beside_its_decode() {
             ..EngineConfig::default()
         },
     );
-    let p = |n| SamplingParams {
-        max_tokens: Some(n),
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    };
+    let p = greedy_exactly;
     // Enough steps for the model to be trusted.
     collect(
         e.generate(GenerateRequest::new(vec![5, 6, 7], p(12)))

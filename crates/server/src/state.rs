@@ -232,21 +232,18 @@ mod tests {
             slo_class: Some("chat".into()),
             tenant: Some("a".into()),
         };
-        let body = r#"{"prompt":"x","user":"b"}"#;
-        let mut opts = crate::protocol::completions::CompletionRequest::from_body(body.as_bytes())
-            .unwrap()
-            .admit()
-            .unwrap()
-            .opts;
+        let opts_of = |body: &str| {
+            crate::protocol::completions::CompletionRequest::from_body(body.as_bytes())
+                .unwrap()
+                .admit()
+                .unwrap()
+                .opts
+        };
+        let mut opts = opts_of(r#"{"prompt":"x","user":"b"}"#);
         role.apply(&mut opts);
         assert_eq!(opts.slo, Some(SloAsk::Class("chat".into())));
         assert_eq!(opts.tenant.as_deref(), Some("a"));
-        let body = r#"{"prompt":"x","slo_class":"bulk"}"#;
-        let mut opts = crate::protocol::completions::CompletionRequest::from_body(body.as_bytes())
-            .unwrap()
-            .admit()
-            .unwrap()
-            .opts;
+        let mut opts = opts_of(r#"{"prompt":"x","slo_class":"bulk"}"#);
         KeyRole::default().apply(&mut opts);
         assert_eq!(
             (opts.slo.clone(), opts.tenant.clone()),

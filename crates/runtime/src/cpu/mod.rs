@@ -28,7 +28,7 @@ pub use attention::{
     AttentionShape, KvLayerMut, RowScales, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
 };
 pub use embedding::embedding;
-pub use kv_dtype::{zeroed_vec, KvDtype, KvElem};
+pub use kv_dtype::{zeroed_vec, KvDtype, KvElem, SCALE_GROUP};
 pub use linear::{ActScratch, Linear, LinearInput, MatmulPrecision, Weight};
 pub use matmul::{add_bias, dot, matmul, matmul_b16_many, matmul_f, matmul_q8};
 pub use norm::{rms_norm, rms_norm_in_place};

@@ -10,6 +10,19 @@ use crate::cpu::kv_dtype::SCALE_GROUP;
 use crate::cpu::KvElem;
 use half::f16;
 
+/// 6 query heads on 2 KV heads, scale 0.3, no soft-cap (the tests' usual shape).
+pub(super) fn shape6x2(hd: usize, bs: usize, window: Option<usize>) -> AttentionShape {
+    AttentionShape {
+        num_heads: 6,
+        num_kv_heads: 2,
+        head_dim: hd,
+        block_size: bs,
+        scale: 0.3,
+        sliding_window: window,
+        softcap: None,
+    }
+}
+
 /// A sequence's keys and values (`[len, kv_heads * head_dim]`) written into a fresh int8
 /// cache through `table`, with the dequantized values each row was stored as.
 struct Cache {
@@ -153,15 +166,7 @@ fn rows_round_trip_within_half_a_step() {
 #[test]
 fn matches_dense_attention_of_the_dequantized_rows() {
     for (bs, hd, window) in [(16, 64, None), (8, 16, Some(100)), (16, 128, None)] {
-        let shape = AttentionShape {
-            num_heads: 6,
-            num_kv_heads: 2,
-            head_dim: hd,
-            block_size: bs,
-            scale: 0.3,
-            sliding_window: window,
-            softcap: None,
-        };
+        let shape = shape6x2(hd, bs, window);
         let len = PART + 45;
         let (kvw, nb) = (2 * hd, len.div_ceil(bs));
         let table: Vec<u32> = (0..nb as u32).rev().collect();
@@ -226,15 +231,7 @@ fn matches_dense_attention_of_the_dequantized_rows() {
 #[test]
 fn results_do_not_depend_on_split_batch_or_threads() {
     for (bs, hd) in [(16, 64), (8, 16)] {
-        let shape = AttentionShape {
-            num_heads: 6,
-            num_kv_heads: 2,
-            head_dim: hd,
-            block_size: bs,
-            scale: 0.3,
-            sliding_window: None,
-            softcap: None,
-        };
+        let shape = shape6x2(hd, bs, None);
         let len = 2 * PART + 37;
         let (kvw, nb) = (2 * hd, len.div_ceil(bs));
         let table: Vec<u32> = (0..nb as u32).rev().collect();

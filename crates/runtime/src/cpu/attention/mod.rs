@@ -46,7 +46,7 @@ use half::{bf16, f16};
 
 /// The scales of a scaled cache's rows (int8): one per [`SCALE_GROUP`] values of each
 /// (block, KV head, slot) for keys and for values, `[num_blocks, num_kv_heads, groups,
-/// block_size]` each ([`AttentionShape::scale_base`]). Empty for the float types.
+/// block_size]` each (`AttentionShape::scale_base`). Empty for the float types.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RowScales<'a> {
     pub k: &'a [f16],

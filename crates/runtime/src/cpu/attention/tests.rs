@@ -256,15 +256,7 @@ fn more_sequences_than_indexed_find_their_items() {
 #[test]
 fn split_decodes_equal_prefill_rows() {
     for (bs, hd, window) in [(16, 64, None), (8, 16, None), (16, 64, Some(300))] {
-        let shape = AttentionShape {
-            num_heads: 6,
-            num_kv_heads: 2,
-            head_dim: hd,
-            block_size: bs,
-            scale: 0.3,
-            sliding_window: window,
-            softcap: None,
-        };
+        let shape = super::int8_tests::shape6x2(hd, bs, window);
         let len = 2 * PART + 37;
         let kvw = 2 * hd;
         let nb = len.div_ceil(bs);
@@ -341,15 +333,7 @@ fn split_decodes_equal_prefill_rows() {
 fn half_caches_equal_an_f32_cache_of_the_rounded_values() {
     fn check<E: KvElem>() {
         for (bs, hd, window) in [(16, 64, None), (8, 16, Some(100)), (16, 128, None)] {
-            let shape = AttentionShape {
-                num_heads: 6,
-                num_kv_heads: 2,
-                head_dim: hd,
-                block_size: bs,
-                scale: 0.3,
-                sliding_window: window,
-                softcap: None,
-            };
+            let shape = super::int8_tests::shape6x2(hd, bs, window);
             let len = PART + 45;
             let kvw = 2 * hd;
             let nb = len.div_ceil(bs);
