@@ -774,13 +774,14 @@ impl EngineCore {
             m.decoding = self.st.sched.num_decoding();
             m.kv_blocks_read = st.blocks_total - st.blocks_free;
             // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions
-            // see the cap.
+            // see the cap, while a decode that set it still runs (an idle engine has none).
             let budget = self.st.sched.config().max_num_batched_tokens;
-            m.max_num_batched_tokens = match self.prefill_cap {
+            let cap = self.prefill_cap.filter(|_| m.decoding > 0);
+            m.max_num_batched_tokens = match cap {
                 Some(cap) => budget.min(m.decoding + cap),
                 None => budget,
             };
-            m.prefill_cap = self.prefill_cap;
+            m.prefill_cap = cap;
         }
     }
 }

@@ -629,5 +629,11 @@ fn a_tpot_target_caps_the_prefill_beside_its_decode() {
     assert_eq!(beside, want, "chunked or not, the same tokens");
     drop(decode);
     wait_for_idle(&e);
+    assert_eq!(
+        e.metrics().prefill_cap,
+        None,
+        "no cap without the decode that set it"
+    );
+    assert_eq!(e.metrics().max_num_batched_tokens, budget);
     e.shutdown();
 }
