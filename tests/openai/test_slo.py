@@ -75,8 +75,12 @@ class SloAdmission(unittest.TestCase):
         # The prompt alone cannot meet 1 ms.
         r = self.complete(prompt=long, max_tokens=1, slo={"ttft_ms": 1})
         self.assertEqual((r.status_code, "alone" in r.text), (400, True), r.text)
+        # A time-per-output-token target is served.
+        r = self.complete(prompt="Hi", max_tokens=2, slo={"tpot_ms": 500})
+        self.assertEqual(r.status_code, 200, r.text)
         for body, param in [({"slo_class": "nope"}, "slo_class"),
-                            ({"slo": {"ttft_ms": 100, "tpot_ms": 20}}, "slo.tpot_ms"),
+                            ({"slo": {"ttft_ms": 100, "tpot_ms": 0}}, "slo.tpot_ms"),
+                            ({"slo": {"tpot_ms": "fast"}}, "slo.tpot_ms"),
                             ({"priority": "high"}, "priority")]:
             r = self.complete(prompt="Hi", max_tokens=1, **body)
             self.assertEqual((r.status_code, r.json()["error"]["param"]), (400, param), r.text)
