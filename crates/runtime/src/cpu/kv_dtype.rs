@@ -12,7 +12,8 @@
 //! magnitude `amax` gets the scale `s`, `amax / 127` rounded up to an f16, and its values
 //! `q = round(x / s)` (half away from zero), so `|q| ≤ 127` and `q · s` differs from `x` by at
 //! most `s / 2` (and a few ulps): 1/254 of the group's largest value. Groups keep a channel of
-//! large values (Qwen2's keys have some in the hundreds) from coarsening the rest of the row.
+//! large values from coarsening the rest of the row (with one scale per row, Qwen2.5-Coder-1.5B's
+//! mean KL divergence from its f16 cache was 1.8e-2 nats; by groups, 2.8e-3).
 //! Attention widens `q` exactly to f32 and applies the scales once per group of each key: to the
 //! group's partial dot product, and to the key's softmax weight for the group's values. A group
 //! with a non-finite value, or whose scale overflows an f16 (`amax` past 8.3e6), gets a
