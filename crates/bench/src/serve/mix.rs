@@ -18,7 +18,7 @@
 
 use super::prompts;
 use super::request::{self, Outcome, Target};
-use super::stats::percentile;
+use super::stats::Summary;
 use anyhow::{anyhow, bail, Context, Result};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::SplitMix64;
@@ -139,14 +139,14 @@ pub struct Millis {
 }
 
 impl Millis {
-    fn of(mut seconds: Vec<f64>) -> Option<Millis> {
-        seconds.retain(|v| v.is_finite());
-        seconds.sort_by(f64::total_cmp);
+    /// [`Summary::of`] the values, in milliseconds.
+    fn of(seconds: Vec<f64>) -> Option<Millis> {
+        let s = Summary::of(seconds)?;
         Some(Millis {
-            p50: percentile(&seconds, 50.0)? * 1e3,
-            p90: percentile(&seconds, 90.0)? * 1e3,
-            p99: percentile(&seconds, 99.0)? * 1e3,
-            mean: seconds.iter().sum::<f64>() / seconds.len() as f64 * 1e3,
+            p50: s.p50 * 1e3,
+            p90: s.p90 * 1e3,
+            p99: s.p99 * 1e3,
+            mean: s.mean * 1e3,
         })
     }
 }
