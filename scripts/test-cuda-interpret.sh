@@ -40,5 +40,7 @@ if [ "$kernels_status" -ne 0 ] || [ "$sampling_status" -ne 0 ]; then
     exit 1
 fi
 echo "== the device layer on the interpreted device (cuda_kernels)"
-# --workspace: dependencies get the features of the workspace's test build, which reuses them.
-cargo test --workspace --test cuda_kernels "$@"
+# --workspace: dependencies get the features of the workspace's test build, which reuses them
+# (scripts/test.sh exports FERRUM_TEST_FEATURES, the features of that build).
+cargo test --workspace ${FERRUM_TEST_FEATURES:+--features "$FERRUM_TEST_FEATURES"} \
+  --test cuda_kernels "$@"

@@ -19,7 +19,13 @@ echo "== parallel forward against one process (cargo test --features mpi --test 
 # With the CLI's `apis` tests (a second), so this one build also makes the `ferrum` binary
 # with MPI (a package's integration tests build its binaries; `cargo build` would compile the
 # workspace again, with the features the dev-dependencies do not add).
-cargo test --workspace --features ferrum-cli/mpi --test parallel --test apis "$@"
+# scripts/test.sh ran the parallel tests in its workspace run (FERRUM_PARALLEL_TESTS_RAN), built
+# with the same features: only the binary is made here then (nothing is compiled again).
+if [ -n "${FERRUM_PARALLEL_TESTS_RAN:-}" ]; then
+  cargo test --workspace --features "$FERRUM_TEST_FEATURES" --test apis --no-run "$@"
+else
+  cargo test --workspace --features ferrum-cli/mpi --test parallel --test apis "$@"
+fi
 
 echo "== ferrum with MPI"
 mkdir -p target/mpi

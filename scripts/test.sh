@@ -14,17 +14,31 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STAGES_TITLE="scripts/test.sh"
 source scripts/stages.sh
+# Every cargo test below builds with these features (MPI's parallel tests and the engine's
+# fault injection among the workspace's), so the workspace is compiled for tests once.
+source scripts/test-features.sh
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
+stage "install Open MPI and libclang (the mpi feature; scripts/install-mpi.sh)"
+if ! bash scripts/install-mpi.sh 2>&1 | tee "$log"; then
+  # Everything but the parallel runs can still be tested (scripts/test-mpi.sh fails below).
+  status=1
+  export FERRUM_TEST_FEATURES="ferrum-engine/fault-injection"
+fi
+# The parallel tests launch mpirun, which refuses root unless told; CI containers run as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 stage "CUDA backend on the interpreted device (scripts/test-cuda-interpret.sh)"
-bash scripts/test-cuda-interpret.sh 2>&1 | tee "$log" || status=$?
-stage "cargo test --workspace"
-cargo test --workspace --no-fail-fast "$@" 2>&1 | tee -a "$log" || status=$?
-stage "engine fault injection (feature fault-injection)"
-# --workspace with the feature named by package: dependencies keep the features the workspace
-# build gave them (with -p, cargo resolves them for the one package and rebuilds them).
-cargo test --workspace --features ferrum-engine/fault-injection --test faults "$@" 2>&1 | tee -a "$log" || status=$?
+bash scripts/test-cuda-interpret.sh 2>&1 | tee -a "$log" || status=$?
+stage "cargo test --workspace --features $FERRUM_TEST_FEATURES"
+# --workspace with the features named by package: every crate gets them in one resolution (with
+# -p, cargo resolves them for the one package and rebuilds its dependencies).
+cargo test --workspace --features "$FERRUM_TEST_FEATURES" --no-fail-fast "$@" 2>&1 \
+  | tee -a "$log" || status=$?
+# The parallel tests ran above (with the `mpi` feature); scripts/test-mpi.sh runs the rest.
+if [[ "$FERRUM_TEST_FEATURES" == *mpi* ]]; then
+  export FERRUM_PARALLEL_TESTS_RAN=1
+fi
 # The binary `cargo test --workspace` built for the CLI's tests, for the client tests below
 # (`cargo build` would build it again: dev-dependencies change some dependencies' features).
 if [ -x target/debug/ferrum ] && [ -z "${FERRUM_BIN:-}" ]; then

@@ -14,9 +14,17 @@ arrive on stdin as JSON lines, replies leave on stdout the same way (see
   every byte the kernel loads or stores (an out-of-bounds access is an error naming the
   kernel: on a GPU it would corrupt memory silently). The ``hints`` of an aligned variant
   must hold: each named pointer or integer divisible by 16, as its compiled binary assumes
-  (a launch that breaks one is an error: on a GPU it would read misaligned vectors).
+  (a launch that breaks one is an error: on a GPU it would read misaligned vectors);
+* ``copy {dst, src, bytes}``: a device-to-device copy, both ranges inside live allocations;
+* ``gemm_open`` -> ``{library}``; ``gemm_support {...}`` -> ``{}`` or ``{unsupported}``;
+  ``gemm {trans_a, trans_b, m, n, k, a, lda, b, ldb, input, d, ldd, output}``: cuBLASLt's
+  matmul ``D = op(A) op(B)`` (alpha 1, beta 0) on column-major operands under its rules:
+  each leading dimension at least its stored matrix's rows, addresses aligned to their
+  element, every element read or written inside a live allocation; f32 accumulation, the
+  output rounded to nearest even when it is half precision.
 
-Any failure is answered ``{"error": "..."}`` and the worker carries on.
+Streams, events and host buffers live on the Rust side: the worker runs each request in the
+order it arrives. Any failure is answered ``{"error": "..."}`` and the worker carries on.
 """
 
 import bisect
@@ -75,6 +83,75 @@ class Memory:
         return r
 
 
+# cuBLASLt's element types: numpy's dtype for the stored bits, and the size.
+LT_TYPES = {"f32": (np.float32, 4), "f16": (np.float16, 2), "bf16": (np.uint16, 2)}
+
+
+class LtError(ValueError):
+    """A product cuBLASLt would refuse (CUBLAS_STATUS_INVALID_VALUE or NOT_SUPPORTED)."""
+
+
+def lt_shapes(req):
+    """The stored (rows, cols, ld) of A, B and D, column-major, as cuBLASLt reads them."""
+    m, n, k = req["m"], req["n"], req["k"]
+    a = (k, m) if req["trans_a"] else (m, k)
+    b = (n, k) if req["trans_b"] else (k, n)
+    return (("A", req["a"], req["input"], *a, req["lda"]),
+            ("B", req["b"], req["input"], *b, req["ldb"]),
+            ("D", req["d"], req["output"], m, n, req["ldd"]))
+
+
+def lt_check(req):
+    """Why cuBLASLt would refuse ``req``, or None."""
+    if req["input"] not in ("f16", "bf16"):
+        return f"inputs of type {req['input']}"
+    if req["output"] not in ("f32", req["input"]):
+        return f"{req['output']} output from {req['input']} inputs"
+    if min(req["m"], req["n"], req["k"]) < 1:
+        return "an empty product"
+    for name, ptr, ty, rows, cols, ld in lt_shapes(req):
+        if ld < max(1, rows):
+            return f"{name}'s leading dimension {ld} is under its {rows} rows"
+        if ptr % LT_TYPES[ty][1]:
+            return f"{name} at {ptr:#x} is not aligned to its {ty} elements"
+    return None
+
+
+def lt_operand(memory, name, ptr, ty, rows, cols, ld):
+    """The column-major ``rows x cols`` matrix at ``ptr`` (leading dimension ``ld``) as a
+    writable numpy view of the device memory; every element must lie in one allocation."""
+    dtype, size = LT_TYPES[ty]
+    count = (cols - 1) * ld + rows
+    try:
+        raw = memory.view(ptr, count * size)
+    except ValueError as e:
+        raise LtError(f"{name}: {e}") from None
+    flat = raw.view(dtype)
+    return np.lib.stride_tricks.as_strided(flat, shape=(rows, cols),
+                                           strides=(size, ld * size), writeable=True)
+
+
+def lt_matmul(memory, req):
+    why = lt_check(req)
+    if why is not None:
+        raise LtError(why)
+    (a, b, d) = [lt_operand(memory, *shape) for shape in lt_shapes(req)]
+
+    def f32(x, ty):
+        return interp._bf16_to_f32(x) if ty == "bf16" else x.astype(np.float32)
+
+    av, bv = f32(a, req["input"]), f32(b, req["input"])
+    if req["trans_a"]:
+        av = av.T
+    if req["trans_b"]:
+        bv = bv.T
+    out = np.matmul(av, bv, dtype=np.float32)
+    if req["output"] == "bf16":
+        d[...] = interp._f32_to_bf16(out)
+    else:
+        d[...] = out.astype(LT_TYPES[req["output"]][0])
+
+
 def main():
     memory = Memory()
     kernels = []
@@ -112,6 +189,22 @@ def main():
             elif op == "read":
                 data = memory.view(req["ptr"], req["bytes"]).tobytes()
                 reply({}, data)
+            elif op == "copy":
+                src = memory.view(req["src"], req["bytes"]).copy()
+                memory.view(req["dst"], req["bytes"])[:] = src
+                reply({})
+            elif op == "gemm_open":
+                reply({"library": "cuBLASLt stand-in (numpy, the interpreted device)"})
+            elif op == "gemm_support":
+                why = lt_check(req)
+                reply({} if why is None else {"unsupported": why})
+            elif op == "gemm":
+                try:
+                    lt_matmul(memory, req)
+                except LtError as e:
+                    reply({"error": f"cuBLASLt product: {e}"})
+                    continue
+                reply({})
             elif op == "load":
                 module = importlib.import_module(f"ferrum_kernels.{req['module']}")
                 fn = getattr(module, req["function"])

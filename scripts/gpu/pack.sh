@@ -46,7 +46,10 @@ declare -A exe=()
 if [[ $dry -eq 1 ]]; then
   # What the test run built (fresh: nothing is compiled again).
   profile=debug
-  while read -r name path; do exe[$name]=$path; done < <(executables)
+  # With the test run's features (FERRUM_TEST_FEATURES, scripts/test-features.sh), so cargo
+  # finds its binaries; they link MPI, which a real pack's do not: still an upper bound.
+  while read -r name path; do exe[$name]=$path; done \
+    < <(executables ${FERRUM_TEST_FEATURES:+--features "$FERRUM_TEST_FEATURES"})
   cargo build --quiet -p ferrum-testdata --bin ferrum-testdata
 else
   profile=release

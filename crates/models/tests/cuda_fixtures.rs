@@ -64,30 +64,52 @@ fn prompt_logits(model: &mut FamilyModel<CudaBackend>, prompt: &[u32]) -> Vec<f3
     model.forward(&b, &mut kv).unwrap().to_vec()
 }
 
-/// Greedy continuation: a prefill in two chunks (the second with prior context), then one
-/// decode step per token.
-fn greedy(model: &mut FamilyModel<CudaBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
+/// Greedy continuations of every prompt in one batch, as a server runs its sequences: a
+/// prefill in two chunks (the second with prior context), then one decode step per token for
+/// all of them at once. Each sequence has its own blocks of one cache.
+fn greedy(model: &mut FamilyModel<CudaBackend>, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
     let bs = 16;
-    let mut kv = gpu_cache(model, prompt.len() + n, bs);
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let per_seq = prompts
+        .iter()
+        .map(|p| (p.len() + n).div_ceil(bs))
+        .max()
+        .unwrap_or(1);
+    let mut kv = gpu_cache(model, prompts.len() * per_seq * bs, bs);
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
     let mut b = ForwardBatch::new();
-    let split = prompt.len() / 2;
     // Both chunks know the whole prompt's length, as the scheduler tells the forward.
-    if split > 0 {
-        b.push_seq(&prompt[..split], 0, &table, bs, 0).unwrap();
-        b.set_prompt_len(prompt.len());
-        model.forward(&b, &mut kv).unwrap();
-        b.clear();
+    for (p, table) in prompts.iter().zip(&tables) {
+        let split = p.len() / 2;
+        if split > 0 {
+            b.push_seq(&p[..split], 0, table, bs, 0).unwrap();
+            b.set_prompt_len(p.len());
+        }
     }
-    b.push_seq(&prompt[split..], split, &table, bs, 1).unwrap();
-    b.set_prompt_len(prompt.len());
-    let mut out = vec![argmax(model.forward(&b, &mut kv).unwrap())];
-    while out.len() < n {
+    if b.num_tokens() > 0 {
+        model.forward(&b, &mut kv).unwrap();
+    }
+    b.clear();
+    for (p, table) in prompts.iter().zip(&tables) {
+        let split = p.len() / 2;
+        b.push_seq(&p[split..], split, table, bs, 1).unwrap();
+        b.set_prompt_len(p.len());
+    }
+    let vocab = model.config().vocab_size;
+    let first = model.forward(&b, &mut kv).unwrap().to_vec();
+    let mut out: Vec<Vec<u32>> = first.chunks_exact(vocab).map(|r| vec![argmax(r)]).collect();
+    while out[0].len() < n {
         b.clear();
-        let done = prompt.len() + out.len() - 1;
-        b.push_seq(&[out[out.len() - 1]], done, &table, bs, 1)
-            .unwrap();
-        out.push(argmax(model.forward(&b, &mut kv).unwrap()));
+        for ((p, ids), table) in prompts.iter().zip(&out).zip(&tables) {
+            let done = p.len() + ids.len() - 1;
+            b.push_seq(&[ids[ids.len() - 1]], done, table, bs, 1)
+                .unwrap();
+        }
+        let logits = model.forward(&b, &mut kv).unwrap().to_vec();
+        for (ids, row) in out.iter_mut().zip(logits.chunks_exact(vocab)) {
+            ids.push(argmax(row));
+        }
     }
     out
 }
@@ -118,7 +140,8 @@ fn check(dir: &Path, model_path: &Path, tol: f32) {
     check_on(devices(), dir, model_path, tol, 16)
 }
 
-/// Logits at every prompt position within `tol` of the largest, and `steps` greedy ids.
+/// Logits at every prompt position within `tol` of the largest, and `steps` greedy ids (every
+/// case's in one batch).
 fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32, steps: usize) {
     for gpu in devices {
         let dev = gpu.lock().describe();
@@ -127,7 +150,10 @@ fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32, st
         let vocab = model.config().vocab_size;
         let reference = reference_json(dir);
         let ref_file = dir.join("reference.safetensors");
-        for case in reference["cases"].as_array().unwrap() {
+        let cases = reference["cases"].as_array().unwrap();
+        let mut prompts = Vec::new();
+        let mut last_rows = Vec::new();
+        for case in cases {
             let i = case["index"].as_u64().unwrap();
             let prompt = ids(&case["prompt_ids"]);
             let (_, want) = reference_tensor(&ref_file, &format!("logits_{i}"));
@@ -145,19 +171,26 @@ fn check_on(devices: Vec<SharedGpu>, dir: &Path, model_path: &Path, tol: f32, st
                 "{dev}: {}: case {i}: logit error {err} exceeds {tol} x {scale}",
                 model_path.display()
             );
+            last_rows.push((
+                want[(prompt.len() - 1) * vocab..prompt.len() * vocab].to_vec(),
+                scale,
+            ));
+            prompts.push(prompt);
+        }
+        let all_ids = greedy(&mut model, &prompts, steps);
+        for ((case, got_ids), (last, scale)) in cases.iter().zip(&all_ids).zip(&last_rows) {
+            let i = case["index"].as_u64().unwrap();
             let want_ids = ids(&case["greedy_ids"]);
-            let got_ids = greedy(&mut model, &prompt, steps);
             let want_ids = &want_ids[..steps];
             if tol <= 1e-4 {
                 assert_eq!(
-                    got_ids,
+                    got_ids.as_slice(),
                     want_ids,
                     "{dev}: {}: case {i}",
                     model_path.display()
                 );
             } else {
                 // The first token: a near-tie at the last prompt position may flip it.
-                let last = &want[(prompt.len() - 1) * vocab..prompt.len() * vocab];
                 if top2_gap(last) > 2.0 * tol * scale {
                     assert_eq!(got_ids[0], want_ids[0], "{dev}: case {i} first greedy id");
                 }
@@ -682,7 +715,7 @@ fn tiny_smollm_gguf_q8_0_against_the_cpu() {
             // slowly (the logits check above covers every position of every case).
             if i == 0 {
                 let cpu_ids = common::greedy(&mut cpu, &prompt, 4);
-                let got_ids = greedy(&mut model, &prompt, 4);
+                let got_ids = greedy(&mut model, std::slice::from_ref(&prompt), 4).remove(0);
                 assert_eq!(got_ids[0], cpu_ids[0], "{dev}: the first greedy id differs");
                 let agree = got_ids
                     .iter()
@@ -712,10 +745,7 @@ fn deferred_steps_take_their_inputs_on_the_device() {
             let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu).unwrap();
             let prompts: [&[u32]; 3] = [&[1, 5, 9, 200], &[7; 9], &[3, 300, 40]];
             let steps = 5;
-            let want: Vec<Vec<u32>> = prompts
-                .iter()
-                .map(|p| greedy(&mut model, p, steps))
-                .collect();
+            let want = greedy(&mut model, &prompts.map(<[u32]>::to_vec), steps);
             let bs = 8;
             let mut kv = gpu_cache(&model, 3 * 4 * bs, bs);
             let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (4 * s..4 * (s + 1)).collect()).collect();
@@ -771,7 +801,7 @@ fn a_model_with_aligned_shapes_launches_the_aligned_binaries() {
         let mut model = load_model_on_gpu(&dir, &LoadOptions::default(), gpu.clone()).unwrap();
         let layers = model.config().num_hidden_layers as u64;
         assert_eq!(prompt_step_products(&mut model, &gpu), 4 * layers + 1);
-        let ids = greedy(&mut model, &[1, 2, 3, 4, 5, 6, 7], 3);
+        let ids = greedy(&mut model, &[vec![1, 2, 3, 4, 5, 6, 7]], 3).remove(0);
         assert_eq!(ids.len(), 3);
         let g = gpu.lock();
         let mut hot = 0;

@@ -420,62 +420,6 @@ fn graphs_replay_their_launches_and_refuse_other_work_inside_a_capture() {
 }
 
 #[test]
-fn started_reads_see_the_work_issued_before_them_and_not_after() {
-    for mut gpu in devices() {
-        let dev = gpu.describe();
-        let mut rng = Rng::new(12);
-        let n = 300usize;
-        let (x, y) = (rng.vec(n), rng.vec(n));
-        let (dx, dy) = (gpu.upload_f32(&x).unwrap(), gpu.upload_f32(&y).unwrap());
-        let grid = [1, cdiv(n, gpu.constexpr("add_rows", "BLOCK").unwrap()), 1];
-        let args = [p(dx), p(dy), i(n), i(n), i(n)];
-        gpu.launch("add_rows", grid, &args).unwrap();
-        let first = gpu.start_read(dx, 4 * n).unwrap();
-        gpu.launch("add_rows", grid, &args).unwrap();
-        let second = gpu.start_read(dx, 4 * n).unwrap();
-        let z = rng.vec(n);
-        let bytes: Vec<u8> = z.iter().flat_map(|v| v.to_le_bytes()).collect();
-        gpu.write(dx, &bytes).unwrap();
-        let third = gpu.start_read(dx, 4 * n).unwrap();
-        let mut got = vec![0u8; 4 * n];
-        let floats = |b: &[u8]| -> Vec<f32> {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        // Finished out of order: each holds what was there when its turn came.
-        gpu.finish_read(second, &mut got).unwrap();
-        let twice: Vec<f64> = x
-            .iter()
-            .zip(&y)
-            .map(|(&a, &b)| a as f64 + 2.0 * b as f64)
-            .collect();
-        assert_close(&format!("{dev} second read"), &floats(&got), &twice);
-        gpu.finish_read(first, &mut got).unwrap();
-        let once: Vec<f64> = x
-            .iter()
-            .zip(&y)
-            .map(|(&a, &b)| a as f64 + b as f64)
-            .collect();
-        assert_close(&format!("{dev} first read"), &floats(&got), &once);
-        assert!(
-            gpu.finish_read(third, &mut [0u8; 4]).is_err(),
-            "{dev}: a read finished into a buffer of another size"
-        );
-        // The staging areas are reused; a capture refuses a read.
-        let again = gpu.start_read(dx, 4 * n).unwrap();
-        gpu.finish_read(again, &mut got).unwrap();
-        assert_eq!(floats(&got), z, "{dev}: a read after a write");
-        gpu.begin_capture().unwrap();
-        assert!(
-            gpu.start_read(dx, 4).is_err(),
-            "{dev}: a read inside a capture"
-        );
-        gpu.abort_capture();
-    }
-}
-
-#[test]
 fn resolve_ids_takes_the_previous_steps_tokens() {
     for mut gpu in devices() {
         let dev = gpu.describe();

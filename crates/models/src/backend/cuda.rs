@@ -1580,6 +1580,7 @@ impl Backend for CudaBackend {
         }
         // [n]: each row's argmax, decided on the device; 4 bytes a row come back.
         let ids = self.overlap.ids_out.ensure(&self.gpu, 4 * n)?;
+        self.guard_tokens()?;
         let args = [
             p(self.logits.ptr()?),
             p(ids),
@@ -1612,5 +1613,6 @@ impl Drop for CudaBackend {
             self.gpu.lock().abort_capture();
         }
         let _ = self.drop_graphs();
+        self.overlap.release(&mut self.gpu.lock());
     }
 }

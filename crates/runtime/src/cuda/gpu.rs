@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use super::driver::CudaDriver;
 use super::interpreted::{InterpretedDriver, InterpreterConfig};
-use super::manifest::{ArgKind, KernelBinary, KernelSpec, Manifest, Variant};
+use super::manifest::{ArgKind, KernelSpec, Manifest, Variant};
+use super::ops::{Driver, KernelHandle, LaunchDims, Op, GEMM_HANDLE, GRAPH_HANDLE, MAIN_STREAM};
+use super::stream::{HostState, Stream};
 use crate::{Result, RuntimeError};
 
 /// An address in a [`Gpu`]'s memory.
@@ -47,84 +49,6 @@ impl KernelArg {
     }
 }
 
-/// A loaded kernel: an index into the driver's table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct KernelHandle(pub usize);
-
-/// What a launch needs beyond the arguments.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LaunchDims {
-    /// Programs in x, y, z.
-    pub grid: [u32; 3],
-    /// Threads per block (`num_warps x 32`).
-    pub block: u32,
-    /// Dynamic shared memory per block, in bytes.
-    pub shared: u32,
-    /// Triton's global scratch (null when the kernel needs none); the profile scratch that
-    /// follows it in the ABI is always null.
-    pub scratch: DevicePtr,
-}
-
-/// The operations a device offers the backend. Two implementations: the CUDA driver and the
-/// Triton interpreter in a worker process.
-pub(crate) trait Driver: fmt::Debug + Send {
-    /// The device in words (`NVIDIA H100 80GB HBM3 (sm_90)`, `interpreted`).
-    fn describe(&self) -> String;
-    /// The architecture whose binaries this device runs (`sm90`); `None` runs the sources.
-    fn arch(&self) -> Option<&str>;
-    /// Allocates `bytes` (at least 256-byte aligned).
-    fn alloc(&mut self, bytes: usize) -> Result<DevicePtr>;
-    /// Frees an allocation.
-    fn free(&mut self, ptr: DevicePtr) -> Result<()>;
-    /// Copies host bytes to the device.
-    fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<()>;
-    /// Copies device bytes to the host, after all earlier work.
-    fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
-    /// Starts copying `bytes` device bytes at `src` to the host behind all earlier work,
-    /// without waiting; returns the read's slot for [`Driver::read_finish`].
-    fn read_start(&mut self, src: DevicePtr, bytes: usize) -> Result<usize>;
-    /// Waits for read `slot` ([`Driver::read_start`]) and copies its bytes into `dst`, which
-    /// is as long as the read; the slot is free again.
-    fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()>;
-    /// Loads one binary of a kernel: `variant`'s cubin for [`Driver::arch`] with its figures,
-    /// or, for the interpreter, the spec (which checks an aligned variant's hints at each
-    /// launch, as the compiled binary assumes them).
-    fn load(
-        &mut self,
-        spec: &KernelSpec,
-        variant: Variant,
-        image: Option<(&KernelBinary, &[u8])>,
-    ) -> Result<KernelHandle>;
-    /// Launches a loaded kernel.
-    fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()>;
-    /// Waits for all issued work.
-    fn synchronize(&mut self) -> Result<()>;
-    /// Free and total device memory in bytes; `None` where the device's memory is the host's.
-    fn memory_info(&mut self) -> Result<Option<(usize, usize)>>;
-    /// Starts capturing: launches until [`Driver::capture_end`] are recorded, not run.
-    fn capture_begin(&mut self) -> Result<()>;
-    /// Ends a capture: the recorded launches become graph `id`, replayed by
-    /// [`Driver::graph_launch`].
-    fn capture_end(&mut self) -> Result<usize>;
-    /// Abandons a capture (after a failed launch inside it); nothing is kept.
-    fn capture_abort(&mut self);
-    /// Issues every launch of graph `id`, in capture order.
-    fn graph_launch(&mut self, id: usize) -> Result<()>;
-    /// Frees graph `id`.
-    fn graph_drop(&mut self, id: usize) -> Result<()>;
-    /// Turns per-launch timing on or off ([`Gpu::set_profiling`]).
-    fn set_profiling(&mut self, on: bool) -> Result<()>;
-    /// Launches and device time per kernel handle and grid since profiling began; graph
-    /// replays under [`GRAPH_HANDLE`].
-    fn profile(&mut self) -> Result<Vec<Tally>>;
-}
-
-/// One kernel's (handle, grid) profile entry: launches and device time in milliseconds.
-pub(crate) type Tally = (KernelHandle, [u32; 3], u64, f64);
-
-/// The handle under which [`Driver::profile`] reports graph replays.
-pub(crate) const GRAPH_HANDLE: KernelHandle = KernelHandle(usize::MAX);
-
 struct Loaded {
     spec: KernelSpec,
     kinds: Vec<ArgKind>,
@@ -160,25 +84,8 @@ pub struct VariantLaunches {
     pub aligned: u64,
 }
 
-/// A copy to the host in flight ([`Gpu::start_read`]), to be finished by [`Gpu::finish_read`]
-/// on the same [`Gpu`]. Dropping it unfinished leaves its staging area held until the [`Gpu`]
-/// is dropped.
-#[derive(Debug, PartialEq, Eq)]
-#[must_use = "a pending read holds its staging area until it is finished"]
-pub struct PendingRead {
-    slot: usize,
-    bytes: usize,
-}
-
-impl PendingRead {
-    /// The read's size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-/// A captured sequence of launches on one [`Gpu`] ([`Gpu::begin_capture`]): a CUDA graph on a
-/// GPU, the recorded launch list on the interpreted device.
+/// A captured sequence of operations on one [`Gpu`] ([`Gpu::begin_capture`]): a CUDA graph on
+/// a GPU, the recorded list on the interpreted device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphId(usize);
 
@@ -198,20 +105,24 @@ pub struct KernelTime {
 
 /// A device with every embedded kernel loaded.
 pub struct Gpu {
-    driver: Box<dyn Driver>,
+    pub(super) driver: Box<dyn Driver>,
     kernels: Vec<Loaded>,
     /// Each kernel's index in `kernels`, by name: a launch looks its kernel up once.
     by_name: HashMap<String, usize>,
     load_time: Duration,
     scratch: Option<(DevicePtr, usize)>,
-    /// The thread whose capture is open: its launches are recorded, and nothing may allocate,
-    /// free, copy or wait until it ends; other threads may not launch.
+    /// The thread whose capture is open: its operations on the main stream are recorded, and
+    /// nothing else may run until it ends; other threads may not issue work.
     capturing: Option<std::thread::ThreadId>,
-    /// The open capture's launches, kept so that they can be issued plainly when the driver
+    /// The open capture's operations, kept so that they can be issued plainly when the driver
     /// cannot make a graph of them.
-    shadow: Vec<(KernelHandle, LaunchDims, Vec<KernelArg>)>,
+    shadow: Vec<Op>,
     /// Launches per kernel (as `kernels`) by the binary they took.
     variant_launches: Vec<VariantLaunches>,
+    /// Live host buffers by handle: size and the event after their latest copy.
+    pub(super) hosts: HashMap<usize, HostState>,
+    /// What the vendor library for matrix products is, once opened.
+    pub(super) gemm_library: Option<String>,
 }
 
 impl fmt::Debug for Gpu {
@@ -348,6 +259,8 @@ impl Gpu {
             capturing: None,
             shadow: Vec::new(),
             variant_launches: vec![VariantLaunches::default(); manifest.kernels.len()],
+            hosts: HashMap::new(),
+            gemm_library: None,
         })
     }
 
@@ -383,7 +296,7 @@ impl Gpu {
         self.driver.alloc(bytes.max(1))
     }
 
-    /// Frees memory from [`Gpu::alloc`].
+    /// Frees memory from [`Gpu::alloc`] once the work issued before on every stream is done.
     pub fn free(&mut self, ptr: DevicePtr) -> Result<()> {
         self.not_capturing("freeing")?;
         self.driver.free(ptr)
@@ -395,32 +308,10 @@ impl Gpu {
         self.driver.write(dst, src)
     }
 
-    /// Copies device bytes into `dst` once all earlier work has finished.
+    /// Copies device bytes into `dst` once all earlier work on the main stream has finished.
     pub fn read(&mut self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         self.not_capturing("a copy to the host")?;
         self.driver.read(src, dst)
-    }
-
-    /// Starts copying `bytes` device bytes at `src` to the host once all earlier work has
-    /// finished, and returns at once: the device goes on with later work while the copy waits
-    /// its turn, and [`Gpu::finish_read`] collects the bytes. Reads may be in flight several
-    /// at a time; each holds a staging area until it is finished.
-    pub fn start_read(&mut self, src: DevicePtr, bytes: usize) -> Result<PendingRead> {
-        self.not_capturing("a copy to the host")?;
-        let slot = self.driver.read_start(src, bytes)?;
-        Ok(PendingRead { slot, bytes })
-    }
-
-    /// Waits for `read` and copies its bytes into `dst` (`dst.len()` is the read's size).
-    pub fn finish_read(&mut self, read: PendingRead, dst: &mut [u8]) -> Result<()> {
-        if dst.len() != read.bytes {
-            return Err(RuntimeError::Kernels(format!(
-                "a pending read of {} bytes finished into {} bytes",
-                read.bytes,
-                dst.len()
-            )));
-        }
-        self.driver.read_finish(read.slot, dst)
     }
 
     /// Allocates and fills a buffer of f32.
@@ -449,13 +340,19 @@ impl Gpu {
             .collect())
     }
 
+    /// Streaming multiprocessors: what split sizes are tuned against (the interpreted device
+    /// answers as an H100, whose 132 the tuning tables were measured on).
+    pub fn multiprocessors(&self) -> usize {
+        self.driver.multiprocessors()
+    }
+
     /// Free and total device memory in bytes; `None` for the interpreted device (host memory).
     pub fn memory_info(&mut self) -> Result<Option<(usize, usize)>> {
         self.not_capturing("a memory query")?;
         self.driver.memory_info()
     }
 
-    /// Waits for all issued work; a failed launch surfaces here at the latest.
+    /// Waits for all issued work on every stream; a failed launch surfaces here at the latest.
     pub fn synchronize(&mut self) -> Result<()> {
         self.not_capturing("waiting for the device")?;
         self.driver.synchronize()
@@ -467,12 +364,23 @@ impl Gpu {
         self.by_name.get(name).map(|&i| self.variant_launches[i])
     }
 
-    /// Launches kernel `name` over `grid` with `args`, checked against the manifest: the
-    /// kernel must exist, the arguments must match its parameters in number and kind, and no
-    /// grid dimension may be zero or over the hardware's limits. The aligned binary runs when
-    /// the kernel has one and every argument it assumes divisible by 16 is; the generic one
-    /// otherwise.
+    /// Launches kernel `name` over `grid` with `args` on the main stream, checked against the
+    /// manifest: the kernel must exist, the arguments must match its parameters in number and
+    /// kind, and no grid dimension may be zero or over the hardware's limits. The aligned
+    /// binary runs when the kernel has one and every argument it assumes divisible by 16 is;
+    /// the generic one otherwise.
     pub fn launch(&mut self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
+        self.launch_on(Stream::MAIN, name, grid, args)
+    }
+
+    /// [`Gpu::launch`] on `stream`.
+    pub fn launch_on(
+        &mut self,
+        stream: Stream,
+        name: &str,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<()> {
         let index = *self
             .by_name
             .get(name)
@@ -505,28 +413,47 @@ impl Gpu {
         let (handle, block, shared) = (binary.handle, k.block, binary.shared);
         let programs = grid.iter().map(|&g| g as usize).product::<usize>();
         let scratch = binary.global_scratch as usize * programs;
-        if self
-            .capturing
-            .is_some_and(|t| t != std::thread::current().id())
-        {
-            return Err(RuntimeError::Kernels(format!(
-                "kernel {name}: another thread is capturing a graph on this device"
-            )));
-        }
+        self.may_issue(stream, &format!("kernel {name}"))?;
         let dims = LaunchDims {
             grid,
             block,
             shared,
             scratch: self.scratch(scratch)?,
         };
-        if self.capturing.is_some() {
-            self.shadow.push((handle, dims, args.to_vec()));
-        }
-        self.driver.launch(handle, dims, args)?;
+        let op = Op::Launch {
+            kernel: handle,
+            dims,
+            args: args.to_vec(),
+        };
+        self.issue(op, stream)?;
         let count = &mut self.variant_launches[index];
         match variant {
             Variant::Generic => count.generic += 1,
             Variant::Aligned => count.aligned += 1,
+        }
+        Ok(())
+    }
+
+    /// Whether `what` may be issued on `stream` now: while a capture is open, only the
+    /// capturing thread's work on the main stream (which the capture records).
+    pub(super) fn may_issue(&self, stream: Stream, what: &str) -> Result<()> {
+        match self.capturing {
+            Some(t) if t != std::thread::current().id() => Err(RuntimeError::Kernels(format!(
+                "{what}: another thread is capturing a graph on this device"
+            ))),
+            Some(_) if stream != Stream::MAIN => Err(RuntimeError::Kernels(format!(
+                "{what} on a side stream while a graph is being captured (a capture records \
+                 the main stream only)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Issues `op` on `stream`, keeping a copy while a capture is open.
+    pub(super) fn issue(&mut self, op: Op, stream: Stream) -> Result<()> {
+        self.driver.issue(&op, stream.0)?;
+        if self.capturing.is_some() {
+            self.shadow.push(op);
         }
         Ok(())
     }
@@ -558,7 +485,7 @@ impl Gpu {
         Ok(ptr)
     }
 
-    fn not_capturing(&self, what: &str) -> Result<()> {
+    pub(super) fn not_capturing(&self, what: &str) -> Result<()> {
         if self.capturing.is_some() {
             return Err(RuntimeError::Kernels(format!(
                 "{what} while a graph is being captured (a capture holds launches only)"
@@ -567,11 +494,13 @@ impl Gpu {
         Ok(())
     }
 
-    /// Starts capturing on the calling thread: the launches until [`Gpu::end_capture`] are
-    /// recorded into a graph instead of running. Between the two, allocating, freeing,
-    /// copying and waiting are errors, and so are other threads' launches; the graph keeps
-    /// every address and argument as launched, so what it reads and writes must stay where it
-    /// is for as long as the graph is replayed. A capture ends on the thread that began it.
+    /// Starts capturing on the calling thread: the launches, device copies ([`Gpu::copy`]) and
+    /// vendor products ([`Gpu::gemm`]) it issues on the main stream until [`Gpu::end_capture`]
+    /// are recorded into a graph instead of running. Between the two, allocating, freeing,
+    /// host copies, events, side streams and waiting are errors, and so is other threads'
+    /// work; the graph keeps every address and argument as issued, so what it reads and writes
+    /// must stay where it is for as long as the graph is replayed. A capture ends on the
+    /// thread that began it.
     pub fn begin_capture(&mut self) -> Result<()> {
         self.not_capturing("starting a capture")?;
         self.driver.capture_begin()?;
@@ -580,9 +509,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Ends the capture: the recorded launches as one graph, or `None` when the driver could
-    /// not make one (instantiation out of memory, say), in which case the launches have been
-    /// issued plainly instead, so their results come all the same.
+    /// Ends the capture: the recorded operations as one graph, or `None` when the driver could
+    /// not make one (instantiation out of memory, say), in which case they have been issued
+    /// plainly instead, so their results come all the same.
     pub fn end_capture(&mut self) -> Result<Option<GraphId>> {
         if self.capturing.take().is_none() {
             return Err(RuntimeError::Kernels("no capture to end".into()));
@@ -591,8 +520,8 @@ impl Gpu {
         match self.driver.capture_end() {
             Ok(id) => Ok(Some(GraphId(id))),
             Err(_) => {
-                for (handle, dims, args) in &shadow {
-                    self.driver.launch(*handle, *dims, args)?;
+                for op in &shadow {
+                    self.driver.issue(op, MAIN_STREAM)?;
                 }
                 Ok(None)
             }
@@ -612,7 +541,8 @@ impl Gpu {
         self.capturing.is_some()
     }
 
-    /// Issues every launch of `graph`, in capture order, after all earlier work.
+    /// Issues every operation of `graph` on the main stream, in capture order, after all
+    /// earlier work there.
     pub fn replay(&mut self, graph: GraphId) -> Result<()> {
         self.not_capturing("replaying a graph")?;
         self.driver.graph_launch(graph.0)
@@ -635,6 +565,10 @@ impl Gpu {
     fn binary_of(&self, h: KernelHandle) -> (String, Variant) {
         if h == GRAPH_HANDLE {
             return ("graph replay".to_string(), Variant::Generic);
+        }
+        if h == GEMM_HANDLE {
+            let library = self.gemm_library.as_deref().unwrap_or("vendor");
+            return (format!("{library} product"), Variant::Generic);
         }
         for k in &self.kernels {
             if k.generic.handle == h {

@@ -22,20 +22,32 @@
 //! the recorded launch list on the interpreted device, so the capture logic above the driver is
 //! tested in CI. [`Gpu::set_profiling`] times each launch with device events.
 //!
+//! Beside launches, the device layer has what a serving engine needs: streams and
+//! events that callers hold, device-to-device copies, page-locked [`HostBuffer`]s with
+//! asynchronous copies to and from them, and vendor matrix products ([`Gemm`], cuBLASLt loaded
+//! at run time like libcuda) as operations beside kernel launches. The interpreted device runs
+//! each of them (cuBLASLt's product in numpy under its layout rules), so CI runs every one.
+//!
 //! Invariants: a [`DevicePtr`] is only meaningful on the [`Gpu`] that allocated it; operations
-//! on one [`Gpu`] run in issue order (one stream), and [`Gpu::read`] returns after everything
-//! issued before it has finished ([`Gpu::start_read`] does not wait: the bytes are collected later
-//! by [`Gpu::finish_read`], so the host can go on issuing work meanwhile); while a capture is open only launches are allowed (no
-//! allocation, free, copy or wait), and a graph replays the addresses and arguments it was
-//! captured with.
+//! on one stream run in issue order, and across streams only as events order them;
+//! [`Gpu::read`] returns after everything issued on the main stream before it has finished;
+//! while a capture is open only the capturing thread's launches, device copies and vendor
+//! products on the main stream are allowed (recorded, never skipped: anything else is an
+//! error), and a graph replays the addresses and arguments it was captured with.
 
 mod buffer;
+mod cublaslt;
 mod driver;
+mod gemm;
 mod gpu;
 mod interpreted;
 pub mod manifest;
+mod ops;
+mod stream;
 
 pub use buffer::{DeviceBuffer, SharedGpu};
-pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, PendingRead, VariantLaunches};
-pub use interpreted::InterpreterConfig;
+pub use gemm::{Gemm, GemmSupport, GemmType};
+pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, VariantLaunches};
+pub use interpreted::{InterpretedGemm, InterpreterConfig};
 pub use manifest::{AlignedVariant, KernelBinary, KernelSpec, Manifest, Variant};
+pub use stream::{Event, HostBuffer, Stream};

@@ -10,12 +10,16 @@
 //!   them; a step that hands logits to the host leaves none, and a pending input then is an
 //!   error, never a stale token;
 //! - deferred results are collected in the order their steps were issued, each exactly once;
-//!   the copies are stream-ordered behind their step's kernels, so a later step's launches
-//!   never change what an earlier step's copy reads.
+//! - the copies run on a stream of their own ([`Copies`]), each after an event recorded on the
+//!   main stream behind its step's kernels, into a page-locked host buffer whose event the
+//!   collection waits for: the host waits for the copy only, never for later steps' work;
+//! - before the main stream writes the tokens' buffers again (the next argmax, sampling or
+//!   upload of host-decided tokens), it waits for the latest copy ([`CudaBackend::guard_tokens`]),
+//!   so a later step never changes what an earlier step's copy reads.
 
 use std::collections::VecDeque;
 
-use ferrum_runtime::cuda::{DevicePtr, PendingRead};
+use ferrum_runtime::cuda::{DevicePtr, Event, Gpu, HostBuffer, Stream};
 
 use super::{cdiv, i32_arg, p, CudaBackend, Grown};
 use crate::sampling::{SampledRow, SampledRows};
@@ -31,14 +35,32 @@ pub enum Collected {
     Sampled,
 }
 
+/// A copy of a step's results to the host: its buffer, the event after it on the copy
+/// stream, and its size.
+#[derive(Debug)]
+struct Landing {
+    host: HostBuffer,
+    done: Event,
+    bytes: usize,
+}
+
+/// The copy stream, the event that orders each copy behind its step, and landings ready for
+/// reuse.
+#[derive(Debug)]
+struct Copies {
+    stream: Stream,
+    ready: Event,
+    spare: Vec<Landing>,
+}
+
 /// A deferred step's results: on their way to the host, or decided there already.
 #[derive(Debug)]
 enum InFlight {
     Ids {
-        read: PendingRead,
+        read: Landing,
     },
     Sampled {
-        read: PendingRead,
+        read: Landing,
         /// The top logprobs each row asked for, and the most any did (the results' stride).
         logprobs: Vec<Option<usize>>,
         max_n: usize,
@@ -61,9 +83,43 @@ pub(super) struct Overlap {
     /// the next step's upload overwrites before its pending inputs are taken).
     pub(super) ids_out: Grown,
     in_flight: VecDeque<InFlight>,
+    /// Made at the first deferred copy.
+    copies: Option<Copies>,
     /// Host staging of a collected read: its bytes, and its words.
     bytes: Vec<u8>,
     words: Vec<u32>,
+}
+
+impl InFlight {
+    fn landing(&self) -> Option<&Landing> {
+        match self {
+            InFlight::Ids { read } | InFlight::Sampled { read, .. } => Some(read),
+            InFlight::ReadyIds(_) | InFlight::ReadySampled(_) => None,
+        }
+    }
+}
+
+impl Overlap {
+    /// Frees the copy stream, its events and host buffers (results still in flight are
+    /// dropped).
+    pub(super) fn release(&mut self, gpu: &mut Gpu) {
+        let mut landings: Vec<Landing> = Vec::new();
+        for step in self.in_flight.drain(..) {
+            match step {
+                InFlight::Ids { read } | InFlight::Sampled { read, .. } => landings.push(read),
+                InFlight::ReadyIds(_) | InFlight::ReadySampled(_) => {}
+            }
+        }
+        if let Some(c) = self.copies.take() {
+            landings.extend(c.spare);
+            let _ = gpu.destroy_event(c.ready);
+            let _ = gpu.destroy_stream(c.stream);
+        }
+        for l in landings {
+            let _ = gpu.free_host(l.host);
+            let _ = gpu.destroy_event(l.done);
+        }
+    }
 }
 
 impl CudaBackend {
@@ -96,12 +152,21 @@ impl CudaBackend {
             .in_flight
             .pop_front()
             .ok_or_else(|| ModelError::Invalid("no step's results are in flight".into()))?;
-        let read = |read: PendingRead, bytes: &mut Vec<u8>| -> Result<()> {
-            bytes.resize(read.bytes(), 0);
-            self.gpu
-                .lock()
-                .finish_read(read, bytes)
-                .map_err(|e| ModelError::Invalid(format!("reading a step's tokens back: {e}")))
+        let gpu = &self.gpu;
+        let read = |read: Landing, bytes: &mut Vec<u8>, copies: &mut Option<Copies>| {
+            let mut g = gpu.lock();
+            let landed = g.host_bytes(&read.host).map(|b| {
+                bytes.clear();
+                bytes.extend_from_slice(&b[..read.bytes]);
+            });
+            match copies.as_mut() {
+                Some(c) => c.spare.push(read),
+                None => {
+                    let _ = g.free_host(read.host);
+                    let _ = g.destroy_event(read.done);
+                }
+            }
+            landed.map_err(|e| ModelError::Invalid(format!("reading a step's tokens back: {e}")))
         };
         let words = |bytes: &[u8], out: &mut Vec<u32>| {
             out.clear();
@@ -113,7 +178,7 @@ impl CudaBackend {
         };
         match step {
             InFlight::Ids { read: r } => {
-                read(r, &mut o.bytes)?;
+                read(r, &mut o.bytes, &mut o.copies)?;
                 words(&o.bytes, ids);
                 Ok(Collected::Tokens)
             }
@@ -131,7 +196,7 @@ impl CudaBackend {
                 max_n,
                 vocab,
             } => {
-                read(r, &mut o.bytes)?;
+                read(r, &mut o.bytes, &mut o.copies)?;
                 words(&o.bytes, &mut o.words);
                 super::sample::decode_rows(&o.words, &logprobs, max_n, vocab, &mut sampled.rows);
                 Ok(Collected::Sampled)
@@ -250,17 +315,62 @@ impl CudaBackend {
         Ok(true)
     }
 
-    fn start_read(&mut self, src: DevicePtr, bytes: usize, what: &str) -> Result<PendingRead> {
-        self.gpu
-            .lock()
-            .start_read(src, bytes)
-            .map_err(|e| ModelError::Invalid(format!("reading {what} back: {e}")))
+    /// Copies `bytes` at `src` to the host on the copy stream, behind everything issued on
+    /// the main stream so far; the host goes on.
+    fn start_read(&mut self, src: DevicePtr, bytes: usize, what: &str) -> Result<Landing> {
+        let err = |e| ModelError::Invalid(format!("reading {what} back: {e}"));
+        let mut gpu = self.gpu.lock();
+        let copies = match self.overlap.copies.take() {
+            Some(c) => c,
+            None => Copies {
+                stream: gpu.create_stream().map_err(err)?,
+                ready: gpu.create_event().map_err(err)?,
+                spare: Vec::new(),
+            },
+        };
+        let c = self.overlap.copies.insert(copies);
+        gpu.record(&c.ready, Stream::MAIN).map_err(err)?;
+        gpu.wait(c.stream, &c.ready).map_err(err)?;
+        let landing = match c.spare.iter().position(|l| l.host.len() >= bytes) {
+            Some(i) => c.spare.swap_remove(i),
+            None => Landing {
+                host: gpu
+                    .alloc_host(bytes.next_power_of_two().max(4096))
+                    .map_err(err)?,
+                done: gpu.create_event().map_err(err)?,
+                bytes,
+            },
+        };
+        let landing = Landing { bytes, ..landing };
+        gpu.copy_to_host(&landing.host, 0, src, bytes, c.stream)
+            .map_err(err)?;
+        gpu.record(&landing.done, c.stream).map_err(err)?;
+        Ok(landing)
+    }
+
+    /// Makes the main stream wait for the latest copy of a step's results before it writes
+    /// the tokens' buffers again.
+    pub(super) fn guard_tokens(&mut self) -> Result<()> {
+        if let Some(l) = self
+            .overlap
+            .in_flight
+            .iter()
+            .rev()
+            .find_map(InFlight::landing)
+        {
+            self.gpu
+                .lock()
+                .wait(Stream::MAIN, &l.done)
+                .map_err(|e| ModelError::Invalid(format!("ordering a step's copy: {e}")))?;
+        }
+        Ok(())
     }
 
     fn upload_last(&mut self, ids: impl Iterator<Item = u32>) -> Result<()> {
         let bytes: Vec<u8> = ids.flat_map(u32::to_le_bytes).collect();
         let rows = bytes.len() / 4;
         let ptr = self.overlap.ids_out.ensure(&self.gpu, bytes.len())?;
+        self.guard_tokens()?;
         if !bytes.is_empty() {
             let write = |e| ModelError::Invalid(format!("copying the tokens to the GPU: {e}"));
             self.gpu.lock().write(ptr, &bytes).map_err(write)?;

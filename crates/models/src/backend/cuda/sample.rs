@@ -181,6 +181,7 @@ impl CudaBackend {
         self.gpu.lock().write(inputs, &s.bytes).map_err(write)?;
         // Results: tokens [n], logprobs [n], top ids [n, max_n], top values [n, max_n].
         let results = s.results.ensure(&self.gpu, 4 * (2 * n + 2 * n * max_n))?;
+        self.guard_tokens()?;
         let word = |i: usize| inputs.offset(4 * i);
         let logits = self.logits.ptr()?;
         let (cols, stride) = (i32_arg(vocab, "vocabulary")?, i32_arg(vocab, "row stride")?);

@@ -1,30 +1,34 @@
-//! The CUDA driver: device memory, module loads and launches through `libcuda`, loaded at run
-//! time by cudarc.
+//! The CUDA driver: device memory, module loads, launches, streams, events and copies through
+//! `libcuda`, loaded at run time by cudarc; vendor products through cuBLASLt ([`super::cublaslt`]).
 //!
 //! cudarc panics when a symbol or the library is missing, so [`CudaDriver::new`] first checks
 //! that `libcuda` can be opened, then initializes the driver and checks the device before any
-//! other call. All work (launches, copies, graph replays) goes to one stream of the primary
-//! context, in issue order: a stream of its own, because the legacy default stream cannot be
-//! captured into a graph. Copies to the host wait for that stream, except a started read
-//! (`read_start`), which copies into a page-locked staging area behind the stream's work and
-//! records an event that `read_finish` waits for; a free waits for the stream too, so no
-//! launch still in flight reads freed memory.
+//! other call. The main stream is a stream of the primary context created here (the legacy
+//! default stream cannot be captured into a graph); side streams are non-blocking too, so
+//! streams are ordered only by the events callers record and wait for. Reads wait for the
+//! main stream; a free waits for the whole context, so no work still in flight on any stream
+//! reads freed memory.
 //!
-//! Profiling brackets each launch (and each graph replay) with two events on the stream; their
-//! elapsed times are summed per kernel when the stream is next waited for.
+//! Profiling brackets each operation (and each graph replay) with two events on its stream;
+//! their elapsed times are summed per kernel when the device is next waited for.
 
 use std::ffi::{c_void, CString};
 
 use cudarc::driver::{result, sys};
 
-use super::gpu::{DevicePtr, Driver, KernelArg, KernelHandle, LaunchDims, Tally, GRAPH_HANDLE};
+use super::cublaslt::CublasLt;
+use super::gemm::{GemmSupport, LtMatmul};
+use super::gpu::DevicePtr;
 use super::manifest::{KernelBinary, KernelSpec, Variant};
+use super::ops::{gemm_grid, Driver, KernelHandle, Op, Tally, GEMM_HANDLE, GRAPH_HANDLE};
 use crate::{Result, RuntimeError};
+
+mod streams;
 
 /// Shared memory a block may use without opting in.
 const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
-fn cuda_err(step: &str, e: result::DriverError) -> RuntimeError {
+pub(super) fn cuda_err(step: &str, e: result::DriverError) -> RuntimeError {
     let name = e.error_name().map(|c| c.to_string_lossy().into_owned());
     let text = e.error_string().map(|c| c.to_string_lossy().into_owned());
     RuntimeError::Cuda {
@@ -45,18 +49,25 @@ pub(crate) struct CudaDriver {
     arch: String,
     cc: (i32, i32),
     shared_optin: i32,
+    multiprocessors: usize,
     modules: Vec<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
+    /// Streams by handle, the main one first; `None` once destroyed (handles are not reused).
+    streams: Vec<Option<sys::CUstream>>,
+    /// The main stream (`streams[0]`).
     stream: sys::CUstream,
+    events: Vec<Option<sys::CUevent>>,
+    /// Page-locked host buffers by handle: address and size; `None` once freed.
+    hosts: Vec<Option<(*mut u8, usize)>>,
     /// Instantiated graphs by id; `None` once freed.
     graphs: Vec<Option<sys::CUgraphExec>>,
     capturing: bool,
     profiler: Option<Profiler>,
-    /// Pinned staging areas of reads that do not wait ([`Driver::read_start`]), by slot.
-    reads: Vec<Staging>,
     /// Pinned staging areas of small writes, used in turn, and the next one's index.
     writes: Vec<Staging>,
     next_write: usize,
+    /// cuBLASLt, once opened.
+    gemm: Option<CublasLt>,
 }
 
 /// Writes up to this size go through a pinned staging area (a copy from pageable memory may
@@ -68,14 +79,13 @@ const STAGED_WRITE_MAX: usize = 4 << 20;
 /// Staging areas for writes, used round-robin: one is reused only after its last copy ended.
 const STAGED_WRITES: usize = 4;
 
-/// A page-locked host area a copy goes through asynchronously, and the event recorded after
-/// the copy; for a read, `busy` from `read_start` until `read_finish`.
+/// A page-locked host area a write goes through asynchronously, and the event recorded after
+/// the copy.
 #[derive(Debug)]
 struct Staging {
     host: *mut u8,
     capacity: usize,
     event: sys::CUevent,
-    busy: bool,
 }
 
 /// Per-launch timing: event pairs in flight, and the totals of those already read.
@@ -128,6 +138,7 @@ impl CudaDriver {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         let shared_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let multiprocessors = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
         let name = result::device::get_name(device).map_err(|e| cuda_err("cuDeviceGetName", e))?;
         let arch = match cc.0 {
             8 => "sm80",
@@ -153,19 +164,24 @@ impl CudaDriver {
             arch: arch.to_string(),
             cc,
             shared_optin,
+            multiprocessors,
             modules: Vec::new(),
             functions: Vec::new(),
+            streams: Vec::new(),
             stream: std::ptr::null_mut(),
+            events: Vec::new(),
+            hosts: Vec::new(),
             graphs: Vec::new(),
             capturing: false,
             profiler: None,
-            reads: Vec::new(),
             writes: Vec::new(),
             next_write: 0,
+            gemm: None,
         };
         driver.bind()?;
         driver.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| cuda_err("cuStreamCreate", e))?;
+        driver.streams.push(Some(driver.stream));
         Ok(driver)
     }
 
@@ -184,13 +200,14 @@ impl CudaDriver {
             .map_err(|e| cuda_err("cuEventCreate", e))
     }
 
-    /// Runs `issue` (one launch or replay) between two recorded events when profiling and not
-    /// capturing.
+    /// Runs `issue` (one operation or replay on `stream`) between two recorded events when
+    /// profiling and not capturing.
     fn timed(
         &mut self,
         what: KernelHandle,
         grid: [u32; 3],
-        issue: impl FnOnce(&Self) -> Result<()>,
+        stream: sys::CUstream,
+        issue: impl FnOnce(&mut Self) -> Result<()>,
     ) -> Result<()> {
         if self.profiler.is_none() || self.capturing {
             return issue(self);
@@ -198,12 +215,11 @@ impl CudaDriver {
         let (start, end) = (self.event()?, self.event()?);
         let issued = (|| {
             // SAFETY: both events and the stream are live.
-            unsafe { result::event::record(start, self.stream) }
+            unsafe { result::event::record(start, stream) }
                 .map_err(|e| cuda_err("cuEventRecord", e))?;
             issue(self)?;
             // SAFETY: as above.
-            unsafe { result::event::record(end, self.stream) }
-                .map_err(|e| cuda_err("cuEventRecord", e))
+            unsafe { result::event::record(end, stream) }.map_err(|e| cuda_err("cuEventRecord", e))
         })();
         if let Some(p) = self.profiler.as_mut() {
             match issued {
@@ -220,8 +236,15 @@ impl CudaDriver {
         let Some(p) = self.profiler.as_mut() else {
             return Ok(());
         };
+        let mut unfinished = Vec::new();
         for (h, grid, start, end) in p.pending.drain(..) {
-            // SAFETY: both events were recorded on the stream, which has finished.
+            // A pair on a stream not yet waited for stays pending.
+            // SAFETY: `end` was recorded and is live.
+            if unsafe { result::event::query(end) }.is_err() {
+                unfinished.push((h, grid, start, end));
+                continue;
+            }
+            // SAFETY: both events were recorded and `end` has completed.
             let ms = unsafe { result::event::elapsed(start, end) }
                 .map_err(|e| cuda_err("cuEventElapsedTime", e))?;
             let t = p.totals.entry((h.0, grid)).or_default();
@@ -230,12 +253,13 @@ impl CudaDriver {
             p.spare.push(start);
             p.spare.push(end);
         }
+        p.pending = unfinished;
         Ok(())
     }
 
     fn drop_profiler(&mut self) {
         if let Some(p) = self.profiler.take() {
-            let _ = self.sync_stream();
+            let _ = self.sync_all();
             let events = p.pending.iter().flat_map(|&(_, _, a, b)| [a, b]);
             for e in events.chain(p.spare.iter().copied()) {
                 // SAFETY: each event was created once and is destroyed once.
@@ -259,6 +283,10 @@ impl Driver for CudaDriver {
         Some(&self.arch)
     }
 
+    fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
     fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
         self.bind()?;
         // SAFETY: a plain allocation in the current context.
@@ -269,7 +297,7 @@ impl Driver for CudaDriver {
 
     fn free(&mut self, ptr: DevicePtr) -> Result<()> {
         self.bind()?;
-        self.sync_stream()?;
+        self.sync_all()?;
         // SAFETY: the caller frees only what alloc returned, once.
         unsafe { result::free_sync(ptr.0) }.map_err(|e| cuda_err("cuMemFree", e))
     }
@@ -316,58 +344,6 @@ impl Driver for CudaDriver {
             .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
         self.sync_stream()?;
         self.harvest()
-    }
-
-    fn read_start(&mut self, src: DevicePtr, bytes: usize) -> Result<usize> {
-        self.bind()?;
-        let slot = match self.reads.iter().position(|r| !r.busy) {
-            Some(i) => i,
-            None => {
-                self.reads.push(staging_area()?);
-                self.reads.len() - 1
-            }
-        };
-        let r = &mut self.reads[slot];
-        // The slot is not busy: its last read was finished, so its area is free.
-        ensure_capacity(r, bytes)?;
-        if bytes > 0 {
-            // SAFETY: `host` holds `capacity >= bytes` page-locked bytes that nothing else
-            // touches until `read_finish` has waited for the event recorded after this copy;
-            // `src` holds `bytes` (the caller's contract, as with `read`).
-            let dst = unsafe { std::slice::from_raw_parts_mut(r.host, bytes) };
-            unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream) }
-                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
-        }
-        // SAFETY: the event and the stream are live.
-        unsafe { result::event::record(r.event, self.stream) }
-            .map_err(|e| cuda_err("cuEventRecord", e))?;
-        r.busy = true;
-        Ok(slot)
-    }
-
-    fn read_finish(&mut self, slot: usize, dst: &mut [u8]) -> Result<()> {
-        self.bind()?;
-        let r =
-            self.reads.get_mut(slot).filter(|r| r.busy).ok_or_else(|| {
-                RuntimeError::Kernels(format!("no read in flight in slot {slot}"))
-            })?;
-        // SAFETY: the event was recorded by `read_start` on the live stream.
-        unsafe { result::event::synchronize(r.event) }
-            .map_err(|e| cuda_err("cuEventSynchronize (a kernel failed)", e))?;
-        r.busy = false;
-        if dst.len() > r.capacity {
-            return Err(RuntimeError::Kernels(format!(
-                "a read of {} bytes finished from a {}-byte staging area",
-                dst.len(),
-                r.capacity
-            )));
-        }
-        if !dst.is_empty() {
-            // SAFETY: the copy into `host` finished (the event); `dst.len() <= capacity`.
-            let staged = unsafe { std::slice::from_raw_parts(r.host, dst.len()) };
-            dst.copy_from_slice(staged);
-        }
-        Ok(())
     }
 
     fn load(
@@ -417,52 +393,120 @@ impl Driver for CudaDriver {
         Ok(KernelHandle(self.functions.len() - 1))
     }
 
-    fn launch(&mut self, kernel: KernelHandle, dims: LaunchDims, args: &[KernelArg]) -> Result<()> {
+    fn issue(&mut self, op: &Op, stream: usize) -> Result<()> {
         self.bind()?;
-        let function = *self
-            .functions
-            .get(kernel.0)
-            .ok_or_else(|| RuntimeError::Kernels(format!("no loaded kernel {}", kernel.0)))?;
-        // One 8-byte cell per parameter (the kernel's own, then the two scratch pointers);
-        // the driver reads each parameter's size from the cubin, little-endian.
-        let mut cells: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p.0,
-                KernelArg::I32(v) => v as u32 as u64,
-                KernelArg::U32(v) => v as u64,
-                KernelArg::F32(v) => v.to_bits() as u64,
-            })
-            .collect();
-        cells.push(dims.scratch.0);
-        cells.push(0);
-        let mut params: Vec<*mut c_void> = cells
-            .iter_mut()
-            .map(|c| c as *mut u64 as *mut c_void)
-            .collect();
-        let [gx, gy, gz] = dims.grid;
-        self.timed(kernel, dims.grid, |d| {
-            // SAFETY: `function` is loaded; `params` points at one live cell per parameter in
-            // the compiled order (checked against the manifest by the caller). A capture
-            // copies the parameters into the graph's node.
-            unsafe {
-                result::launch_kernel(
-                    function,
-                    (gx, gy, gz),
-                    (dims.block, 1, 1),
-                    dims.shared,
-                    d.stream,
-                    &mut params,
-                )
+        let stream = self.stream_handle(stream)?;
+        match op {
+            Op::Launch { kernel, dims, args } => self.launch(*kernel, *dims, args, stream),
+            Op::Copy { dst, src, bytes } => {
+                // Not profiled: a copy is no kernel's time.
+                // SAFETY: both ranges lie in live allocations (the caller's contract, as with
+                // cuMemcpyDtoD) and do not overlap (Gpu::copy checks).
+                unsafe { result::memcpy_dtod_async(dst.0, src.0, *bytes, stream) }
+                    .map_err(|e| cuda_err("cuMemcpyDtoDAsync", e))
             }
-            .map_err(|e| cuda_err("cuLaunchKernel", e))
-        })
+            Op::Gemm(call) => {
+                let grid = gemm_grid(call);
+                self.timed(GEMM_HANDLE, grid, stream, |d| {
+                    let lt = d.gemm.as_mut().ok_or_else(|| {
+                        RuntimeError::Kernels("a vendor product before cuBLASLt was opened".into())
+                    })?;
+                    lt.matmul(call, stream)
+                })
+            }
+        }
     }
 
     fn synchronize(&mut self) -> Result<()> {
         self.bind()?;
-        self.sync_stream()?;
+        self.sync_all()?;
         self.harvest()
+    }
+
+    fn stream_create(&mut self) -> Result<usize> {
+        self.new_stream()
+    }
+
+    fn stream_destroy(&mut self, stream: usize) -> Result<()> {
+        self.drop_stream(stream)
+    }
+
+    fn event_create(&mut self) -> Result<usize> {
+        self.new_event()
+    }
+
+    fn event_destroy(&mut self, event: usize) -> Result<()> {
+        self.drop_event(event)
+    }
+
+    fn event_record(&mut self, event: usize, stream: usize) -> Result<()> {
+        self.record_event(event, stream)
+    }
+
+    fn stream_wait(&mut self, stream: usize, event: usize) -> Result<()> {
+        self.wait_event(stream, event)
+    }
+
+    fn event_synchronize(&mut self, event: usize) -> Result<()> {
+        self.sync_event(event)?;
+        self.harvest()
+    }
+
+    fn event_query(&mut self, event: usize) -> Result<bool> {
+        self.query_event(event)
+    }
+
+    fn host_alloc(&mut self, bytes: usize) -> Result<usize> {
+        self.new_host(bytes)
+    }
+
+    fn host_free(&mut self, host: usize) -> Result<()> {
+        self.drop_host(host)
+    }
+
+    fn copy_to_host(
+        &mut self,
+        host: usize,
+        offset: usize,
+        src: DevicePtr,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        self.copy_out(host, offset, src, bytes, stream)
+    }
+
+    fn copy_from_host(
+        &mut self,
+        dst: DevicePtr,
+        host: usize,
+        offset: usize,
+        bytes: usize,
+        stream: usize,
+    ) -> Result<()> {
+        self.copy_in(dst, host, offset, bytes, stream)
+    }
+
+    fn host_bytes(&mut self, host: usize) -> Result<&mut [u8]> {
+        self.host_slice(host)
+    }
+
+    fn gemm_open(&mut self, path: Option<&std::path::Path>) -> Result<String> {
+        self.bind()?;
+        if let Some(lt) = &self.gemm {
+            return Ok(lt.describe());
+        }
+        let lt = CublasLt::open(path)?;
+        let what = lt.describe();
+        self.gemm = Some(lt);
+        Ok(what)
+    }
+
+    fn gemm_support(&mut self, call: &LtMatmul) -> Result<GemmSupport> {
+        self.bind()?;
+        match self.gemm.as_mut() {
+            Some(lt) => lt.support(call),
+            None => Ok(GemmSupport::Unsupported("cuBLASLt is not open".into())),
+        }
     }
 
     fn capture_begin(&mut self) -> Result<()> {
@@ -515,10 +559,10 @@ impl Driver for CudaDriver {
             .copied()
             .flatten()
             .ok_or_else(|| RuntimeError::Kernels(format!("no graph {id}")))?;
-        self.timed(GRAPH_HANDLE, [1, 1, 1], |d| {
+        let stream = self.stream;
+        self.timed(GRAPH_HANDLE, [1, 1, 1], stream, |_| {
             // SAFETY: `exec` is a live instantiated graph; the stream is live.
-            unsafe { result::graph::launch(exec, d.stream) }
-                .map_err(|e| cuda_err("cuGraphLaunch", e))
+            unsafe { result::graph::launch(exec, stream) }.map_err(|e| cuda_err("cuGraphLaunch", e))
         })
     }
 
@@ -544,7 +588,7 @@ impl Driver for CudaDriver {
 
     fn profile(&mut self) -> Result<Vec<Tally>> {
         self.bind()?;
-        self.sync_stream()?;
+        self.sync_all()?;
         self.harvest()?;
         let p = self
             .profiler
@@ -572,7 +616,6 @@ fn staging_area() -> Result<Staging> {
         host: std::ptr::null_mut(),
         capacity: 0,
         event,
-        busy: false,
     })
 }
 
@@ -600,10 +643,12 @@ impl Drop for CudaDriver {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             self.capture_abort();
-            let _ = self.sync_stream();
+            let _ = self.sync_all();
             self.drop_profiler();
-            for r in self.reads.drain(..).chain(self.writes.drain(..)) {
-                // SAFETY: the stream is idle, so no copy into the area is pending; each area
+            // Its handle and workspace, while the context lives.
+            self.gemm = None;
+            for r in self.writes.drain(..) {
+                // SAFETY: the device is idle, so no copy from the area is pending; each area
                 // and event is freed once.
                 unsafe {
                     if !r.host.is_null() {
@@ -616,8 +661,18 @@ impl Drop for CudaDriver {
                 // SAFETY: each graph is destroyed once, after the stream finished.
                 let _ = unsafe { result::graph::exec_destroy(exec) };
             }
-            // SAFETY: the stream is idle and destroyed once.
-            let _ = unsafe { result::stream::destroy(self.stream) };
+            for e in self.events.drain(..).flatten() {
+                // SAFETY: each event is destroyed once; the device is idle.
+                let _ = unsafe { result::event::destroy(e) };
+            }
+            for (host, _) in self.hosts.drain(..).flatten() {
+                // SAFETY: from cuMemHostAlloc, freed once; no copy uses it (the device is idle).
+                let _ = unsafe { result::free_host(host.cast()) };
+            }
+            for s in self.streams.drain(..).flatten() {
+                // SAFETY: each stream (the main one included) is idle and destroyed once.
+                let _ = unsafe { result::stream::destroy(s) };
+            }
             for &m in &self.modules {
                 // SAFETY: each module was loaded once and is unloaded once.
                 let _ = unsafe { result::module::unload(m) };
