@@ -149,6 +149,22 @@ def all_specs(tuning=TUNING):
             [("gate_ptr", "*fp32"), ("up_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"),
              ("gate_stride", "i32"), ("up_stride", "i32"), ("out_stride", "i32")],
             {"ACT": act, "BLOCK": 1024}))
+    # The inputs of vendor products (cuBLASLt) of a half-precision weight: activations rounded
+    # to the weight's type, as the product kernels round their tiles.
+    for short in ("f16", "bf16"):
+        ty = FLOATS[short]
+        specs.append(_spec(
+            f"cast_rows_{short}", "elementwise", "cast_rows",
+            [("x_ptr", "*fp32"), ("y_ptr", f"*{ty}"), ("n_cols", "i32"), ("x_stride", "i32"),
+             ("y_stride", "i32")],
+            {"BLOCK": 1024}))
+        for act, act_name in ((0, "silu"), (1, "gelu_tanh")):
+            specs.append(_spec(
+                f"gated_{act_name}_{short}", "activation", "gated_act",
+                [("gate_ptr", "*fp32"), ("up_ptr", "*fp32"), ("out_ptr", f"*{ty}"),
+                 ("n", "i32"), ("gate_stride", "i32"), ("up_stride", "i32"),
+                 ("out_stride", "i32")],
+                {"ACT": act, "BLOCK": 1024}))
     for short, ty in FLOATS.items():
         specs.append(_spec(
             f"gather_rows_{short}", "embedding", "gather_rows",

@@ -31,7 +31,8 @@ for name in ("ferrum-8b-graph", "ferrum-8b-plain", "ferrum-1b-graph", "ferrum-1b
         want = "graph replay" if "graph" in name else "gemm_"
         if not any(k["name"].startswith(want) for r in rs for k in r["profile"]["kernels"]):
             problems.append(f"{name}: no {want!r} in the profile")
-for name in ("ferrum-1b-throughput-overlap", "ferrum-1b-throughput-sync", "ferrum-8b-prefill"):
+for name in ("ferrum-1b-throughput-overlap", "ferrum-1b-throughput-sync", "ferrum-8b-prefill",
+             "ferrum-8b-prefill-triton"):
     rs = rows(name + ".jsonl")
     if not rs:
         problems.append(f"{name}: no result")

@@ -4,7 +4,8 @@
 #   1. the device layer on CUDA device 0: every embedded kernel (the cubins CI checks against
 #      the sources) loaded through the driver and launched with the backend's own grids and
 #      arguments, against host references (crates/runtime/tests/cuda_kernels.rs), and the
-#      choice between each kernel's generic and aligned binary (cuda_variants.rs);
+#      choice between each kernel's generic and aligned binary (cuda_variants.rs), and the
+#      streams, events, copies, host buffers and cuBLASLt products (cuda_streams.rs);
 #   2. the Llama-family fixtures through the CUDA backend against transformers' logits and
 #      greedy ids (crates/models/tests/cuda_fixtures.rs); both with FERRUM_REQUIRE_GPU=1, so
 #      they cannot skip;
@@ -22,7 +23,7 @@
 # retired.
 # Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
 # has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels,
-# cuda_variants and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
+# cuda_variants, cuda_streams and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
 # with cargo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -66,6 +67,9 @@ FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_kernels)" --test-threads=1 
     || status=1
 echo "== which binary each launch takes, aligned or generic (cuda_variants)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_variants)" --test-threads=1 --nocapture \
+    || status=1
+echo "== streams, events, copies and cuBLASLt products (cuda_streams)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_streams)" --test-threads=1 --nocapture \
     || status=1
 echo "== fixtures through the CUDA backend (cuda_fixtures)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 --nocapture \

@@ -160,6 +160,12 @@ def main(res):
         p("| engine | tok/s | TFLOP/s | share of the measured bf16 rate |")
         p("| --- | --- | --- | --- |")
         p(f"| Ferrum | {r['prefill_tok_s']:.0f} | {ftf:.1f} | {fmt(tf and 100 * ftf / tf, '.1f', '%')} |")
+        tri = load(os.path.join(res, "ferrum-8b-prefill-triton.jsonl"))
+        if tri:
+            t = tri[0]["prefill_tok_s"]
+            ttf = t * flops / 1e12
+            p(f"| Ferrum, `--gemm triton` | {t:.0f} | {ttf:.1f} | "
+              f"{fmt(tf and 100 * ttf / tf, '.1f', '%')} |")
         if hfp:
             h = hfp[0]["prefill_tok_s"]
             htf = h * flops / 1e12

@@ -98,8 +98,13 @@ step ferrum-8b-graph 150 ferrum-8b-graph.jsonl "${lat[@]}" --model "$m8" \
 step ferrum-8b-plain 120 ferrum-8b-plain.jsonl "${lat[@]}" --model "$m8" --no-cuda-graph \
     --batch-size "$batches" --num-iters 1 --num-iters-warmup 1 --profile-kernels
 # Prefill: one long prompt (2048 tokens).
+# The products of more than 16 rows run on cuBLASLt where it opens (--gemm auto, the start
+# line says which); the same prompt on the Triton products beside it.
 step ferrum-8b-prefill 90 ferrum-8b-prefill.jsonl "$ferrum" bench latency --device "$device" --json \
     --model "$m8" --input-len "$prefill" --output-len 2 --num-iters "$iters_1b"
+step ferrum-8b-prefill-triton 90 ferrum-8b-prefill-triton.jsonl "$ferrum" bench latency \
+    --device "$device" --json --model "$m8" --input-len "$prefill" --output-len 2 \
+    --num-iters "$iters_1b" --gemm triton
 step ferrum-1b-graph 90 ferrum-1b-graph.jsonl "${lat[@]}" --model "$m1" \
     --batch-size "$batches" --num-iters "$iters_1b" --num-iters-warmup 1 --profile-kernels
 step ferrum-1b-plain 90 ferrum-1b-plain.jsonl "${lat[@]}" --model "$m1" --no-cuda-graph \

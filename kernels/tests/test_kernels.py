@@ -170,6 +170,36 @@ class Kernels(unittest.TestCase):
                     a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
                 assert_close(self, f"{name} n={n}", r.host(out), a * u, TOL)
 
+    def test_half_inputs_of_vendor_products(self):
+        """``cast_rows_*`` rounds each f32 to the half type to nearest even, bit for bit as the
+        host rounds it; ``gated_*_{f16,bf16}`` writes act(gate) * up rounded once (the f32
+        result within 1e-6 of the f64 one, then one rounding: half an ulp of the type)."""
+        r = self.r
+        for short, ty in (("f16", "fp16"), ("bf16", "bf16")):
+            rows, n = 3, 1500
+            x = self.rand(rows, n + 8, scale=4.0)
+            out = r.dev(np.full((rows, n), np.nan, np.float32), ty)
+            name = f"cast_rows_{short}"
+            grid = (rows, cdiv(n, SPECS[name]["constexprs"]["BLOCK"]))
+            r.launch(name, grid, [r.ptr(r.dev(x)), r.ptr(out), n, n + 8, n])
+            np.testing.assert_array_equal(r.host(out), round_to(x[:, :n], short), name)
+            ulp = 2.0 ** -8 if short == "bf16" else 2.0 ** -11
+            for act in ("silu", "gelu_tanh"):
+                name = f"gated_{act}_{short}"
+                gu = self.rand(rows, 2 * n, scale=3.0)
+                out = r.dev(np.full((rows, n), np.nan, np.float32), ty)
+                dgu = r.dev(gu)
+                r.launch(name, grid, [r.ptr(dgu), r.ptr(dgu, n), r.ptr(out), n, 2 * n, 2 * n, n])
+                g, u = gu[:, :n].astype(np.float64), gu[:, n:].astype(np.float64)
+                if act == "silu":
+                    a = g / (1 + np.exp(-g))
+                else:
+                    a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+                want = a * u
+                err = np.abs(r.host(out).astype(np.float64) - want)
+                bound = np.abs(want) * ulp + 1e-6 * np.abs(want).max()
+                self.assertTrue((err <= bound).all(), f"{name}: {err.max()}")
+
     def test_out_of_bounds_access_is_caught(self):
         """The interpreter's bounds check (a GPU would corrupt memory silently): a row stride
         that runs past the buffer is an error, not a read of whatever lies beyond."""

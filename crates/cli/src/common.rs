@@ -11,7 +11,7 @@ use ferrum_engine::{
 };
 use ferrum_models::parallel::Layout;
 use ferrum_models::{
-    load_model, load_model_on, load_text_assets_with, CudaGraphs, LoadOptions, Model,
+    load_model, load_model_on, load_text_assets_with, CudaGraphs, GemmChoice, LoadOptions, Model,
 };
 use ferrum_models::{ModelError, Result as ModelResult};
 use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
@@ -69,6 +69,16 @@ pub struct ModelArgs {
     /// tuning sweep's candidate) in place of the embedded ones of the same names.
     #[arg(long, value_name = "DIR")]
     pub kernels: Option<std::path::PathBuf>,
+    /// On a GPU, what float products of more than 16 rows (prefill chunks, batched decode,
+    /// the LM head at batch) run on: auto (cuBLASLt when it opens, for bf16/f16 weights and
+    /// the shapes it takes; the Triton kernels otherwise), cublaslt (an error when it does not
+    /// open), triton. The line at start says which.
+    #[arg(long, value_enum, default_value_t = GemmArg::Auto)]
+    pub gemm: GemmArg,
+    /// The cuBLASLt library to open (a file, or a folder holding libcublasLt.so.13 or .12)
+    /// instead of looking on the library path and in the PyPI nvidia-cublas wheels' folders.
+    #[arg(long, value_name = "PATH")]
+    pub cublaslt: Option<std::path::PathBuf>,
     /// Ranks that split every layer (by attention heads and MLP rows), inside one node. A
     /// parallel run is launched with `mpirun -n T*P` and needs a build with `--features mpi`.
     #[arg(long, default_value_t = 1, help_heading = "Parallelism (under mpirun)")]
@@ -178,6 +188,24 @@ fn load_on_device(
 pub enum Precision {
     Int8,
     Float,
+}
+
+/// `--gemm` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GemmArg {
+    Auto,
+    Cublaslt,
+    Triton,
+}
+
+impl From<GemmArg> for GemmChoice {
+    fn from(g: GemmArg) -> GemmChoice {
+        match g {
+            GemmArg::Auto => GemmChoice::Auto,
+            GemmArg::Cublaslt => GemmChoice::CublasLt,
+            GemmArg::Triton => GemmChoice::Triton,
+        }
+    }
 }
 
 /// `--kv-cache-dtype` values.
@@ -305,6 +333,8 @@ pub fn load_parts(
         output_vocab: None,
         cuda_graphs: cuda_graphs(args),
         kernels: args.kernels.clone(),
+        gemm: args.gemm.into(),
+        cublaslt: args.cublaslt.clone(),
     };
     let model = if parallel {
         // Any rank but 0 serves rank 0's steps inside and never returns.
@@ -325,6 +355,9 @@ pub fn load_parts(
     let load_time = start.elapsed();
     if interactive {
         eprintln!("done in {:.2}s", load_time.as_secs_f64());
+    }
+    if let Some(note) = model.gemm_note() {
+        eprintln!("ferrum: {note}");
     }
     Ok((model, text, load_time))
 }
@@ -571,6 +604,7 @@ pub fn start_engine(
             output_vocab: spec.speculative_draft_vocab,
             cuda_graphs: cuda_graphs(model_args),
             kernels: model_args.kernels.clone(),
+            ..LoadOptions::default()
         },
     )
     .with_context(|| format!("loading the draft model {}", path.display()))?;

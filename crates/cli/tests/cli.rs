@@ -660,6 +660,42 @@ fn run_on_the_interpreted_device_prints_the_reference_greedy_ids() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["token_ids"], greedy_ids);
+    // The line at start says what large products run on (the device's cuBLASLt stand-in).
+    assert!(
+        stderr(&out).contains("ferrum: products of more than 16 rows (bf16/f16 weights): cuBLASLt"),
+        "{}",
+        stderr(&out)
+    );
+    // --gemm cublaslt where no library opens is an error naming it; --gemm triton says so.
+    let run = |gemm: &str, env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferrum"));
+        c.args([
+            "run",
+            "--device",
+            "interpreted",
+            "--model",
+            dir.to_str().unwrap(),
+        ])
+        .args(["--prompt-ids", &prompt, "--max-tokens", "1", "--gemm", gemm]);
+        if let Some(v) = env {
+            c.env("FERRUM_INTERPRETED_GEMM", v);
+        }
+        c.output().unwrap()
+    };
+    let out = run("cublaslt", Some("none"));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--gemm cublaslt: cuBLASLt did not open"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run("triton", None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the Triton kernels (--gemm triton)"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// Asking for a GPU where there is none is an error that says what is missing, not a panic;

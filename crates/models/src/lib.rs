@@ -41,7 +41,7 @@ pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
 pub use loader::{
     load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype, CudaGraphs,
-    LoadOptions, Model, StepRows,
+    GemmChoice, LoadOptions, Model, StepRows,
 };
 pub use registry::{ArchSpec, Family, MoeStyle};
 pub use safetensors::SafetensorsFile;

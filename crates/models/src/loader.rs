@@ -37,6 +37,11 @@ pub struct LoadOptions {
     /// tuning sweep's candidate, [`Manifest::from_dir`]) in place of the embedded ones of the
     /// same names; an error on the CPU.
     pub kernels: Option<PathBuf>,
+    /// What a GPU model's products of more than 16 rows run on ([`GemmChoice`]).
+    pub gemm: GemmChoice,
+    /// The cuBLASLt library to open (a file, or a folder holding one) instead of looking for
+    /// it (`--cublaslt`).
+    pub cublaslt: Option<PathBuf>,
 }
 
 /// The kernels `opts` puts in place of embedded ones, if any.
@@ -56,6 +61,19 @@ fn no_kernels_on_cpu(opts: &LoadOptions) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// What a GPU model's float products of more than 16 rows (prefill chunks, batched decode, the
+/// LM head at batch) run on (`--gemm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GemmChoice {
+    /// cuBLASLt when it opens (bf16/f16 weights, shapes it takes), else the Triton kernels.
+    #[default]
+    Auto,
+    /// cuBLASLt, an error when it does not open.
+    CublasLt,
+    /// The Triton kernels only.
+    Triton,
 }
 
 /// Decode steps on a GPU as CUDA graphs, or as plain launches.
@@ -217,6 +235,15 @@ impl Model {
         match &self.device {
             OnDevice::Cpu(_) => None,
             OnDevice::Gpu(m) => Some(m.backend().gpu()),
+        }
+    }
+
+    /// What a GPU model's products of more than 16 rows run on, in words (`None` on the CPU):
+    /// the line a server prints at start.
+    pub fn gemm_note(&self) -> Option<&str> {
+        match &self.device {
+            OnDevice::Gpu(m) => Some(m.backend().gemm_note()),
+            OnDevice::Cpu(_) => None,
         }
     }
 
@@ -487,12 +514,14 @@ pub fn load_model_on_gpu(
         )));
     }
     config.kv_cache_dtype = resolve_kv_dtype(&src, &config, opts);
-    FamilyModel::load_whole(
-        config,
-        &src,
-        CudaBackend::new(gpu, opts.cuda_graphs),
-        opts.output_vocab,
-    )
+    FamilyModel::load_whole(config, &src, gpu_backend(gpu, opts)?, opts.output_vocab)
+}
+
+/// The CUDA backend on `gpu` as `opts` configure it: graphs, and what large products run on.
+fn gpu_backend(gpu: SharedGpu, opts: &LoadOptions) -> Result<CudaBackend> {
+    let mut backend = CudaBackend::new(gpu, opts.cuda_graphs);
+    backend.set_gemm(opts.gemm, opts.cublaslt.as_deref())?;
+    Ok(backend)
 }
 
 /// Opens `path` (a Hugging Face folder or a `.gguf` file) and builds its model.
@@ -560,7 +589,7 @@ pub fn load_model_sharded(
                 Device::Cuda(n) => Gpu::cuda_with(n, kernels(opts)?)?,
                 _ => Gpu::interpreted_with(&InterpreterConfig::from_env(), kernels(opts)?)?,
             };
-            let backend = CudaBackend::new(SharedGpu::new(gpu), opts.cuda_graphs);
+            let backend = gpu_backend(SharedGpu::new(gpu), opts)?;
             OnDevice::Gpu(FamilyModel::load_placed(config, &src, backend, place)?)
         }
     };

@@ -15,43 +15,12 @@
 
 mod common;
 
+use common::gpu::{devices, gpu_cache};
 use common::*;
 use ferrum_models::backend::CudaBackend;
-use ferrum_models::{
-    load_model_on_gpu, CudaGraphs, FamilyModel, ForwardBatch, KvCache, LoadOptions,
-};
+use ferrum_models::{load_model_on_gpu, CudaGraphs, FamilyModel, ForwardBatch, LoadOptions};
 use ferrum_runtime::cuda::{Gpu, InterpreterConfig, SharedGpu};
 use std::path::Path;
-
-fn devices() -> Vec<SharedGpu> {
-    let mut out = Vec::new();
-    let config = InterpreterConfig::from_env();
-    if config.is_available() {
-        out.push(SharedGpu::new(Gpu::interpreted(&config).unwrap()));
-    } else if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI: the Triton venv is missing ({})",
-            config.python.display()
-        );
-    } else {
-        eprintln!("interpreted device skipped: run scripts/test-cuda-interpret.sh");
-    }
-    match Gpu::cuda(0) {
-        Ok(gpu) => out.push(SharedGpu::new(gpu)),
-        Err(e) if std::env::var_os("FERRUM_REQUIRE_GPU").is_some() => {
-            panic!("FERRUM_REQUIRE_GPU is set but CUDA is unusable: {e}")
-        }
-        Err(e) => eprintln!("skipped: no GPU ({e})"),
-    }
-    out
-}
-
-fn gpu_cache(model: &FamilyModel<CudaBackend>, tokens: usize, bs: usize) -> KvCache {
-    model
-        .backend()
-        .kv_cache(model.config(), tokens.div_ceil(bs) + 1, bs)
-        .unwrap()
-}
 
 /// Logits at every prompt position in one pass, over a scrambled block table.
 fn prompt_logits(model: &mut FamilyModel<CudaBackend>, prompt: &[u32]) -> Vec<f32> {
@@ -115,19 +84,20 @@ fn greedy(model: &mut FamilyModel<CudaBackend>, prompts: &[Vec<u32>], n: usize) 
 }
 
 /// The reference's gap between its top two logits at the last prompt position.
-/// Launches of the float products (`gemm_*`) in one 20-token prompt step of `model` on `gpu`:
-/// more rows than the decode products take, so one launch per product (no split-K).
+/// Float products in one 20-token prompt step of `model` on `gpu`: launches of `gemm_*`
+/// kernels and vendor products (more rows than the decode products take, so one of either per
+/// product, no split-K).
 fn prompt_step_products(model: &mut FamilyModel<CudaBackend>, gpu: &SharedGpu) -> u64 {
     let kernels = ferrum_runtime::cuda::Manifest::embedded().unwrap().kernels;
-    let count = || -> u64 {
+    let count = |model: &FamilyModel<CudaBackend>| -> u64 {
         let g = gpu.lock();
         let gemms = kernels.iter().filter(|k| k.name.starts_with("gemm_"));
         let launches = gemms.filter_map(|k| g.variant_launches(&k.name));
-        launches.map(|v| v.generic + v.aligned).sum()
+        launches.map(|v| v.generic + v.aligned).sum::<u64>() + model.backend().vendor_products()
     };
-    let before = count();
+    let before = count(model);
     prompt_logits(model, &(1..=20).collect::<Vec<u32>>());
-    count() - before
+    count(model) - before
 }
 
 fn top2_gap(row: &[f32]) -> f32 {
@@ -546,103 +516,6 @@ fn device_sampling_follows_the_host_rules() {
         }
         let (replays, _) = sampled.backend().graph_counts();
         assert!(replays > 0, "{dev}: sampling after replayed graphs");
-    }
-}
-
-/// Split-K decode attention (ranges of 4 keys here, merged after) gives the logits of one
-/// pass over the context: three sequences decoding past their prompts, on a model with full
-/// attention and one with a sliding window of 16, graphs on (the split grid's depth is part of
-/// a graph's key).
-#[test]
-fn split_decode_attention_matches_one_pass() {
-    for name in ["tiny-llama", "tiny-mistral-swa"] {
-        decode_matches_plain(name, 1e-5, |b| b.set_attention_split(4));
-    }
-}
-
-/// Split-K decode products (the fixtures' 64-column products in 4 ranges of 16 here, or 2 of
-/// 32 for Q8_0 blocks, summed in order) give the logits of unsplit products, f32, bf16 and
-/// Q8_0 weights, graphs on.
-#[test]
-fn split_k_decode_products_match_one_pass() {
-    use ferrum_models::backend::DecodeSplit;
-    let split = DecodeSplit {
-        programs: 64,
-        min_k: 16,
-    };
-    // bf16: a partial sum's last f32 bit can flip the bf16 rounding of an activation the next
-    // product reads (2^-9 of it), so the bound is the bf16 one, scaled down to one flip.
-    // Q8_0 (the GGUF file): ranges of two 32-element blocks.
-    for (name, tol) in [
-        ("tiny-llama", 1e-5),
-        ("tiny-llama-bf16", 2e-3),
-        ("tiny-smollm/model-q8_0.gguf", 1e-5),
-    ] {
-        decode_matches_plain(name, tol, |b| b.set_decode_split(split));
-    }
-}
-
-/// Three sequences' prefill, then 12 decode steps, on a model tuned by `tune` (graphs on)
-/// against a plain one: logits within `tol` of the largest.
-fn decode_matches_plain(name: &str, tol: f32, tune: impl Fn(&mut CudaBackend)) {
-    {
-        let dir = fixtures().join(name);
-        for gpu in devices() {
-            let dev = gpu.lock().describe();
-            let load = |graphs| {
-                let opts = LoadOptions {
-                    cuda_graphs: graphs,
-                    // The GGUF fixture's 49k-row head through the interpreter takes minutes:
-                    // its first 512 rows (every id the test feeds back).
-                    output_vocab: name.ends_with(".gguf").then_some(512),
-                    ..LoadOptions::default()
-                };
-                load_model_on_gpu(&dir, &opts, gpu.clone()).unwrap()
-            };
-            let (mut split, mut plain) = (load(CudaGraphs::On), load(CudaGraphs::Off));
-            tune(split.backend_mut());
-            let bs = 8;
-            let mut kv_s = gpu_cache(&split, 3 * 6 * bs, bs);
-            let mut kv_p = gpu_cache(&plain, 3 * 6 * bs, bs);
-            let tables: Vec<Vec<u32>> = (0..3u32)
-                .map(|s| (6 * s..6 * (s + 1)).rev().collect())
-                .collect();
-            let prompts: [&[u32]; 3] = [&[1, 5, 9, 200], &[7; 19], &[3, 300, 40, 5, 6, 77, 8]];
-            let mut b = ForwardBatch::new();
-            let mut next = Vec::new();
-            for (p, table) in prompts.iter().zip(&tables) {
-                b.clear();
-                b.push_seq(p, 0, table, bs, 1).unwrap();
-                let got = split.forward(&b, &mut kv_s).unwrap().to_vec();
-                let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
-                let (err, scale) = max_err(&got, &want);
-                assert!(err <= tol * scale, "{dev} {name}: prefill differs by {err}");
-                next.push(argmax(&want));
-            }
-            let mut done: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
-            for step in 0..12 {
-                b.clear();
-                for s in 0..3 {
-                    b.push_seq(&[next[s]], done[s], &tables[s], bs, 1).unwrap();
-                }
-                let got = split.forward(&b, &mut kv_s).unwrap().to_vec();
-                let want = plain.forward(&b, &mut kv_p).unwrap().to_vec();
-                let (err, scale) = max_err(&got, &want);
-                assert!(
-                    err <= tol * scale,
-                    "{dev} {name}: decode step {step} differs by {err} (of {scale})"
-                );
-                for (s, row) in want.chunks_exact(want.len() / 3).enumerate() {
-                    next[s] = argmax(row);
-                    done[s] += 1;
-                }
-            }
-            let (replays, _) = split.backend().graph_counts();
-            assert!(
-                replays > 0,
-                "{dev} {name}: tuned steps replayed from graphs"
-            );
-        }
     }
 }
 

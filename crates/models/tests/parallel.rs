@@ -152,6 +152,7 @@ fn rank() {
         output_vocab: None,
         cuda_graphs: Default::default(),
         kernels: None,
+        ..Default::default()
     };
     let loaded = load_model_sharded(&path, &opts, device, &layout, comms);
     let status = loaded

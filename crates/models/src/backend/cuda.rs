@@ -30,6 +30,7 @@ use ferrum_types::ForwardBatch;
 
 mod overlap;
 mod sample;
+mod vendor;
 
 pub use overlap::Collected;
 
@@ -273,6 +274,8 @@ pub struct CudaBackend {
     num_real_tokens: usize,
     /// Deferred results and the inputs that refer to the previous step's tokens.
     overlap: overlap::Overlap,
+    /// Products of more than [`DECODE_M`] rows on the vendor library ([`Self::set_gemm`]).
+    vendor: vendor::Vendor,
 }
 
 /// One rope's frequencies on the device.
@@ -398,6 +401,7 @@ impl CudaBackend {
             split_counts: Grown::default(),
             num_real_tokens: 0,
             overlap: overlap::Overlap::default(),
+            vendor: vendor::Vendor::default(),
         }
     }
 
@@ -705,6 +709,8 @@ impl CudaBackend {
             if let Some(per) = self.split_columns(&Self::split_name(w)?, w)? {
                 return self.gemm_split(((x, x_stride), (y, y_stride)), w, m, per, None);
             }
+        } else if self.vendor_gemm((x, x_stride), w, (y, y_stride), m, None)? {
+            return Ok(());
         }
         let (xs, ys) = (
             i32_arg(x_stride, "row stride")?,
@@ -1453,6 +1459,10 @@ impl Backend for CudaBackend {
                 .unwrap_or(w.cols);
             let t = self.tokens;
             return self.gemm_split(((gate, stride), y), w, t, per, Some((up, act)));
+        }
+        // Many rows of a half weight: act(Gate) * Up rounded into the vendor product's input.
+        if self.vendor_gemm((gate, stride), w, y, self.tokens, Some((up, stride, act)))? {
+            return Ok(());
         }
         let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
         // In place: Gate = act(Gate) * Up.

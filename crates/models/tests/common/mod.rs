@@ -6,6 +6,8 @@ use ferrum_runtime::cpu::{KvDtype, MatmulPrecision};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
+pub mod gpu;
+
 /// `tests/fixtures/`, its packed files unpacked (`ferrum_testdata`).
 pub fn fixtures() -> PathBuf {
     ferrum_testdata::fixtures()
@@ -58,6 +60,7 @@ pub fn load_kv(path: &Path, precision: MatmulPrecision, kv: Option<KvDtype>) -> 
             pool: None,
             cuda_graphs: Default::default(),
             kernels: None,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
