@@ -51,7 +51,7 @@ fn align(ptr: DevicePtr) -> u32 {
 }
 
 impl CudaBackend {
-    /// Chooses what products of more than [`DECODE_M`] rows run on, opening the vendor
+    /// Chooses what products of more than 16 rows (`DECODE_M`) run on, opening the vendor
     /// library (at `library` when given) unless `choice` is Triton. `Auto` falls back to the
     /// Triton products when no library opens; `CublasLt` makes that an error. Returns the
     /// choice in words, the line a server prints at start.
@@ -84,7 +84,7 @@ impl CudaBackend {
         Ok(self.vendor.note.clone())
     }
 
-    /// What products of more than [`DECODE_M`] rows run on, in words.
+    /// What products of more than 16 rows (`DECODE_M`) run on, in words.
     pub fn gemm_note(&self) -> &str {
         &self.vendor.note
     }
