@@ -419,3 +419,52 @@ fn a_soft_capped_model_decides_on_the_host_without_overlapping() {
     assert_eq!(e.metrics().steps_overlapped, 0, "no step overlaps");
     e.shutdown();
 }
+
+/// The disk tier under a GPU model's cache: each newly cached block goes to the host by an
+/// asynchronous copy behind the steps that wrote it (the next steps do not wait on the host
+/// for it), and a restarted engine serves the prompt's prefix from the files with the tokens
+/// of an engine without the tier.
+#[test]
+fn the_disk_tier_takes_a_gpu_caches_blocks_by_asynchronous_copies() {
+    use ferrum_engine::KvDiskConfig;
+    if !interpreted_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferrum-gpu-kv-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let start = |kv_disk: Option<KvDiskConfig>| {
+        let model = load_model_on(
+            &fixture("tiny-qwen2"),
+            &LoadOptions::default(),
+            Device::Interpreted,
+        )
+        .unwrap();
+        let cfg = EngineConfig {
+            block_size: 8,
+            kv_cache: KvCacheSize::Bytes(4 << 20),
+            kv_disk,
+            ..EngineConfig::default()
+        };
+        EngineHandle::start(model, None, &cfg).unwrap()
+    };
+    let tier = || KvDiskConfig {
+        dir: dir.clone(),
+        max_bytes: 64 << 20,
+        model_identity: "tiny-qwen2".into(),
+    };
+    let prompt: Vec<u32> = (0..40).map(|j| (j * 13 + 7) % 200 + 3).collect();
+    let e = start(None);
+    let want = collect(&e, prompt.clone(), 6);
+    e.shutdown();
+    let e = start(Some(tier()));
+    assert_eq!(collect(&e, prompt.clone(), 6), want);
+    e.shutdown();
+    let e = start(Some(tier()));
+    // 40 prompt and 5 computed output tokens: 5 full blocks of 8 were stored.
+    assert_eq!(e.metrics().kv_disk.blocks, 5);
+    assert_eq!(collect(&e, prompt, 6), want);
+    let m = e.metrics();
+    assert_eq!((m.kv_disk.hits, m.kv_disk.bad_files), (4, 0));
+    e.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

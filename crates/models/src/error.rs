@@ -52,6 +52,13 @@ pub enum ModelError {
     /// A KV cache or batch does not fit the model.
     #[error("{0}")]
     Invalid(String),
+    /// A device operation failed (a kernel launch, a copy, a vendor product): what ran, and
+    /// the device's error. A server answers it as its own failure, never as a bad request.
+    #[error("GPU: {what}: {source}")]
+    Gpu {
+        what: String,
+        source: ferrum_runtime::RuntimeError,
+    },
     /// The model uses something its device cannot run yet (a weight format on the GPU, say).
     #[error("{0}")]
     NotOnDevice(String),
@@ -71,6 +78,14 @@ impl ModelError {
         ModelError::Format {
             path: path.into(),
             msg: msg.into(),
+        }
+    }
+
+    /// A device operation's failure, naming the operation.
+    pub(crate) fn gpu(what: impl Into<String>, source: ferrum_runtime::RuntimeError) -> ModelError {
+        ModelError::Gpu {
+            what: what.into(),
+            source,
         }
     }
 

@@ -82,7 +82,7 @@ fn buffers_mut<E>(layers: &mut [(Vec<E>, Vec<E>)]) -> Vec<(*mut u8, usize)> {
 
 /// A device copy's failure, as the model's error.
 fn device_err(e: ferrum_runtime::RuntimeError) -> ModelError {
-    ModelError::Invalid(format!("copying a KV block: {e}"))
+    ModelError::gpu("copying a KV block", e)
 }
 
 /// Host block `block` of every layer's keys then values, as bytes, into `chunks`.
@@ -131,6 +131,10 @@ fn bytes_of_mut<E: KvElem>(s: &mut [E]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }
 
+/// A GPU cache's device and one block's ranges of device memory (address, bytes), in
+/// [`KvCache::read_block`]'s order.
+pub(crate) type DeviceBlock = (SharedGpu, Vec<(DevicePtr, usize)>);
+
 /// Key and value storage for every layer.
 #[derive(Debug)]
 pub struct KvCache {
@@ -140,6 +144,9 @@ pub struct KvCache {
     head_dim: usize,
     num_layers: usize,
     layers: Layers,
+    /// A GPU cache's copies of blocks to the host ([`KvCache::start_block_copy`]), made at
+    /// the first.
+    pub(crate) copier: Option<crate::kv_copy::Copier>,
 }
 
 impl KvCache {
@@ -214,6 +221,7 @@ impl KvCache {
             head_dim: config.head_dim,
             num_layers: config.num_hidden_layers,
             layers,
+            copier: None,
         }
     }
 
@@ -403,6 +411,23 @@ impl KvCache {
             }
         }
         Ok(())
+    }
+
+    /// A GPU cache's device, and block `block`'s ranges in [`KvCache::read_block`]'s order;
+    /// `None` for a host cache.
+    pub(crate) fn device_block_parts(&self, block: usize) -> Result<Option<DeviceBlock>> {
+        self.check_block(block)?;
+        let Layers::Device(_, gpu, l) = &self.layers else {
+            return Ok(None);
+        };
+        let region = self.block_region();
+        let mut parts = Vec::with_capacity(2 * l.len());
+        for (k, v) in l {
+            for buf in [k, v] {
+                parts.push((buf.at(block * region).map_err(device_err)?, region));
+            }
+        }
+        Ok(Some((gpu.clone(), parts)))
     }
 
     /// Writes a block's K/V as [`KvCache::read_block`] gave it. The length must match.

@@ -17,6 +17,7 @@ mod gguf;
 mod identity;
 mod inspect;
 mod kv_cache;
+mod kv_copy;
 mod llama;
 mod loader;
 pub mod moe;
@@ -38,6 +39,7 @@ pub use gguf::{GgufArray, GgufFile, GgufStrings, GgufValue};
 pub use identity::weights_identity;
 pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
+pub use kv_copy::BlockCopy;
 pub use llama::LlamaModel;
 pub use loader::{
     load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype, CudaGraphs,

@@ -96,6 +96,7 @@ impl EngineCore {
     /// Takes what the tiers' I/O finished: read blocks are staged (loadable), and the requests
     /// they were read for start; staged blocks of requests gone are dropped.
     pub(super) fn poll_tiers(&mut self) {
+        self.collect_copies(false);
         let Some(t) = self.tiers.as_mut() else {
             return;
         };
@@ -170,28 +171,61 @@ impl EngineCore {
         Ok(())
     }
 
-    /// Hands the blocks newly registered in the prefix cache down to the tiers (their K/V is
-    /// computed and final; read out now, before any later step may reuse the block).
+    /// Hands the blocks newly registered in the prefix cache down to the tiers: their K/V is
+    /// computed and final, and its copy to the host starts now, ordered before any later step
+    /// that may reuse the block; on a GPU the host does not wait for it
+    /// ([`ferrum_models::KvCache::start_block_copy`]), and [`Self::collect_copies`] hands the
+    /// finished ones to the disk.
     pub(super) fn store_blocks(&mut self) -> Result<()> {
         let Some(t) = self.tiers.as_mut() else {
             return Ok(());
         };
         for (b, h) in self.st.sched.take_kv_stores() {
-            if t.disk.holds(h) {
+            if t.disk.holds(h) || t.copies.iter().any(|(c, _)| *c == h) {
                 continue;
             }
-            self.kv
-                .read_block(b as usize, &mut t.buf)
+            let copy = self
+                .kv
+                .start_block_copy(b as usize)
                 .map_err(|e| EngineError::Internal(e.to_string()))?;
-            let payload = t.buf.clone();
-            t.disk.store(h, payload, &mut t.counters);
+            t.copies.push_back((h, copy));
         }
+        self.collect_copies(false);
         Ok(())
+    }
+
+    /// Hands the finished block copies to the disk, in the order they started; with `all`,
+    /// waits for every one. A copy that failed is a warning and a write failure in the
+    /// metrics (the block is recomputed when next needed).
+    pub(super) fn collect_copies(&mut self, all: bool) {
+        let Some(t) = self.tiers.as_mut() else {
+            return;
+        };
+        while let Some((_, copy)) = t.copies.front() {
+            let done = self.kv.block_copy_done(copy).unwrap_or(true);
+            if !all && !done {
+                break;
+            }
+            let Some((h, copy)) = t.copies.pop_front() else {
+                break;
+            };
+            match self.kv.finish_block_copy(copy) {
+                Ok(bytes) => t.disk.store(h, bytes, &mut t.counters),
+                Err(e) => {
+                    t.counters.write_failures += 1;
+                    warn(&format!(
+                        "block {}'s copy to the host failed: {e}",
+                        h.to_hex()
+                    ));
+                }
+            }
+        }
     }
 
     /// At the end of the engine loop: the tiers finish their writes, and the metrics show
     /// them.
     pub(super) fn close_tiers(&mut self) {
+        self.collect_copies(true);
         if let Some(t) = self.tiers.as_mut() {
             t.disk.close();
         }

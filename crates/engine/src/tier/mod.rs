@@ -105,8 +105,9 @@ pub struct KvTiers {
     /// Blocks read back and checked, not yet in the pool: the request they were read for, and
     /// the bytes.
     pub staged: HashMap<BlockHash, (u64, Vec<u8>)>,
-    /// Scratch for a block's bytes.
-    pub buf: Vec<u8>,
+    /// Newly cached blocks on their way from a GPU's cache to the host, in the order they
+    /// started (a host cache's are ready at once).
+    pub copies: std::collections::VecDeque<(BlockHash, ferrum_models::BlockCopy)>,
 }
 
 impl KvTiers {
@@ -118,7 +119,7 @@ impl KvTiers {
                 ..counters
             },
             staged: HashMap::new(),
-            buf: Vec::new(),
+            copies: Default::default(),
         }
     }
 }

@@ -166,7 +166,7 @@ impl CudaBackend {
                     let _ = g.destroy_event(read.done);
                 }
             }
-            landed.map_err(|e| ModelError::Invalid(format!("reading a step's tokens back: {e}")))
+            landed.map_err(|e| ModelError::gpu("reading a step's tokens back", e))
         };
         let words = |bytes: &[u8], out: &mut Vec<u32>| {
             out.clear();
@@ -318,7 +318,7 @@ impl CudaBackend {
     /// Copies `bytes` at `src` to the host on the copy stream, behind everything issued on
     /// the main stream so far; the host goes on.
     fn start_read(&mut self, src: DevicePtr, bytes: usize, what: &str) -> Result<Landing> {
-        let err = |e| ModelError::Invalid(format!("reading {what} back: {e}"));
+        let err = |e| ModelError::gpu(format!("reading {what} back"), e);
         let mut gpu = self.gpu.lock();
         let copies = match self.overlap.copies.take() {
             Some(c) => c,
@@ -361,7 +361,7 @@ impl CudaBackend {
             self.gpu
                 .lock()
                 .wait(Stream::MAIN, &l.done)
-                .map_err(|e| ModelError::Invalid(format!("ordering a step's copy: {e}")))?;
+                .map_err(|e| ModelError::gpu("ordering a step's copy", e))?;
         }
         Ok(())
     }
@@ -372,7 +372,7 @@ impl CudaBackend {
         let ptr = self.overlap.ids_out.ensure(&self.gpu, bytes.len())?;
         self.guard_tokens()?;
         if !bytes.is_empty() {
-            let write = |e| ModelError::Invalid(format!("copying the tokens to the GPU: {e}"));
+            let write = |e| ModelError::gpu("copying the tokens to the GPU", e);
             self.gpu.lock().write(ptr, &bytes).map_err(write)?;
         }
         self.overlap.last_ids = Some((ptr, rows));

@@ -177,7 +177,7 @@ impl CudaBackend {
         s.bytes.clear();
         s.bytes.extend(s.words.iter().flat_map(|w| w.to_le_bytes()));
         let inputs = s.inputs.ensure(&self.gpu, s.bytes.len())?;
-        let write = |e| ModelError::Invalid(format!("copying the sampling inputs to the GPU: {e}"));
+        let write = |e| ModelError::gpu("copying the sampling inputs to the GPU", e);
         self.gpu.lock().write(inputs, &s.bytes).map_err(write)?;
         // Results: tokens [n], logprobs [n], top ids [n, max_n], top values [n, max_n].
         let results = s.results.ensure(&self.gpu, 4 * (2 * n + 2 * n * max_n))?;

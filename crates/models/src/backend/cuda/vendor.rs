@@ -36,8 +36,8 @@ pub(super) struct Vendor {
     note: String,
     /// Per shape, whether the library takes it.
     takes: HashMap<Shape, bool>,
-    /// The half-precision copy of a product's input.
-    half: Grown,
+    /// The half-precision copy of a product's input (a graph holds its address).
+    pub(super) half: Grown,
     /// Products run on the library, for tests and reports.
     products: u64,
 }
@@ -169,7 +169,7 @@ impl CudaBackend {
         self.gpu
             .lock()
             .gemm(&call, Stream::MAIN)
-            .map_err(|e| ModelError::Invalid(format!("vendor product {m} x {n} x {k}: {e}")))?;
+            .map_err(|e| ModelError::gpu(format!("vendor product {m} x {n} x {k}"), e))?;
         self.vendor.products += 1;
         Ok(true)
     }
