@@ -43,4 +43,4 @@ echo "== the device layer on the interpreted device (cuda_kernels)"
 # --workspace: dependencies get the features of the workspace's test build, which reuses them
 # (scripts/test.sh exports FERRUM_TEST_FEATURES, the features of that build).
 cargo test --workspace ${FERRUM_TEST_FEATURES:+--features "$FERRUM_TEST_FEATURES"} \
-  --test cuda_kernels "$@"
+  --test cuda_kernels --test cuda_attention "$@"

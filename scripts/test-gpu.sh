@@ -3,7 +3,8 @@
 # says "skipped: no GPU" and exits 0; with one, every check must pass:
 #   1. the device layer on CUDA device 0: every embedded kernel (the cubins CI checks against
 #      the sources) loaded through the driver and launched with the backend's own grids and
-#      arguments, against host references (crates/runtime/tests/cuda_kernels.rs), and the
+#      arguments, against host references (crates/runtime/tests/cuda_kernels.rs and
+#      cuda_attention.rs), and the
 #      choice between each kernel's generic and aligned binary (cuda_variants.rs), and the
 #      streams, events, copies, host buffers and cuBLASLt products (cuda_streams.rs);
 #   2. the Llama-family fixtures through the CUDA backend against transformers' logits and
@@ -23,7 +24,7 @@
 # retired.
 # Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
 # has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels,
-# cuda_variants, cuda_streams and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
+# cuda_attention, cuda_variants, cuda_streams and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
 # with cargo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,6 +65,9 @@ for line in sys.stdin:
 
 echo "== device layer on CUDA (cuda_kernels)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_kernels)" --test-threads=1 --nocapture \
+    || status=1
+echo "== KV writes and paged attention (cuda_attention)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_attention)" --test-threads=1 --nocapture \
     || status=1
 echo "== which binary each launch takes, aligned or generic (cuda_variants)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_variants)" --test-threads=1 --nocapture \

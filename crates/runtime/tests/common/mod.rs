@@ -3,7 +3,11 @@
 //! under CI) and CUDA device 0 ("skipped: no GPU" without one; a failure when
 //! `FERRUM_REQUIRE_GPU` is set, as `scripts/test-gpu.sh` does).
 
+#![allow(dead_code)]
+
 use ferrum_runtime::cuda::{Gpu, InterpreterConfig};
+
+pub mod host;
 
 pub fn devices() -> Vec<Gpu> {
     let mut out = Vec::new();
