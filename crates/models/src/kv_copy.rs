@@ -9,8 +9,12 @@
 //! step can change the block before it was read, while the host goes on at once. On the CPU
 //! the bytes are read at once ([`KvCache::read_block`]).
 //!
+//! [`Copier`] is also how the overlapped steps' tokens come back (`backend/cuda/overlap.rs`),
+//! which order the main stream after a copy only where they next write what it reads.
+//!
 //! Invariants: a copy's bytes are [`KvCache::read_block`]'s (same order, same layout); a
-//! finished copy's host buffer is reused by the next; copies are collected in any order.
+//! finished copy's host buffer is reused by a later copy that fits it; copies are collected
+//! in any order.
 
 use ferrum_runtime::cuda::{Event, HostBuffer, SharedGpu, Stream};
 
@@ -25,8 +29,22 @@ pub struct BlockCopy(Pending);
 enum Pending {
     /// Read already (a host cache).
     Ready(Vec<u8>),
-    /// In a page-locked buffer once `done` completes.
-    Device { host: HostBuffer, done: Event },
+    /// The first `bytes` of a page-locked buffer once `done` completes.
+    Device {
+        host: HostBuffer,
+        done: Event,
+        bytes: usize,
+    },
+}
+
+impl BlockCopy {
+    /// The event after the copy (none for a copy that was ready at once).
+    pub(crate) fn done(&self) -> Option<&Event> {
+        match &self.0 {
+            Pending::Device { done, .. } => Some(done),
+            Pending::Ready(_) => None,
+        }
+    }
 }
 
 /// A GPU cache's copy stream, the event that orders each copy behind the main stream's work,
@@ -56,23 +74,28 @@ impl Copier {
         })
     }
 
-    /// Starts copying `parts` (device ranges, in order) into one host buffer of `bytes`.
+    /// Starts copying `parts` (device ranges, in order, `bytes` in all) into one host buffer,
+    /// behind the work issued on the main stream so far. With `main_waits`, the main stream's
+    /// later work waits for the copy; otherwise the caller orders it where it must
+    /// ([`BlockCopy::done`]).
     pub(crate) fn start(
         &mut self,
         parts: &[(ferrum_runtime::cuda::DevicePtr, usize)],
         bytes: usize,
+        main_waits: bool,
     ) -> Result<BlockCopy> {
-        let e = err("copying a KV block to the host");
+        let e = err("a copy to the host");
         let mut g = self.gpu.lock();
         let ready = self.ready.as_ref().ok_or_else(|| {
             ModelError::Invalid("a KV block copy on a copier being dropped".into())
         })?;
         g.record(ready, Stream::MAIN).map_err(&e)?;
         g.wait(self.stream, ready).map_err(&e)?;
-        let (host, done) = match self.spare.iter().position(|(h, _)| h.len() == bytes) {
+        let (host, done) = match self.spare.iter().position(|(h, _)| h.len() >= bytes) {
             Some(i) => self.spare.swap_remove(i),
             None => (
-                g.alloc_host(bytes).map_err(&e)?,
+                g.alloc_host(bytes.next_power_of_two().max(4096))
+                    .map_err(&e)?,
                 g.create_event().map_err(&e)?,
             ),
         };
@@ -83,36 +106,46 @@ impl Copier {
             at += len;
         }
         g.record(&done, self.stream).map_err(&e)?;
-        // Later steps wait for the copy: none of them changes the block before it was read.
-        g.wait(Stream::MAIN, &done).map_err(&e)?;
-        Ok(BlockCopy(Pending::Device { host, done }))
+        if main_waits {
+            g.wait(Stream::MAIN, &done).map_err(&e)?;
+        }
+        Ok(BlockCopy(Pending::Device { host, done, bytes }))
     }
 
-    fn is_done(&self, copy: &BlockCopy) -> Result<bool> {
+    pub(crate) fn is_done(&self, copy: &BlockCopy) -> Result<bool> {
         match &copy.0 {
             Pending::Ready(_) => Ok(true),
             Pending::Device { done, .. } => self
                 .gpu
                 .lock()
                 .event_done(done)
-                .map_err(err("waiting for a KV block's copy")),
+                .map_err(err("waiting for a copy to the host")),
+        }
+    }
+
+    /// `copy`'s bytes into `out` (replacing them), waiting for it if need be; its buffer is
+    /// kept for a later copy.
+    pub(crate) fn finish_into(&mut self, copy: BlockCopy, out: &mut Vec<u8>) -> Result<()> {
+        match copy.0 {
+            Pending::Ready(bytes) => {
+                *out = bytes;
+                Ok(())
+            }
+            Pending::Device { host, done, bytes } => {
+                let landed = self.gpu.lock().host_bytes(&host).map(|b| {
+                    out.clear();
+                    out.extend_from_slice(&b[..bytes]);
+                });
+                self.spare.push((host, done));
+                landed.map_err(err("reading a copy back"))
+            }
         }
     }
 
     fn finish(&mut self, copy: BlockCopy) -> Result<Vec<u8>> {
-        match copy.0 {
-            Pending::Ready(bytes) => Ok(bytes),
-            Pending::Device { host, done } => {
-                let bytes = self
-                    .gpu
-                    .lock()
-                    .host_bytes(&host)
-                    .map(|b| b.to_vec())
-                    .map_err(err("reading a KV block's copy"));
-                self.spare.push((host, done));
-                bytes
-            }
-        }
+        let mut out = Vec::new();
+        self.finish_into(copy, &mut out)?;
+        Ok(out)
     }
 }
 
@@ -147,7 +180,8 @@ impl KvCache {
             None => Copier::new(&gpu)?,
         };
         let c = self.copier.insert(copier);
-        c.start(&parts, bytes)
+        // Later steps wait for the copy: none of them changes the block before it was read.
+        c.start(&parts, bytes, true)
     }
 
     /// Whether `copy` has finished, without waiting.

@@ -668,7 +668,7 @@ impl Drop for CudaBackend {
             self.gpu.lock().abort_capture();
         }
         let _ = self.drop_graphs();
-        self.overlap.release(&mut self.gpu.lock());
+        self.overlap.release();
     }
 }
 

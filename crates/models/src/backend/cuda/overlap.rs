@@ -10,7 +10,7 @@
 //!   them; a step that hands logits to the host leaves none, and a pending input then is an
 //!   error, never a stale token;
 //! - deferred results are collected in the order their steps were issued, each exactly once;
-//! - the copies run on a stream of their own ([`Copies`]), each after an event recorded on the
+//! - the copies run on a stream of their own (a [`Copier`]), each after an event recorded on the
 //!   main stream behind its step's kernels, into a page-locked host buffer whose event the
 //!   collection waits for: the host waits for the copy only, never for later steps' work;
 //! - before the main stream writes the tokens' buffers again (the next argmax, sampling or
@@ -19,10 +19,12 @@
 
 use std::collections::VecDeque;
 
-use ferrum_runtime::cuda::{DevicePtr, Event, Gpu, HostBuffer, Stream};
+use ferrum_runtime::cuda::{DevicePtr, Stream};
 
 use super::{cdiv, i32_arg, p, CudaBackend, Grown};
+use crate::kv_copy::Copier;
 use crate::sampling::{SampledRow, SampledRows};
+use crate::BlockCopy;
 
 use crate::{ModelError, Result};
 
@@ -35,32 +37,14 @@ pub enum Collected {
     Sampled,
 }
 
-/// A copy of a step's results to the host: its buffer, the event after it on the copy
-/// stream, and its size.
-#[derive(Debug)]
-struct Landing {
-    host: HostBuffer,
-    done: Event,
-    bytes: usize,
-}
-
-/// The copy stream, the event that orders each copy behind its step, and landings ready for
-/// reuse.
-#[derive(Debug)]
-struct Copies {
-    stream: Stream,
-    ready: Event,
-    spare: Vec<Landing>,
-}
-
 /// A deferred step's results: on their way to the host, or decided there already.
 #[derive(Debug)]
 enum InFlight {
     Ids {
-        read: Landing,
+        read: BlockCopy,
     },
     Sampled {
-        read: Landing,
+        read: BlockCopy,
         /// The top logprobs each row asked for, and the most any did (the results' stride).
         logprobs: Vec<Option<usize>>,
         max_n: usize,
@@ -83,15 +67,15 @@ pub(super) struct Overlap {
     /// the next step's upload overwrites before its pending inputs are taken).
     pub(super) ids_out: Grown,
     in_flight: VecDeque<InFlight>,
-    /// Made at the first deferred copy.
-    copies: Option<Copies>,
+    /// The copies' stream and buffers ([`Copier`]), made at the first deferred copy.
+    copier: Option<Copier>,
     /// Host staging of a collected read: its bytes, and its words.
     bytes: Vec<u8>,
     words: Vec<u32>,
 }
 
 impl InFlight {
-    fn landing(&self) -> Option<&Landing> {
+    fn landing(&self) -> Option<&BlockCopy> {
         match self {
             InFlight::Ids { read } | InFlight::Sampled { read, .. } => Some(read),
             InFlight::ReadyIds(_) | InFlight::ReadySampled(_) => None,
@@ -100,25 +84,18 @@ impl InFlight {
 }
 
 impl Overlap {
-    /// Frees the copy stream, its events and host buffers (results still in flight are
-    /// dropped).
-    pub(super) fn release(&mut self, gpu: &mut Gpu) {
-        let mut landings: Vec<Landing> = Vec::new();
+    /// Drops the results still in flight and the copy stream with its buffers. The caller
+    /// holds no lock on the device (the copier takes it).
+    pub(super) fn release(&mut self) {
         for step in self.in_flight.drain(..) {
-            match step {
-                InFlight::Ids { read } | InFlight::Sampled { read, .. } => landings.push(read),
-                InFlight::ReadyIds(_) | InFlight::ReadySampled(_) => {}
+            if let (InFlight::Ids { read } | InFlight::Sampled { read, .. }, Some(c)) =
+                (step, self.copier.as_mut())
+            {
+                // Back to the copier's buffers, freed with it.
+                let _ = c.finish_into(read, &mut self.bytes);
             }
         }
-        if let Some(c) = self.copies.take() {
-            landings.extend(c.spare);
-            let _ = gpu.destroy_event(c.ready);
-            let _ = gpu.destroy_stream(c.stream);
-        }
-        for l in landings {
-            let _ = gpu.free_host(l.host);
-            let _ = gpu.destroy_event(l.done);
-        }
+        self.copier = None;
     }
 }
 
@@ -152,21 +129,11 @@ impl CudaBackend {
             .in_flight
             .pop_front()
             .ok_or_else(|| ModelError::Invalid("no step's results are in flight".into()))?;
-        let gpu = &self.gpu;
-        let read = |read: Landing, bytes: &mut Vec<u8>, copies: &mut Option<Copies>| {
-            let mut g = gpu.lock();
-            let landed = g.host_bytes(&read.host).map(|b| {
-                bytes.clear();
-                bytes.extend_from_slice(&b[..read.bytes]);
-            });
-            match copies.as_mut() {
-                Some(c) => c.spare.push(read),
-                None => {
-                    let _ = g.free_host(read.host);
-                    let _ = g.destroy_event(read.done);
-                }
-            }
-            landed.map_err(|e| ModelError::gpu("reading a step's tokens back", e))
+        let read = |read: BlockCopy, bytes: &mut Vec<u8>, copier: &mut Option<Copier>| {
+            let c = copier.as_mut().ok_or_else(|| {
+                ModelError::Invalid("a step's copy in flight without its copier".into())
+            })?;
+            c.finish_into(read, bytes)
         };
         let words = |bytes: &[u8], out: &mut Vec<u32>| {
             out.clear();
@@ -178,7 +145,7 @@ impl CudaBackend {
         };
         match step {
             InFlight::Ids { read: r } => {
-                read(r, &mut o.bytes, &mut o.copies)?;
+                read(r, &mut o.bytes, &mut o.copier)?;
                 words(&o.bytes, ids);
                 Ok(Collected::Tokens)
             }
@@ -196,7 +163,7 @@ impl CudaBackend {
                 max_n,
                 vocab,
             } => {
-                read(r, &mut o.bytes, &mut o.copies)?;
+                read(r, &mut o.bytes, &mut o.copier)?;
                 words(&o.bytes, &mut o.words);
                 super::sample::decode_rows(&o.words, &logprobs, max_n, vocab, &mut sampled.rows);
                 Ok(Collected::Sampled)
@@ -250,7 +217,7 @@ impl CudaBackend {
     ) -> Result<()> {
         self.overlap.last_ids = Some((ids, rows));
         if self.overlap.defer {
-            let read = self.start_read(ids, 4 * rows, "the greedy tokens")?;
+            let read = self.start_read(ids, 4 * rows)?;
             self.overlap.in_flight.push_back(InFlight::Ids { read });
             out.clear();
             return Ok(());
@@ -305,7 +272,7 @@ impl CudaBackend {
         if !self.overlap.defer {
             return Ok(false);
         }
-        let read = self.start_read(results, 4 * words, "the sampled tokens")?;
+        let read = self.start_read(results, 4 * words)?;
         self.overlap.in_flight.push_back(InFlight::Sampled {
             read,
             logprobs: logprobs.to_vec(),
@@ -317,50 +284,33 @@ impl CudaBackend {
 
     /// Copies `bytes` at `src` to the host on the copy stream, behind everything issued on
     /// the main stream so far; the host goes on.
-    fn start_read(&mut self, src: DevicePtr, bytes: usize, what: &str) -> Result<Landing> {
-        let err = |e| ModelError::gpu(format!("reading {what} back"), e);
-        let mut gpu = self.gpu.lock();
-        let copies = match self.overlap.copies.take() {
+    fn start_read(&mut self, src: DevicePtr, bytes: usize) -> Result<BlockCopy> {
+        let copier = match self.overlap.copier.take() {
             Some(c) => c,
-            None => Copies {
-                stream: gpu.create_stream().map_err(err)?,
-                ready: gpu.create_event().map_err(err)?,
-                spare: Vec::new(),
-            },
+            None => Copier::new(&self.gpu)?,
         };
-        let c = self.overlap.copies.insert(copies);
-        gpu.record(&c.ready, Stream::MAIN).map_err(err)?;
-        gpu.wait(c.stream, &c.ready).map_err(err)?;
-        let landing = match c.spare.iter().position(|l| l.host.len() >= bytes) {
-            Some(i) => c.spare.swap_remove(i),
-            None => Landing {
-                host: gpu
-                    .alloc_host(bytes.next_power_of_two().max(4096))
-                    .map_err(err)?,
-                done: gpu.create_event().map_err(err)?,
-                bytes,
-            },
-        };
-        let landing = Landing { bytes, ..landing };
-        gpu.copy_to_host(&landing.host, 0, src, bytes, c.stream)
-            .map_err(err)?;
-        gpu.record(&landing.done, c.stream).map_err(err)?;
-        Ok(landing)
+        // The main stream waits for it only before the tokens' buffers are written again
+        // (`guard_tokens`), not at once.
+        self.overlap
+            .copier
+            .insert(copier)
+            .start(&[(src, bytes)], bytes, false)
     }
 
     /// Makes the main stream wait for the latest copy of a step's results before it writes
     /// the tokens' buffers again.
     pub(super) fn guard_tokens(&mut self) -> Result<()> {
-        if let Some(l) = self
+        if let Some(done) = self
             .overlap
             .in_flight
             .iter()
             .rev()
             .find_map(InFlight::landing)
+            .and_then(BlockCopy::done)
         {
             self.gpu
                 .lock()
-                .wait(Stream::MAIN, &l.done)
+                .wait(Stream::MAIN, done)
                 .map_err(|e| ModelError::gpu("ordering a step's copy", e))?;
         }
         Ok(())
