@@ -36,9 +36,16 @@ for name in ("ferrum-1b-throughput-overlap", "ferrum-1b-throughput-sync", "ferru
     rs = rows(name + ".jsonl")
     if not rs:
         problems.append(f"{name}: no result")
+for kind in ("without", "with"):
+    rs = rows(f"ferrum-1b-kvhost-{kind}.jsonl")
+    if not rs or len(rs[0].get("pass_seconds", [])) != 2:
+        problems.append(f"ferrum-1b-kvhost-{kind}: no result with two passes")
+    elif kind == "with" and not (rs[0].get("kv_host") or {}).get("hits"):
+        problems.append(f"ferrum-1b-kvhost-with: no block came back from the host: {rs[0].get('kv_host')}")
 report = open(os.path.join(res, "benchmarks-gpu.md")).read()
 for section in ("## Decode, Llama-3.1-8B-shaped", "## Decode, Llama-3.2-1B-shaped",
-                "Where a batch-1 decode step goes", "## Engine throughput", "## Prefill"):
+                "Where a batch-1 decode step goes", "## Engine throughput", "## Prefill",
+                "## The host KV tier"):
     if section not in report:
         problems.append(f"the report has no section {section!r}")
 skipped = open(os.path.join(res, "skipped.txt")).read().split()

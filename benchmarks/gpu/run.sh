@@ -37,13 +37,13 @@ case "${FERRUM_GPU_ROUND:-gpu}" in
     gpu)
         device=cuda m8="$models/llama-8b" m1="$models/llama-1b"
         in_len=128 out_len=32 batches=1,64 large=256 prefill=2048 prompts=256 thr_len=128
-        iters=2 iters_1b=3 ;;
+        iters=2 iters_1b=3 ws_docs=16 ws_len=1024 ws_blocks=320 ;;
     interpreted)
         tiny="$root/tests/fixtures/tiny-llama-bf16"
         [[ -f "$tiny/config.json" ]] || bash "$root/scripts/unpack-fixtures.sh" >/dev/null
         device=interpreted m8="$tiny" m1="$tiny"
         in_len=8 out_len=3 batches=1,2 large=4 prefill=16 prompts=4 thr_len=4
-        iters=1 iters_1b=1 ;;
+        iters=1 iters_1b=1 ws_docs=3 ws_len=40 ws_blocks=4 ;;
     *) echo "FERRUM_GPU_ROUND is gpu or interpreted, not ${FERRUM_GPU_ROUND}" >&2; exit 2 ;;
 esac
 mkdir -p "$models"
@@ -115,6 +115,13 @@ thr=("$ferrum" bench throughput --device "$device" --json --num-prompts "$prompt
     --input-len "$thr_len" --output-len "$thr_len" --max-num-seqs "$prompts")
 step ferrum-1b-throughput-overlap 120 ferrum-1b-throughput-overlap.jsonl "${thr[@]}" --model "$m1"
 step ferrum-1b-throughput-sync 120 ferrum-1b-throughput-sync.jsonl "${thr[@]}" --model "$m1" --no-overlap
+# The host KV tier: documents more than the KV cache holds (16 of 1024 tokens against 320
+# blocks of 16, room for 5), sent twice; the second pass recomputes them without the tier and
+# copies them back from page-locked host memory with it (--kv-offload-memory).
+ws=("$ferrum" bench throughput --device "$device" --json --model "$m1" --num-prompts "$ws_docs" \
+    --input-len "$ws_len" --output-len 4 --passes 2 --num-kv-blocks "$ws_blocks")
+step ferrum-1b-kvhost-without 90 ferrum-1b-kvhost-without.jsonl "${ws[@]}"
+step ferrum-1b-kvhost-with 90 ferrum-1b-kvhost-with.jsonl "${ws[@]}" --kv-offload-memory 4GiB
 [[ -s "$res/hf-8b.jsonl" ]] || torch_step hf-8b 150 hf-8b.jsonl python3 "$here/hf_peer.py" "$m8" \
     --batch-size "$batches" --input-len "$in_len" --output-len "$out_len" --prefill-len "$prefill"
 [[ -s "$res/hf-1b.jsonl" ]] || torch_step hf-1b 90 hf-1b.jsonl python3 "$here/hf_peer.py" "$m1" \

@@ -113,6 +113,10 @@ pub struct ThroughputArgs {
     /// Tokens generated per request.
     #[arg(long, default_value_t = 128)]
     output_len: usize,
+    /// Send the same requests this many times, pass after pass; the figures are the last
+    /// pass's (with prompts more than the KV cache holds: what the KV tiers bring back).
+    #[arg(long, default_value_t = 1)]
+    passes: usize,
     #[command(flatten, next_help_heading = "Batching engine")]
     engine: EngineArgs,
     /// Constrain every request (what constrained decoding costs). Requests end early when
@@ -472,9 +476,10 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
         input_len: args.input_len,
         output_len: args.output_len,
         structured: args.structured.constraint()?,
+        passes: args.passes,
     };
-    if cfg.num_prompts == 0 || cfg.input_len == 0 || cfg.output_len == 0 {
-        bail!("--num-prompts, --input-len and --output-len must be at least 1");
+    if cfg.num_prompts == 0 || cfg.input_len == 0 || cfg.output_len == 0 || cfg.passes == 0 {
+        bail!("--num-prompts, --input-len, --output-len and --passes must be at least 1");
     }
     let (model, text, _) = load_parts(&args.model, launch)?;
     let device = model.device_name();
@@ -514,6 +519,8 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
                 "host_ms_per_step": 1e3 * (m.step_seconds - m.device_wait_seconds) / m.steps.max(1) as f64,
                 "device_wait_share": m.device_wait_seconds / m.step_seconds.max(1e-9),
                 "elapsed_s": r.elapsed_s,
+                "passes": args.passes,
+                "pass_seconds": r.pass_seconds,
                 "output_tok_s": r.output_tok_s,
                 "total_tok_s": r.total_tok_s,
                 "requests_per_s": r.requests_per_s,
@@ -524,17 +531,8 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
                 "structured_masks": m.structured_masks,
                 "structured_mask_us": per_mask_us,
                 "structured_mask_wait_share": wait_share,
-                "kv_disk": m.kv_disk.enabled.then(|| json!({
-                    "hits": m.kv_disk.hits,
-                    "misses": m.kv_disk.misses,
-                    "bytes_read": m.kv_disk.bytes_read,
-                    "bytes_written": m.kv_disk.bytes_written,
-                    "bad_files": m.kv_disk.bad_files,
-                    "write_failures": m.kv_disk.write_failures,
-                    "evictions": m.kv_disk.evictions,
-                    "read_s": m.kv_disk.read_seconds,
-                    "wait_s": m.kv_disk.wait_seconds,
-                })),
+                "kv_host": tier_report(&m.kv_host),
+                "kv_disk": tier_report(&m.kv_disk),
             })
         );
     } else {
@@ -553,6 +551,27 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
             r.total_tok_s,
             r.requests_per_s
         );
+        if r.pass_seconds.len() > 1 {
+            let each: Vec<String> = r.pass_seconds.iter().map(|s| format!("{s:.2}")).collect();
+            println!(
+                "seconds per pass: {} (the figures above are the last pass's)",
+                each.join(", ")
+            );
+        }
+        if m.kv_host.enabled {
+            let h = &m.kv_host;
+            println!(
+                "KV host tier: {} blocks brought back ({} MB), {} recomputed, {} MB written, {} held ({} MB), {} evicted, {} copy failures",
+                h.hits,
+                h.bytes_read / 1_000_000,
+                h.misses,
+                h.bytes_written / 1_000_000,
+                h.blocks,
+                h.bytes / 1_000_000,
+                h.evictions,
+                h.write_failures
+            );
+        }
         if m.kv_disk.enabled {
             let d = &m.kv_disk;
             println!(
@@ -579,4 +598,21 @@ fn throughput(args: &ThroughputArgs, launch: &Launch) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A KV tier's counters in `bench throughput`'s JSON report; `None` when the tier is off.
+fn tier_report(c: &ferrum_engine::TierCounters) -> Option<serde_json::Value> {
+    c.enabled.then(|| {
+        json!({
+            "hits": c.hits,
+            "misses": c.misses,
+            "bytes_read": c.bytes_read,
+            "bytes_written": c.bytes_written,
+            "bad_files": c.bad_files,
+            "write_failures": c.write_failures,
+            "evictions": c.evictions,
+            "read_s": c.read_seconds,
+            "wait_s": c.wait_seconds,
+        })
+    })
 }

@@ -397,6 +397,7 @@ pub fn single_engine(
         speculative: speculative.config(),
         overlap_steps: !model_args.no_overlap,
         kv_disk,
+        kv_offload_memory: None,
         scheduling: SchedulingPolicy::Priority,
         tenant_weights: Vec::new(),
         cost_seed: ferrum_engine::DEFAULT_COST_SEED,
@@ -502,6 +503,13 @@ pub struct EngineArgs {
     /// it, blocks used once go before blocks used again, least recently used first.
     #[arg(long, value_name = "BYTES", requires = "kv_disk_dir")]
     pub kv_disk_size: Option<String>,
+    /// Host memory for cached KV blocks below the KV cache (suffixes as --kv-cache-memory).
+    /// For a model on a GPU: page-locked memory that every newly cached block is copied to
+    /// in the background; a prefix evicted from the GPU's cache comes back from it by a copy
+    /// instead of a prefill. For a model on the CPU, whose cache is host memory already, the
+    /// bytes are added to the KV cache.
+    #[arg(long, value_name = "BYTES")]
+    pub kv_offload_memory: Option<String>,
     /// The order waiting requests are admitted in, and which running one is preempted when KV
     /// blocks run out: `priority` (a request's `priority`, lower first, then arrival), `fifo`
     /// (arrival only), `fair` (a weighted fair queue between tenants, see --tenant-weights;
@@ -698,6 +706,17 @@ impl EngineArgs {
         }))
     }
 
+    /// `--kv-offload-memory` in bytes.
+    pub fn kv_offload_memory(&self) -> Result<Option<u64>> {
+        let Some(s) = self.kv_offload_memory.as_deref() else {
+            return Ok(None);
+        };
+        match parse_kv_memory(s) {
+            Ok(KvCacheSize::Bytes(b)) if b > 0 => Ok(Some(b)),
+            _ => bail!("--kv-offload-memory {s:?}: expected bytes (e.g. 64GiB, 500M)"),
+        }
+    }
+
     pub fn config(&self, model: &ModelArgs, max_waiting: usize) -> Result<EngineConfig> {
         let max_model_len = model.max_model_len;
         let kv_cache = match (
@@ -722,6 +741,7 @@ impl EngineArgs {
             speculative: self.speculative.config(),
             overlap_steps: true,
             kv_disk: self.kv_disk(model)?,
+            kv_offload_memory: self.kv_offload_memory()?,
             scheduling: match self.scheduling {
                 Scheduling::Fifo => SchedulingPolicy::Fifo,
                 Scheduling::Priority => SchedulingPolicy::Priority,

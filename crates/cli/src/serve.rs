@@ -126,6 +126,20 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
             m.kv_disk.bytes
         );
     }
+    if let Some(bytes) = cfg.kv_offload_memory {
+        if m.kv_host.enabled {
+            eprintln!(
+                "ferrum: KV host tier: up to {bytes} bytes of page-locked memory below the GPU's \
+                 KV cache"
+            );
+        } else {
+            eprintln!(
+                "ferrum: the KV cache is in host memory already: --kv-offload-memory's {bytes} \
+                 bytes joined it ({} blocks in all)",
+                m.kv_blocks_total
+            );
+        }
+    }
     let server = ServerConfig {
         host: args.host.clone(),
         port: args.port,

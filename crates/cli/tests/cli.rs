@@ -575,6 +575,20 @@ fn offline_batch_mode_runs_every_line_through_the_engine() {
         m,
         "--prompts-file",
         input.to_str().unwrap(),
+        "--kv-offload-memory",
+        "0",
+    ]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--kv-offload-memory \"0\": expected bytes"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ferrum(&[
+        "run",
+        "--model",
+        m,
+        "--prompts-file",
+        input.to_str().unwrap(),
         "--block-size",
         "0",
     ]);

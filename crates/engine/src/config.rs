@@ -40,6 +40,10 @@ pub struct EngineConfig {
     pub overlap_steps: bool,
     /// The disk tier below the pool (`--kv-disk-dir`), when on.
     pub kv_disk: Option<crate::tier::KvDiskConfig>,
+    /// `--kv-offload-memory`: bytes of host memory for KV blocks below the pool. For a model
+    /// on a GPU, the host tier (page-locked); for one on the CPU, whose pool is host memory
+    /// already, they join the pool ([`EngineConfig::num_blocks`]).
+    pub kv_offload_memory: Option<u64>,
     /// The waiting order and preemption victim (`--scheduling`). Under `Fair`, the weights
     /// come from `tenant_weights` (the policy's own list is replaced).
     pub scheduling: ferrum_scheduler::SchedulingPolicy,
@@ -68,6 +72,7 @@ impl Default for EngineConfig {
             speculative: None,
             overlap_steps: true,
             kv_disk: None,
+            kv_offload_memory: None,
             scheduling: ferrum_scheduler::SchedulingPolicy::Priority,
             tenant_weights: Vec::new(),
             cost_seed: DEFAULT_COST_SEED,
@@ -93,9 +98,16 @@ pub fn available_memory() -> Option<u64> {
 }
 
 impl EngineConfig {
+    /// The blocks `kv_offload_memory` adds to the pool of a model on the CPU (see the field).
+    pub fn offload_blocks(&self, bytes_per_block: usize) -> usize {
+        let b = self.kv_offload_memory.unwrap_or(0);
+        (b / bytes_per_block.max(1) as u64) as usize
+    }
+
     /// Checks the limits and works out the number of KV blocks for `bytes_per_block`.
     /// `device_memory`: free and total bytes of the model's device when that is not the host
-    /// (a GPU); a fraction of free memory is then a fraction of its free memory.
+    /// (a GPU); a fraction of free memory is then a fraction of its free memory. The pool of a
+    /// model on the CPU also gets [`EngineConfig::offload_blocks`].
     pub fn num_blocks(
         &self,
         bytes_per_block: usize,
@@ -178,6 +190,18 @@ mod tests {
             kv_cache,
             ..EngineConfig::default()
         }
+    }
+
+    #[test]
+    fn offload_memory_in_pool_blocks() {
+        let c = EngineConfig {
+            kv_cache: KvCacheSize::Bytes(10 << 20),
+            kv_offload_memory: Some(6 << 20),
+            ..EngineConfig::default()
+        };
+        assert_eq!(c.num_blocks(1 << 20, None).unwrap(), 10);
+        assert_eq!(c.offload_blocks(1 << 20), 6);
+        assert_eq!(c.offload_blocks(7 << 20), 0);
     }
 
     #[test]

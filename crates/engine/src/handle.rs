@@ -158,10 +158,12 @@ impl EngineHandle {
         setup: impl FnOnce(&mut EngineCore),
     ) -> Result<EngineHandle> {
         let mc = model.config().clone();
-        let num_blocks = cfg.num_blocks(
-            model.kv_bytes_per_block(cfg.block_size),
-            model.device_memory()?,
-        )?;
+        let bytes_per_block = model.kv_bytes_per_block(cfg.block_size);
+        let mut num_blocks = cfg.num_blocks(bytes_per_block, model.device_memory()?)?;
+        if model.gpu().is_none() {
+            // The pool is host memory: the offload bytes join it (`crate::tier`).
+            num_blocks += cfg.offload_blocks(bytes_per_block);
+        }
         if cfg.tenant_weights.iter().any(|(_, w)| *w == 0) {
             return Err(EngineError::Config(
                 "a tenant's weight must be at least 1".into(),
@@ -236,9 +238,7 @@ impl EngineHandle {
             core.prefault_kv_cache();
         }
         core.set_overlap(cfg.overlap_steps);
-        if let Some(disk) = &cfg.kv_disk {
-            core.set_kv_disk(disk, cfg.block_size)?;
-        }
+        core.set_kv_tiers(cfg.kv_disk.as_ref(), cfg.kv_offload_memory, cfg.block_size)?;
         if let Some(spec) = cfg.speculative {
             core.set_speculative(spec, draft)?;
         } else if draft.is_some() {

@@ -144,6 +144,8 @@ pub struct Metrics {
     /// The disk tier below the pool (`--kv-disk-dir`), and the folder of this cache's blocks.
     pub kv_disk: crate::tier::TierCounters,
     pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// The host tier below a GPU's pool (`--kv-offload-memory`).
+    pub kv_host: crate::tier::TierCounters,
     /// The step cost model ([`ferrum_scheduler::CostModel`]): seconds per step, per prefill
     /// token, per decode row, per KV block read; and whether it has seen enough steps.
     pub cost: [f64; 4],
@@ -193,6 +195,7 @@ impl Default for Metrics {
             device: "cpu".to_string(),
             kv_disk: crate::tier::TierCounters::default(),
             kv_disk_dir: None,
+            kv_host: crate::tier::TierCounters::default(),
             cost: [0.0; 4],
             cost_ready: false,
             pending_prefill_tokens: 0,

@@ -468,3 +468,108 @@ fn the_disk_tier_takes_a_gpu_caches_blocks_by_asynchronous_copies() {
     e.shutdown();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The host tier under a GPU model's cache (`--kv-offload-memory`): a prompt's blocks, evicted
+/// from a small pool by other prompts' blocks, come back from page-locked host memory by
+/// uploads instead of a prefill, with the tokens of an engine without the tier. Beside the disk
+/// tier it answers first (the disk has every block too, written through), and after a restart
+/// (the host tier empty) the disk answers.
+#[test]
+fn the_host_tier_brings_a_gpu_caches_evicted_blocks_back() {
+    use ferrum_engine::KvDiskConfig;
+    if !interpreted_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferrum-gpu-kv-host-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let start = |host: Option<u64>, disk: bool| {
+        let model = load_model_on(
+            &fixture("tiny-qwen2"),
+            &LoadOptions::default(),
+            Device::Interpreted,
+        )
+        .unwrap();
+        let cfg = EngineConfig {
+            block_size: 8,
+            // Room for one prompt and a bit: each prompt evicts the one before.
+            kv_cache: KvCacheSize::Blocks(8),
+            kv_offload_memory: host,
+            kv_disk: disk.then(|| KvDiskConfig {
+                dir: dir.clone(),
+                max_bytes: 64 << 20,
+                model_identity: "tiny-qwen2".into(),
+            }),
+            ..EngineConfig::default()
+        };
+        EngineHandle::start(model, None, &cfg).unwrap()
+    };
+    let prompt = |seed: u32| -> Vec<u32> {
+        (0..40)
+            .map(|j| (j * 13 + seed * 31 + 7) % 200 + 3)
+            .collect()
+    };
+    let e = start(None, false);
+    let want: Vec<Vec<u32>> = (0..3).map(|s| collect(&e, prompt(s), 6)).collect();
+    e.shutdown();
+    for disk in [false, true] {
+        let e = start(Some(64 << 20), disk);
+        for s in 0..3 {
+            assert_eq!(collect(&e, prompt(s), 6), want[s as usize], "prompt {s}");
+        }
+        // Prompt 0's blocks left the pool for prompts 1 and 2's: its 4 reusable blocks (of
+        // 40 tokens, the last one's row recomputed) come back from the host.
+        assert_eq!(collect(&e, prompt(0), 6), want[0], "disk {disk}");
+        let m = e.metrics();
+        assert!(m.kv_host.enabled);
+        assert_eq!(
+            (m.kv_host.hits, m.kv_host.write_failures),
+            (4, 0),
+            "disk {disk}: {:?}",
+            m.kv_host
+        );
+        // 3 prompts of 40 and 5 computed output tokens: 15 full blocks, each written once.
+        assert_eq!(m.kv_host.blocks, 15);
+        assert!(
+            m.kv_host.bytes_read > 0 && m.kv_host.bytes_read * 15 <= m.kv_host.bytes_written * 4
+        );
+        assert_eq!(m.kv_disk.hits, 0);
+        // All at once: each prompt's prefix comes from the pool or the host, even where the
+        // pool held it at submission and evicted it before the request's turn.
+        let params = SamplingParams {
+            max_tokens: Some(6),
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        };
+        let streams: Vec<_> = [1, 2, 0]
+            .map(|s| {
+                e.generate(GenerateRequest::new(prompt(s), params.clone()))
+                    .unwrap()
+            })
+            .into_iter()
+            .collect();
+        for (mut st, s) in streams.into_iter().zip([1, 2, 0]) {
+            let mut ids = Vec::new();
+            loop {
+                match st.blocking_next() {
+                    Some(Event::Token { token, .. }) => ids.push(token),
+                    Some(Event::Done { usage }) => {
+                        assert_eq!(usage.cached_tokens, 32, "disk {disk}, prompt {s}");
+                        break;
+                    }
+                    Some(Event::Error(e)) => panic!("{e}"),
+                    Some(_) => {}
+                    None => panic!("no Done"),
+                }
+            }
+            assert_eq!(ids, want[s as usize], "disk {disk}, prompt {s} at once");
+        }
+        e.shutdown();
+    }
+    // Restarted: the host tier is empty; the disk has prompt 0.
+    let e = start(Some(64 << 20), true);
+    assert_eq!(collect(&e, prompt(0), 6), want[0]);
+    let m = e.metrics();
+    assert_eq!((m.kv_host.hits, m.kv_disk.hits), (0, 4));
+    e.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

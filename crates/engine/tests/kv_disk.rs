@@ -297,3 +297,30 @@ fn an_int8_cache_restarts_from_disk_apart_from_a_float_cache() {
     assert_eq!(folders, 2, "one fingerprint folder per cache layout");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--kv-offload-memory` for a model on the CPU: the pool is host memory already, so the
+/// bytes join it (more blocks, no host tier), and the disk tier beside it is unchanged.
+#[test]
+fn offload_memory_joins_a_cpu_models_pool() {
+    let dir = temp_dir("offload");
+    let plain = engine("tiny-qwen2", cfg(&dir, "offload", 64 << 20));
+    let (want, _) = ask(&plain, &prompt(5));
+    let blocks = plain.metrics().kv_blocks_total;
+    plain.shutdown();
+    let per_block = (2u64 << 30) / blocks as u64;
+    let e = engine(
+        "tiny-qwen2",
+        EngineConfig {
+            kv_offload_memory: Some(10 * per_block),
+            ..cfg(&dir, "offload", 64 << 20)
+        },
+    );
+    let m = e.metrics();
+    assert_eq!(m.kv_blocks_total, blocks + 10);
+    assert!(!m.kv_host.enabled && m.kv_disk.enabled);
+    // The disk has the prompt from the first engine.
+    assert_eq!(ask(&e, &prompt(5)).0, want);
+    assert!(e.metrics().kv_disk.hits > 0);
+    e.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,20 +1,30 @@
-//! Copies of KV blocks to the host that the next step does not wait for: how a GPU model's
-//! newly cached blocks reach the tiers below the pool (`--kv-disk-dir`) without stopping the
-//! overlapped steps.
+//! Copies of KV blocks between the cache and host memory that the next step does not wait for:
+//! how a GPU model's newly cached blocks reach the tiers below the pool (`--kv-offload-memory`,
+//! `--kv-disk-dir`) and come back, without stopping the overlapped steps.
 //!
 //! On a GPU cache, [`KvCache::start_block_copy`] records an event on the main stream behind the
 //! work issued so far (the steps that wrote the block), and a copy stream of the cache's own
 //! waits for it, then copies every layer's keys and values into a page-locked host buffer and
-//! records the copy's event; the main stream's later work waits for that event, so no later
-//! step can change the block before it was read, while the host goes on at once. On the CPU
-//! the bytes are read at once ([`KvCache::read_block`]).
+//! records the copy's event. The main stream does not wait: the host and the next steps go on.
+//! The block must not be written again before it was read, so whoever reuses it first orders
+//! the main stream after the copy ([`KvCache::order_block_reuse`]; the engine does it for a
+//! block the pool gave up while its copy may still run). On the CPU the bytes are read at once
+//! ([`KvCache::read_block`]).
+//!
+//! A finished copy is either read out ([`KvCache::finish_block_copy`], the disk tier's bytes)
+//! or kept as it landed, page-locked ([`KvCache::finish_block_copy_held`]: a [`HostBlock`],
+//! the host tier's), and a held block goes back into the cache by an asynchronous copy on the
+//! main stream ([`KvCache::upload_block`]), ordered before the step that reads it and after
+//! nothing else.
 //!
 //! [`Copier`] is also how the overlapped steps' tokens come back (`backend/cuda/overlap.rs`),
 //! which order the main stream after a copy only where they next write what it reads.
 //!
-//! Invariants: a copy's bytes are [`KvCache::read_block`]'s (same order, same layout); a
-//! finished copy's host buffer is reused by a later copy that fits it; copies are collected
-//! in any order.
+//! Invariants: a copy's bytes are [`KvCache::read_block`]'s (same order, same layout), and so
+//! are a held block's; a finished copy's host buffer (or a held block given back,
+//! [`KvCache::recycle_host_block`]) is reused by a later copy that fits it, which runs only
+//! after the main stream's work issued before it (an upload from that buffer among it);
+//! copies are collected in any order.
 
 use ferrum_runtime::cuda::{Event, HostBuffer, SharedGpu, Stream};
 
@@ -37,6 +47,40 @@ enum Pending {
     },
 }
 
+/// A block's K/V kept in host memory (the host tier): as [`KvCache::read_block`] gives it,
+/// page-locked when it came from a GPU's cache, so it goes back by an asynchronous copy
+/// ([`KvCache::upload_block`]).
+#[derive(Debug)]
+pub struct HostBlock(Held);
+
+#[derive(Debug)]
+enum Held {
+    Bytes(Vec<u8>),
+    Pinned {
+        host: HostBuffer,
+        done: Event,
+        bytes: usize,
+    },
+}
+
+impl HostBlock {
+    /// A block held as plain bytes ([`KvCache::read_block`]'s).
+    pub fn from_bytes(bytes: Vec<u8>) -> HostBlock {
+        HostBlock(Held::Bytes(bytes))
+    }
+
+    /// Host memory it occupies, in bytes (a page-locked buffer's whole size).
+    pub fn footprint(&self) -> usize {
+        match &self.0 {
+            Held::Bytes(b) => b.len(),
+            Held::Pinned { host, .. } => host.len(),
+        }
+    }
+}
+
+/// The longest list of finished copies' buffers a copier keeps for reuse; more are freed.
+const MAX_SPARE: usize = 64;
+
 impl BlockCopy {
     /// The event after the copy (none for a copy that was ready at once).
     pub(crate) fn done(&self) -> Option<&Event> {
@@ -56,6 +100,9 @@ pub(crate) struct Copier {
     /// `None` only while dropping.
     ready: Option<Event>,
     spare: Vec<(HostBuffer, Event)>,
+    /// Buffers sized to the page (copies of one size: KV blocks) rather than to a power of two
+    /// (copies of varying sizes: the overlapped steps' tokens).
+    exact: bool,
 }
 
 fn err(what: &str) -> impl Fn(ferrum_runtime::RuntimeError) -> ModelError + '_ {
@@ -63,7 +110,7 @@ fn err(what: &str) -> impl Fn(ferrum_runtime::RuntimeError) -> ModelError + '_ {
 }
 
 impl Copier {
-    pub(crate) fn new(gpu: &SharedGpu) -> Result<Copier> {
+    pub(crate) fn new(gpu: &SharedGpu, exact: bool) -> Result<Copier> {
         let mut g = gpu.lock();
         let e = err("making the KV copy stream");
         Ok(Copier {
@@ -71,6 +118,7 @@ impl Copier {
             ready: Some(g.create_event().map_err(&e)?),
             gpu: gpu.clone(),
             spare: Vec::new(),
+            exact,
         })
     }
 
@@ -94,8 +142,12 @@ impl Copier {
         let (host, done) = match self.spare.iter().position(|(h, _)| h.len() >= bytes) {
             Some(i) => self.spare.swap_remove(i),
             None => (
-                g.alloc_host(bytes.next_power_of_two().max(4096))
-                    .map_err(&e)?,
+                g.alloc_host(if self.exact {
+                    bytes.div_ceil(4096).max(1) * 4096
+                } else {
+                    bytes.next_power_of_two().max(4096)
+                })
+                .map_err(&e)?,
                 g.create_event().map_err(&e)?,
             ),
         };
@@ -136,10 +188,21 @@ impl Copier {
                     out.clear();
                     out.extend_from_slice(&b[..bytes]);
                 });
-                self.spare.push((host, done));
+                self.keep(host, done);
                 landed.map_err(err("reading a copy back"))
             }
         }
+    }
+
+    /// Keeps a buffer for a later copy, or frees it when enough are kept.
+    fn keep(&mut self, host: HostBuffer, done: Event) {
+        if self.spare.len() < MAX_SPARE {
+            self.spare.push((host, done));
+            return;
+        }
+        let mut g = self.gpu.lock();
+        let _ = g.free_host(host);
+        let _ = g.destroy_event(done);
     }
 
     fn finish(&mut self, copy: BlockCopy) -> Result<Vec<u8>> {
@@ -177,11 +240,102 @@ impl KvCache {
         let bytes = self.block_bytes();
         let copier = match self.copier.take() {
             Some(c) => c,
-            None => Copier::new(&gpu)?,
+            None => Copier::new(&gpu, true)?,
         };
         let c = self.copier.insert(copier);
-        // Later steps wait for the copy: none of them changes the block before it was read.
-        c.start(&parts, bytes, true)
+        // The main stream does not wait: whoever writes the block again orders it first
+        // (`order_block_reuse`).
+        c.start(&parts, bytes, false)
+    }
+
+    /// Orders the main stream's later work after `copy`: call it before a step that may write
+    /// the copied block again (the pool gave it up). Nothing to do for a host cache.
+    pub fn order_block_reuse(&mut self, copy: &BlockCopy) -> Result<()> {
+        let (Some(c), Some(done)) = (&self.copier, copy.done()) else {
+            return Ok(());
+        };
+        c.gpu
+            .lock()
+            .wait(Stream::MAIN, done)
+            .map_err(err("ordering a block's reuse after its copy"))
+    }
+
+    /// `copy` kept as it landed: the host tier's block, waiting for the copy if need be.
+    pub fn finish_block_copy_held(&mut self, copy: BlockCopy) -> Result<HostBlock> {
+        match copy.0 {
+            Pending::Ready(bytes) => Ok(HostBlock(Held::Bytes(bytes))),
+            Pending::Device { host, done, bytes } => {
+                let Some(c) = &self.copier else {
+                    return Err(ModelError::Invalid(
+                        "a KV block copy finished on a cache that did not start it".into(),
+                    ));
+                };
+                c.gpu
+                    .lock()
+                    .sync_event(&done)
+                    .map_err(err("waiting for a copy to the host"))?;
+                Ok(HostBlock(Held::Pinned { host, done, bytes }))
+            }
+        }
+    }
+
+    /// A held block's bytes into `out` (replacing them), as [`KvCache::read_block`] gives
+    /// them.
+    pub fn host_block_bytes(&self, block: &HostBlock, out: &mut Vec<u8>) -> Result<()> {
+        match (&block.0, &self.copier) {
+            (Held::Bytes(b), _) => {
+                out.clear();
+                out.extend_from_slice(b);
+                Ok(())
+            }
+            (Held::Pinned { host, bytes, .. }, Some(c)) => {
+                let mut g = c.gpu.lock();
+                let b = g.host_bytes(host).map_err(err("reading a held block"))?;
+                out.clear();
+                out.extend_from_slice(&b[..*bytes]);
+                Ok(())
+            }
+            (Held::Pinned { .. }, None) => Err(ModelError::Invalid(
+                "a page-locked KV block read through a cache that did not copy it".into(),
+            )),
+        }
+    }
+
+    /// Fills block `block` with a held block's K/V. On a GPU this is an asynchronous copy on
+    /// the main stream: the host goes on, and the next step's work runs after it.
+    pub fn upload_block(&mut self, block: usize, held: &HostBlock) -> Result<()> {
+        let (host, bytes) = match &held.0 {
+            Held::Bytes(b) => return self.write_block(block, b),
+            Held::Pinned { host, bytes, .. } => (host, *bytes),
+        };
+        if bytes != self.block_bytes() {
+            return Err(ModelError::Invalid(format!(
+                "a held KV block of {bytes} bytes for a cache whose blocks are {} bytes",
+                self.block_bytes()
+            )));
+        }
+        let Some((gpu, parts)) = self.device_block_parts(block)? else {
+            return Err(ModelError::Invalid(
+                "a page-locked KV block for a cache in host memory".into(),
+            ));
+        };
+        let mut g = gpu.lock();
+        let mut at = 0;
+        for (dst, len) in parts {
+            g.copy_from_host(dst, host, at, len, Stream::MAIN)
+                .map_err(err("a KV block's copy back to the device"))?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Gives a held block's memory back for later copies (the host tier let it go).
+    pub fn recycle_host_block(&mut self, block: HostBlock) {
+        // A pinned block comes from this cache's copier; without one (not reached) it is left
+        // to the device's drop rather than freed on a device it may not belong to.
+        if let (Held::Pinned { host, done, .. }, Some(c)) = (block.0, &mut self.copier) {
+            c.keep(host, done);
+        }
     }
 
     /// Whether `copy` has finished, without waiting.

@@ -39,7 +39,7 @@ pub use gguf::{GgufArray, GgufFile, GgufStrings, GgufValue};
 pub use identity::weights_identity;
 pub use inspect::{inspect, DTypeSummary, ModelInfo};
 pub use kv_cache::KvCache;
-pub use kv_copy::BlockCopy;
+pub use kv_copy::{BlockCopy, HostBlock};
 pub use llama::LlamaModel;
 pub use loader::{
     load_model, load_model_on, load_model_on_gpu, load_model_sharded, resolve_kv_dtype, CudaGraphs,

@@ -1,7 +1,10 @@
 //! A GPU cache's blocks to and from the host (`KvCache::{read_block, write_block,
-//! start_block_copy}`), on every device present (`common::gpu`): a copy started before a
-//! later write reads the block as it was (the write waits for the copy), a finished copy gives
-//! `read_block`'s bytes, and a host cache's copy is ready at once.
+//! start_block_copy, order_block_reuse, finish_block_copy_held, upload_block}`), on every
+//! device present (`common::gpu`): a copy started before a later write reads the block as it
+//! was (the write is ordered after it by `order_block_reuse`; on the interpreted device, whose
+//! copy stream runs as late as it may, the test fails without that call), a finished copy
+//! gives `read_block`'s bytes, a held copy goes back into another block by an upload on the
+//! main stream, and a host cache's copy is ready at once.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -24,7 +27,10 @@ fn block_copies_read_the_block_as_it_was_when_they_started() {
         kv.write_block(2, &second).unwrap();
         let a = kv.start_block_copy(1).unwrap();
         let b = kv.start_block_copy(2).unwrap();
-        // Later writes to both blocks: the copies were ordered before them.
+        // Later writes to both blocks, ordered after the copies as the engine orders a step
+        // that reuses a block.
+        kv.order_block_reuse(&a).unwrap();
+        kv.order_block_reuse(&b).unwrap();
         kv.write_block(1, &second).unwrap();
         kv.write_block(2, &first).unwrap();
         let mut polls = 0;
@@ -57,4 +63,68 @@ fn block_copies_read_the_block_as_it_was_when_they_started() {
     let copy = kv.start_block_copy(0).unwrap();
     assert!(kv.block_copy_done(&copy).unwrap());
     assert_eq!(kv.finish_block_copy(copy).unwrap(), bytes);
+}
+
+/// The host tier's round trip: a copy kept as it landed (page-locked) goes back into another
+/// block by an asynchronous upload on the main stream, and an upload into a block whose copy
+/// is still pending is ordered after that copy.
+#[test]
+fn held_block_copies_go_back_by_uploads_ordered_after_pending_copies() {
+    for gpu in devices() {
+        let dev = gpu.lock().describe();
+        let model = load_model_on_gpu(&fixtures().join("tiny-llama"), &LoadOptions::default(), gpu)
+            .unwrap();
+        let mut kv = model.backend().kv_cache(model.config(), 4, 16).unwrap();
+        let n = kv.block_bytes();
+        let first: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        let second: Vec<u8> = (0..n).map(|i| (i * 13 % 253) as u8).collect();
+        kv.write_block(1, &second).unwrap();
+        let held = kv.start_block_copy(1).unwrap();
+        let held = kv.finish_block_copy_held(held).unwrap();
+        assert!(held.footprint() >= n, "{dev}: a held block's memory");
+        let mut bytes = Vec::new();
+        kv.host_block_bytes(&held, &mut bytes).unwrap();
+        assert_eq!(bytes, second, "{dev}: a held block's bytes");
+        // Block 0 holds `first`; its copy is pending when the upload of `second` is issued.
+        kv.write_block(0, &first).unwrap();
+        let pending = kv.start_block_copy(0).unwrap();
+        kv.order_block_reuse(&pending).unwrap();
+        kv.upload_block(0, &held).unwrap();
+        kv.read_block(0, &mut bytes).unwrap();
+        assert_eq!(bytes, second, "{dev}: the uploaded block");
+        assert_eq!(
+            kv.finish_block_copy(pending).unwrap(),
+            first,
+            "{dev}: the copy pending before the upload"
+        );
+        // The held block's memory serves later copies once given back.
+        kv.recycle_host_block(held);
+        let again = kv.start_block_copy(0).unwrap();
+        assert_eq!(kv.finish_block_copy(again).unwrap(), second, "{dev}: reuse");
+        let h = kv_held(&mut kv);
+        assert!(kv.upload_block(4, &h).is_err(), "{dev}: past the cache");
+        kv.recycle_host_block(h);
+    }
+    // A host cache's held block is its bytes; uploading one writes them.
+    let model = load(&fixtures().join("tiny-llama"));
+    let mut kv = KvCache::new(model.config(), 2, 16).unwrap();
+    let bytes: Vec<u8> = (0..kv.block_bytes()).map(|i| (i % 199) as u8).collect();
+    kv.write_block(0, &bytes).unwrap();
+    let copy = kv.start_block_copy(0).unwrap();
+    let held = kv.finish_block_copy_held(copy).unwrap();
+    kv.upload_block(1, &held).unwrap();
+    let mut read = Vec::new();
+    kv.read_block(1, &mut read).unwrap();
+    assert_eq!(read, bytes);
+    let short = ferrum_models::HostBlock::from_bytes(vec![0; 3]);
+    assert!(
+        kv.upload_block(1, &short).is_err(),
+        "a block of the wrong size"
+    );
+}
+
+/// A held copy of block 0.
+fn kv_held(kv: &mut KvCache) -> ferrum_models::HostBlock {
+    let c = kv.start_block_copy(0).unwrap();
+    kv.finish_block_copy_held(c).unwrap()
 }

@@ -49,37 +49,93 @@ impl Out {
     }
 }
 
-/// The disk tier's series (`--kv-disk-dir`), labelled `tier="disk"`.
-fn disk_tier(o: &mut Out, d: &ferrum_engine::TierCounters) {
-    let base = std::mem::take(&mut o.labels);
-    o.labels = format!("{base},tier=\"disk\"");
-    let counters = [
-        ("ferrum_kv_tier_hits_total", "KV blocks read back from a tier instead of recomputed.", d.hits as f64),
-        ("ferrum_kv_tier_misses_total", "KV blocks of prompt prefixes missing from the pool that the tier did not have either (recomputed).", d.misses as f64),
-        ("ferrum_kv_tier_read_bytes_total", "Bytes of K/V read back from a tier.", d.bytes_read as f64),
-        ("ferrum_kv_tier_written_bytes_total", "Bytes of K/V handed to a tier to keep.", d.bytes_written as f64),
-        ("ferrum_kv_tier_bad_files_total", "Block files found truncated, corrupt or foreign: ignored, deleted and recomputed.", d.bad_files as f64),
-        ("ferrum_kv_tier_write_failures_total", "Block writes that failed (writes stop after the first).", d.write_failures as f64),
-        ("ferrum_kv_tier_evictions_total", "Blocks a tier let go to stay within its size.", d.evictions as f64),
-        ("ferrum_kv_tier_read_seconds_total", "Seconds spent reading and checking blocks.", d.read_seconds),
-        ("ferrum_kv_tier_wait_seconds_total", "Seconds requests waited for their blocks before they were scheduled.", d.wait_seconds),
-    ];
-    for (name, help, v) in counters {
-        o.metric(name, "counter", help, v);
+/// The KV tiers' series (`--kv-offload-memory`, `--kv-disk-dir`), one per tier that is on,
+/// labelled `tier="host"` or `tier="disk"`.
+fn kv_tiers(o: &mut Out, m: &Metrics) {
+    let tiers: Vec<(&str, &ferrum_engine::TierCounters)> =
+        [("host", &m.kv_host), ("disk", &m.kv_disk)]
+            .into_iter()
+            .filter(|(_, c)| c.enabled)
+            .collect();
+    if tiers.is_empty() {
+        return;
     }
-    o.metric(
-        "ferrum_kv_tier_blocks",
-        "gauge",
-        "KV blocks a tier holds.",
-        d.blocks as f64,
-    );
-    o.metric(
-        "ferrum_kv_tier_bytes",
-        "gauge",
-        "Bytes a tier holds.",
-        d.bytes as f64,
-    );
-    o.labels = base;
+    type Read = fn(&ferrum_engine::TierCounters) -> f64;
+    let series: [(&str, &str, &str, Read); 11] = [
+        (
+            "ferrum_kv_tier_hits_total",
+            "counter",
+            "KV blocks brought back from a tier instead of recomputed.",
+            |d| d.hits as f64,
+        ),
+        (
+            "ferrum_kv_tier_misses_total",
+            "counter",
+            "KV blocks of prompt prefixes missing from the pool that the tier did not have either.",
+            |d| d.misses as f64,
+        ),
+        (
+            "ferrum_kv_tier_read_bytes_total",
+            "counter",
+            "Bytes of K/V brought back from a tier.",
+            |d| d.bytes_read as f64,
+        ),
+        (
+            "ferrum_kv_tier_written_bytes_total",
+            "counter",
+            "Bytes of K/V handed to a tier to keep.",
+            |d| d.bytes_written as f64,
+        ),
+        (
+            "ferrum_kv_tier_bad_files_total",
+            "counter",
+            "Block files found truncated, corrupt or foreign: ignored, deleted and recomputed.",
+            |d| d.bad_files as f64,
+        ),
+        (
+            "ferrum_kv_tier_write_failures_total",
+            "counter",
+            "Block copies or writes that failed (disk writes stop after the first).",
+            |d| d.write_failures as f64,
+        ),
+        (
+            "ferrum_kv_tier_evictions_total",
+            "counter",
+            "Blocks a tier let go to stay within its size.",
+            |d| d.evictions as f64,
+        ),
+        (
+            "ferrum_kv_tier_read_seconds_total",
+            "counter",
+            "Seconds spent reading and checking blocks.",
+            |d| d.read_seconds,
+        ),
+        (
+            "ferrum_kv_tier_wait_seconds_total",
+            "counter",
+            "Seconds requests waited for their blocks before they were scheduled.",
+            |d| d.wait_seconds,
+        ),
+        (
+            "ferrum_kv_tier_blocks",
+            "gauge",
+            "KV blocks a tier holds.",
+            |d| d.blocks as f64,
+        ),
+        (
+            "ferrum_kv_tier_bytes",
+            "gauge",
+            "Bytes a tier holds.",
+            |d| d.bytes as f64,
+        ),
+    ];
+    for (name, kind, help, read) in series {
+        let _ = writeln!(o.text, "# HELP {name} {help}");
+        let _ = writeln!(o.text, "# TYPE {name} {kind}");
+        for (tier, c) in &tiers {
+            let _ = writeln!(o.text, "{name}{{{},tier=\"{tier}\"}} {}", o.labels, read(c));
+        }
+    }
 }
 
 /// Renders `m` for a scrape.
@@ -199,9 +255,7 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     for (name, help, v) in counters {
         o.metric(name, "counter", help, v as f64);
     }
-    if m.kv_disk.enabled {
-        disk_tier(&mut o, &m.kv_disk);
-    }
+    kv_tiers(&mut o, m);
     let cost = [
         (
             "ferrum_cost_step_seconds",
@@ -440,6 +494,29 @@ mod tests {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "{line}");
         }
+    }
+
+    /// Each tier that is on has one series per family, under one HELP and TYPE.
+    #[test]
+    fn kv_tiers_share_their_families() {
+        let mut m = Metrics::default();
+        assert!(!render(&m, "x").contains("ferrum_kv_tier_"));
+        m.kv_host.enabled = true;
+        m.kv_host.hits = 3;
+        let t = render(&m, "x");
+        assert!(t.contains("ferrum_kv_tier_hits_total{model_name=\"x\",tier=\"host\"} 3\n"));
+        assert!(!t.contains("tier=\"disk\""));
+        m.kv_disk.enabled = true;
+        m.kv_disk.bad_files = 2;
+        let t = render(&m, "x");
+        assert!(t.contains("ferrum_kv_tier_bad_files_total{model_name=\"x\",tier=\"disk\"} 2\n"));
+        assert!(t.contains("ferrum_kv_tier_bad_files_total{model_name=\"x\",tier=\"host\"} 0\n"));
+        assert_eq!(
+            t.matches("# TYPE ferrum_kv_tier_hits_total counter")
+                .count(),
+            1
+        );
+        assert_eq!(t.matches("# TYPE ferrum_kv_tier_bytes gauge").count(), 1);
     }
 
     #[test]

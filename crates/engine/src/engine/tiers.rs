@@ -6,52 +6,87 @@
 //! `reqs`) until its read is answered or it is aborted; a staged block is loadable in the
 //! scheduler exactly while it is staged; a block the scheduler loads is staged when the step
 //! runs (the engine is the only one that unstages, and only after a step's loads or when the
-//! request it was read for is gone).
+//! request it was read for is gone); a block taken from the host tier is staged or back in
+//! the tier, never lost; before a step runs, every copy still reading a block the pool gave
+//! up has the main stream ordered after it.
 
 use super::{EngineCore, NewRequest};
 use crate::request::Event;
 use crate::tier::disk::{DiskTier, Done};
-use crate::tier::{fingerprint, warn, FingerprintParts, KvDiskConfig, KvTiers, TierCounters};
+use crate::tier::host::HostTier;
+use crate::tier::{
+    fingerprint, warn, FingerprintParts, KvDiskConfig, KvTiers, PendingCopy, Staged, TierCounters,
+};
 use crate::{EngineError, Result};
 use ferrum_scheduler::{hash_block, BlockHash, SchedulerOutput};
 use ferrum_types::RequestId;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}
+
 impl EngineCore {
-    /// Turns the disk tier on. A folder that cannot be used is a warning, and the engine runs
-    /// without the tier.
-    pub(crate) fn set_kv_disk(&mut self, cfg: &KvDiskConfig, block_size: usize) -> Result<()> {
+    /// Turns the tiers on: host memory below a GPU's pool (`host_bytes`; a model on the CPU
+    /// has its bytes in the pool instead, see [`crate::tier`]) and the disk. A disk folder
+    /// that cannot be used is a warning, and the engine runs without that tier.
+    pub(crate) fn set_kv_tiers(
+        &mut self,
+        disk: Option<&KvDiskConfig>,
+        host_bytes: Option<u64>,
+        block_size: usize,
+    ) -> Result<()> {
+        // On the CPU the bytes joined the pool (`EngineHandle::start`).
+        let host_bytes = host_bytes.filter(|_| self.kv.is_on_gpu());
+        if disk.is_none() && host_bytes.is_none() {
+            return Ok(());
+        }
         if self.model.shard().is_some() {
             return Err(EngineError::Config(
-                "--kv-disk-dir is not supported in a parallel run yet (each rank holds a part of \
-                 every block)"
+                "--kv-disk-dir and --kv-offload-memory are not supported in a parallel run yet \
+                 (each rank holds a part of every block)"
                     .into(),
             ));
         }
-        let block_bytes = self.kv.block_bytes();
-        let fp = fingerprint(&FingerprintParts {
-            model_identity: &cfg.model_identity,
-            layout: self.kv.layout(),
-            block_size,
-            block_bytes,
-            config: self.model.config(),
-        });
-        let mut counters = TierCounters::default();
-        match DiskTier::open(&cfg.dir, cfg.max_bytes, fp, block_bytes, &mut counters) {
-            Ok(disk) => {
-                self.st.sched.set_report_stores(true);
-                let mut tiers = KvTiers::new(disk, counters);
-                tiers.counters.blocks = tiers.disk.index().len() as u64;
-                tiers.counters.bytes = tiers.disk.index().used();
-                if let Ok(mut m) = self.metrics.lock() {
-                    m.kv_disk = tiers.counters.clone();
-                    m.kv_disk_dir = Some(tiers.disk.dir().to_path_buf());
-                }
-                self.tiers = Some(tiers);
-            }
-            Err(e) => warn(&format!("{e}; running without it")),
+        let mut tiers = KvTiers::default();
+        if let Some(bytes) = host_bytes {
+            tiers.host = Some(HostTier::new(bytes));
+            tiers.host_counters.enabled = true;
         }
+        if let Some(cfg) = disk {
+            let block_bytes = self.kv.block_bytes();
+            let fp = fingerprint(&FingerprintParts {
+                model_identity: &cfg.model_identity,
+                layout: self.kv.layout(),
+                block_size,
+                block_bytes,
+                config: self.model.config(),
+            });
+            let mut counters = TierCounters::default();
+            match DiskTier::open(&cfg.dir, cfg.max_bytes, fp, block_bytes, &mut counters) {
+                Ok(d) => {
+                    counters.enabled = true;
+                    counters.blocks = d.index().len() as u64;
+                    counters.bytes = d.index().used();
+                    if let Ok(mut m) = self.metrics.lock() {
+                        m.kv_disk_dir = Some(d.dir().to_path_buf());
+                    }
+                    tiers.disk = Some(d);
+                    tiers.disk_counters = counters;
+                }
+                Err(e) => warn(&format!("{e}; running without it")),
+            }
+        }
+        if tiers.is_empty() {
+            return Ok(());
+        }
+        self.st.sched.set_report_stores(true);
+        if let Ok(mut m) = self.metrics.lock() {
+            m.kv_disk = tiers.disk_counters.clone();
+            m.kv_host = tiers.host_counters.clone();
+        }
+        self.tiers = Some(tiers);
         Ok(())
     }
 
@@ -59,8 +94,9 @@ impl EngineCore {
         !self.parked.is_empty()
     }
 
-    /// A new request: when its prompt's cached prefix continues past the pool into blocks the
-    /// disk tier holds, it waits for them to be read; otherwise it starts now.
+    /// A new request: the blocks of its prompt's cached prefix the host tier holds are taken
+    /// from it (staged at once), those past the pool that only the disk holds are read (the
+    /// request waits for them); with none to read it starts now.
     pub(super) fn admit(&mut self, new: NewRequest) {
         let Some(t) = self.tiers.as_mut() else {
             return self.add_request(new);
@@ -68,40 +104,74 @@ impl EngineCore {
         let bs = self.st.sched.config().block_size;
         let prompt = &new.request.prompt;
         let reusable = prompt.len().saturating_sub(1) / bs;
-        let kv = self.st.sched.kv_manager();
         let mut parent: Option<BlockHash> = None;
         let mut wanted = Vec::new();
-        let mut missing = 0u64;
+        let (mut past_pool, mut stopped) = (false, false);
+        let (mut host_misses, mut disk_misses) = (0u64, 0u64);
         for i in 0..reusable {
             let h = hash_block(parent, &prompt[i * bs..(i + 1) * bs]);
             parent = Some(h);
-            let here = kv.pool().lookup(h).is_some() || kv.is_loadable(h);
-            if wanted.is_empty() && missing == 0 && here {
+            if stopped {
+                host_misses += u64::from(t.host.is_some());
+                disk_misses += u64::from(t.disk.is_some());
                 continue;
             }
-            if missing == 0 && t.disk.holds(h) {
-                wanted.push(h);
-            } else {
-                missing += 1;
+            let kv = self.st.sched.kv_manager();
+            let in_pool = kv.pool().lookup(h).is_some();
+            if kv.is_loadable(h) {
+                past_pool |= !in_pool;
+                continue;
             }
+            // The host tier's blocks are staged even where the pool has them: the pool may
+            // evict them before the request is scheduled, and its prefix would then stop at
+            // the first one gone.
+            if let Some(b) = t
+                .host
+                .as_mut()
+                .and_then(|x| x.take(h, &mut t.host_counters))
+            {
+                self.st.sched.add_loadable(h);
+                t.staged.insert(h, (new.id, Staged::Held(b)));
+                past_pool |= !in_pool;
+                continue;
+            }
+            if in_pool && !past_pool {
+                continue;
+            }
+            past_pool = true;
+            host_misses += u64::from(t.host.is_some());
+            if t.disk.as_ref().is_some_and(|d| d.holds(h)) {
+                wanted.push(h);
+                continue;
+            }
+            disk_misses += u64::from(t.disk.is_some());
+            stopped = true;
         }
-        t.counters.misses += missing;
-        if wanted.is_empty() {
-            return self.add_request(new);
+        t.host_counters.misses += host_misses;
+        t.disk_counters.misses += disk_misses;
+        match t.disk.as_mut() {
+            Some(d) if !wanted.is_empty() => {
+                d.fetch(new.id, wanted);
+                self.parked.insert(new.id, (new, Instant::now()));
+            }
+            _ => self.add_request(new),
         }
-        t.disk.fetch(new.id, wanted);
-        self.parked.insert(new.id, (new, Instant::now()));
     }
 
     /// Takes what the tiers' I/O finished: read blocks are staged (loadable), and the requests
-    /// they were read for start; staged blocks of requests gone are dropped.
+    /// they were read for start; staged blocks of requests gone go back (the host tier's) or
+    /// are dropped.
     pub(super) fn poll_tiers(&mut self) {
         self.collect_copies(false);
         let Some(t) = self.tiers.as_mut() else {
             return;
         };
         let mut ready = Vec::new();
-        for done in t.disk.poll(&mut t.counters) {
+        let done = match t.disk.as_mut() {
+            Some(d) => d.poll(&mut t.disk_counters),
+            None => Vec::new(),
+        };
+        for done in done {
             let Done::Fetched {
                 id,
                 blocks,
@@ -113,11 +183,11 @@ impl EngineCore {
             };
             if stopped.is_some() {
                 // The stopped block and the rest of the prefix are recomputed.
-                t.counters.misses += 1;
+                t.disk_counters.misses += 1;
             }
             for (h, bytes) in blocks {
                 self.st.sched.add_loadable(h);
-                t.staged.insert(h, (id, bytes));
+                t.staged.insert(h, (id, Staged::Read(bytes)));
             }
             ready.push(id);
         }
@@ -131,23 +201,44 @@ impl EngineCore {
         let Some(t) = self.tiers.as_mut() else {
             return;
         };
-        t.counters.wait_seconds += waited;
-        // Blocks read for a request that is gone (finished, aborted) are not kept.
+        t.disk_counters.wait_seconds += waited;
+        // Blocks staged for a request that is gone (finished, aborted) are not kept there.
         let (reqs, parked, sched) = (&self.st.reqs, &self.parked, &mut self.st.sched);
-        t.staged.retain(|h, (id, _)| {
-            let keep = reqs.contains_key(id) || parked.contains_key(id);
-            if !keep {
-                sched.remove_loadable(*h);
+        let gone: Vec<BlockHash> = t
+            .staged
+            .iter()
+            .filter(|(_, (id, _))| !reqs.contains_key(id) && !parked.contains_key(id))
+            .map(|(h, _)| *h)
+            .collect();
+        for h in gone {
+            sched.remove_loadable(h);
+            if let Some((_, Staged::Held(b))) = t.staged.remove(&h) {
+                if let Some(host) = t.host.as_mut() {
+                    for freed in host.put(h, b, false, &mut t.host_counters) {
+                        self.kv.recycle_host_block(freed);
+                    }
+                }
             }
-            keep
-        });
+        }
         if let Ok(mut m) = self.metrics.lock() {
-            m.kv_disk = t.counters.clone();
+            m.kv_disk = t.disk_counters.clone();
+            m.kv_host = t.host_counters.clone();
         }
     }
 
-    /// Fills the blocks the step loads with the staged K/V (before its forward pass).
+    /// Before a step's forward pass: orders the main stream after the copies still reading
+    /// blocks the pool gave up (the step may write them), then fills the blocks it loads with
+    /// the staged K/V.
     pub(super) fn load_blocks(&mut self, out: &SchedulerOutput) -> Result<()> {
+        if let Some(t) = self.tiers.as_mut() {
+            let pool = self.st.sched.kv_manager().pool();
+            for c in t.copies.iter_mut().filter(|c| !c.ordered) {
+                if pool.lookup(c.hash) != Some(c.block) {
+                    self.kv.order_block_reuse(&c.copy).map_err(internal)?;
+                    c.ordered = true;
+                }
+            }
+        }
         if out.kv_loads.is_empty() {
             return Ok(());
         }
@@ -157,79 +248,126 @@ impl EngineCore {
             ));
         };
         for &(b, h) in &out.kv_loads {
-            let Some((_, bytes)) = t.staged.remove(&h) else {
+            let Some((_, staged)) = t.staged.remove(&h) else {
                 return Err(EngineError::Internal(format!(
                     "the scheduler loads block {} that is not staged",
                     h.to_hex()
                 )));
             };
             self.st.sched.remove_loadable(h);
-            self.kv
-                .write_block(b as usize, &bytes)
-                .map_err(|e| EngineError::Internal(e.to_string()))?;
+            match staged {
+                Staged::Read(bytes) => self.kv.write_block(b as usize, &bytes),
+                Staged::Held(held) => {
+                    let up = self.kv.upload_block(b as usize, &held);
+                    if up.is_ok() {
+                        t.host_counters.hits += 1;
+                        t.host_counters.bytes_read += self.kv.block_bytes() as u64;
+                    }
+                    if let Some(host) = t.host.as_mut() {
+                        for freed in host.put(h, held, true, &mut t.host_counters) {
+                            self.kv.recycle_host_block(freed);
+                        }
+                    }
+                    up
+                }
+            }
+            .map_err(internal)?;
         }
         Ok(())
     }
 
-    /// Hands the blocks newly registered in the prefix cache down to the tiers: their K/V is
-    /// computed and final, and its copy to the host starts now, ordered before any later step
-    /// that may reuse the block; on a GPU the host does not wait for it
-    /// ([`ferrum_models::KvCache::start_block_copy`]), and [`Self::collect_copies`] hands the
-    /// finished ones to the disk.
+    /// Hands the blocks newly registered in the prefix cache down to the tiers that lack
+    /// them: their K/V is computed and final, and its copy to the host starts now, behind the
+    /// steps that wrote it; on a GPU neither the host nor the next steps wait for it
+    /// ([`ferrum_models::KvCache::start_block_copy`]; [`Self::load_blocks`] orders a step
+    /// that reuses the block), and [`Self::collect_copies`] hands the finished ones down.
     pub(super) fn store_blocks(&mut self) -> Result<()> {
         let Some(t) = self.tiers.as_mut() else {
             return Ok(());
         };
         for (b, h) in self.st.sched.take_kv_stores() {
-            if t.disk.holds(h) || t.copies.iter().any(|(c, _)| *c == h) {
+            if t.all_hold(h) || t.copies.iter().any(|c| c.hash == h) {
                 continue;
             }
-            let copy = self
-                .kv
-                .start_block_copy(b as usize)
-                .map_err(|e| EngineError::Internal(e.to_string()))?;
-            t.copies.push_back((h, copy));
+            let copy = self.kv.start_block_copy(b as usize).map_err(internal)?;
+            t.copies.push_back(PendingCopy {
+                hash: h,
+                block: b,
+                copy,
+                ordered: false,
+            });
         }
         self.collect_copies(false);
         Ok(())
     }
 
-    /// Hands the finished block copies to the disk, in the order they started; with `all`,
+    /// Hands the finished block copies to the tiers, in the order they started; with `all`,
     /// waits for every one. A copy that failed is a warning and a write failure in the
     /// metrics (the block is recomputed when next needed).
     pub(super) fn collect_copies(&mut self, all: bool) {
         let Some(t) = self.tiers.as_mut() else {
             return;
         };
-        while let Some((_, copy)) = t.copies.front() {
-            let done = self.kv.block_copy_done(copy).unwrap_or(true);
+        let mut bytes = Vec::new();
+        while let Some(c) = t.copies.front() {
+            let done = self.kv.block_copy_done(&c.copy).unwrap_or(true);
             if !all && !done {
                 break;
             }
-            let Some((h, copy)) = t.copies.pop_front() else {
+            let Some(PendingCopy { hash, copy, .. }) = t.copies.pop_front() else {
                 break;
             };
-            match self.kv.finish_block_copy(copy) {
-                Ok(bytes) => t.disk.store(h, bytes, &mut t.counters),
-                Err(e) => {
-                    t.counters.write_failures += 1;
-                    warn(&format!(
-                        "block {}'s copy to the host failed: {e}",
-                        h.to_hex()
-                    ));
+            let to_disk = t.disk.as_ref().is_some_and(|d| !d.holds(hash));
+            let landed = match t.host.as_mut() {
+                Some(host) => self.kv.finish_block_copy_held(copy).and_then(|held| {
+                    if to_disk {
+                        self.kv.host_block_bytes(&held, &mut bytes)?;
+                    }
+                    if !host.holds(hash) {
+                        t.host_counters.bytes_written += held.footprint() as u64;
+                    }
+                    for freed in host.put(hash, held, false, &mut t.host_counters) {
+                        self.kv.recycle_host_block(freed);
+                    }
+                    Ok(())
+                }),
+                None => self.kv.finish_block_copy(copy).map(|b| bytes = b),
+            };
+            match (landed, t.disk.as_mut()) {
+                (Ok(()), Some(d)) if to_disk => {
+                    d.store(hash, std::mem::take(&mut bytes), &mut t.disk_counters)
+                }
+                (Ok(()), _) => {}
+                (Err(e), _) => {
+                    let c = match t.host.is_some() {
+                        true => &mut t.host_counters,
+                        false => &mut t.disk_counters,
+                    };
+                    c.write_failures += 1;
+                    eprintln!(
+                        "ferrum: KV tiers: block {}'s copy to the host failed: {e}",
+                        hash.to_hex()
+                    );
                 }
             }
         }
     }
 
-    /// At the end of the engine loop: the tiers finish their writes, and the metrics show
-    /// them.
+    /// At the end of the engine loop: the tiers finish their writes, the metrics show them,
+    /// and the host tier's memory goes back to the cache's copier.
     pub(super) fn close_tiers(&mut self) {
         self.collect_copies(true);
-        if let Some(t) = self.tiers.as_mut() {
-            t.disk.close();
+        if let Some(d) = self.tiers.as_mut().and_then(|t| t.disk.as_mut()) {
+            d.close();
         }
         self.poll_tiers();
+        let held = match self.tiers.as_mut().and_then(|t| t.host.as_mut()) {
+            Some(h) => h.drain(),
+            None => Vec::new(),
+        };
+        for b in held {
+            self.kv.recycle_host_block(b);
+        }
     }
 
     /// Ends a parked request (its client went away); `false` when it is not parked.

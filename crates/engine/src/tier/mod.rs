@@ -1,19 +1,30 @@
 //! KV tiers below the pool: where a cached full block's K/V goes so it outlives the pool, and
-//! the process. Today one tier: the disk ([`disk::DiskTier`], `--kv-disk-dir`).
+//! the process. Two tiers, each optional: host memory below a GPU's pool ([`host::HostTier`],
+//! `--kv-offload-memory`) and the disk ([`disk::DiskTier`], `--kv-disk-dir`). Each keeps its
+//! own eviction order ([`ferrum_scheduler::TierIndex`]: recently and often used first).
 //!
-//! How it meets the engine (`engine/tiers.rs`) and the pure scheduler:
-//! - every block newly registered in the prefix cache is copied out of the KV cache and
-//!   written by the tier's I/O thread (`KvCacheManager::take_stores`);
-//! - a new request whose prompt continues past the pool's cached prefix with blocks the tier
-//!   holds waits (alone: the engine goes on with the others) while they are read and checked;
-//!   they are then *loadable*, and the step that admits it fills fresh blocks with them before
-//!   its forward pass instead of recomputing them (`SchedulerOutput::kv_loads`);
+//! How they meet the engine (`engine/tiers.rs`) and the pure scheduler:
+//! - every block newly registered in the prefix cache is copied out of the KV cache (on a GPU
+//!   by an asynchronous copy the next steps do not wait for) and handed to each tier that
+//!   lacks it (`KvCacheManager::take_stores`): write-through, so a block the pool evicts is
+//!   already below it;
+//! - a new request whose prompt continues past the pool's cached prefix with blocks a tier
+//!   holds gets them back: the host tier's at once (uploaded by the step that admits it, on
+//!   the main stream before its forward pass, the host not waiting), the disk's after they
+//!   were read and checked (the request waits alone: the engine goes on with the others).
+//!   Either way they are *loadable*, and the step that admits the request fills fresh blocks
+//!   with them instead of recomputing them (`SchedulerOutput::kv_loads`);
 //! - files are keyed by the scheduler's specified block hash under a [`fingerprint`] of
 //!   everything that makes K/V differ, so a restarted server (another build, another machine
 //!   with the same model) finds what a previous run left.
+//!
+//! For a model on the CPU the pool is host memory already: `--kv-offload-memory` adds its
+//! bytes to the pool (`EngineConfig::kv_offload_memory`) instead of copying blocks within the
+//! same memory, and there is no host tier.
 
 pub mod disk;
 pub mod file;
+pub mod host;
 
 use ferrum_scheduler::BlockHash;
 use sha2::{Digest, Sha256};
@@ -55,7 +66,7 @@ pub struct TierCounters {
     pub bytes: u64,
 }
 
-/// A warning about a tier, on standard error (the server's log).
+/// A warning about the disk tier, on standard error (the server's log).
 pub fn warn(msg: &str) {
     eprintln!("ferrum: KV disk tier: {msg}");
 }
@@ -97,29 +108,50 @@ pub fn fingerprint(p: &FingerprintParts<'_>) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
-/// The tiers of one engine, and the blocks read back for requests, not yet in the pool.
+/// A block read back or taken from a tier for a request, not yet in the pool.
 #[derive(Debug)]
+pub enum Staged {
+    /// Read from disk and checked.
+    Read(Vec<u8>),
+    /// Taken from the host tier (back to it once uploaded, or when its request is gone).
+    Held(ferrum_models::HostBlock),
+}
+
+/// A newly cached block on its way from the KV cache to the tiers.
+#[derive(Debug)]
+pub struct PendingCopy {
+    pub hash: BlockHash,
+    /// The pool's block it copies.
+    pub block: u32,
+    pub copy: ferrum_models::BlockCopy,
+    /// Whether the main stream was ordered after it (the pool gave the block up).
+    pub ordered: bool,
+}
+
+/// The tiers of one engine, and the blocks read back for requests, not yet in the pool.
+#[derive(Debug, Default)]
 pub struct KvTiers {
-    pub disk: disk::DiskTier,
-    pub counters: TierCounters,
-    /// Blocks read back and checked, not yet in the pool: the request they were read for, and
-    /// the bytes.
-    pub staged: HashMap<BlockHash, (u64, Vec<u8>)>,
-    /// Newly cached blocks on their way from a GPU's cache to the host, in the order they
+    pub host: Option<host::HostTier>,
+    pub disk: Option<disk::DiskTier>,
+    pub host_counters: TierCounters,
+    pub disk_counters: TierCounters,
+    /// Blocks read back or taken, not yet in the pool: the request they are for, and the
+    /// K/V.
+    pub staged: HashMap<BlockHash, (u64, Staged)>,
+    /// Newly cached blocks on their way from the cache to the host, in the order they
     /// started (a host cache's are ready at once).
-    pub copies: std::collections::VecDeque<(BlockHash, ferrum_models::BlockCopy)>,
+    pub copies: std::collections::VecDeque<PendingCopy>,
 }
 
 impl KvTiers {
-    pub fn new(disk: disk::DiskTier, counters: TierCounters) -> KvTiers {
-        KvTiers {
-            disk,
-            counters: TierCounters {
-                enabled: true,
-                ..counters
-            },
-            staged: HashMap::new(),
-            copies: Default::default(),
-        }
+    /// Whether every tier that is on holds `hash`.
+    pub fn all_hold(&self, hash: BlockHash) -> bool {
+        self.host.as_ref().is_none_or(|t| t.holds(hash))
+            && self.disk.as_ref().is_none_or(|t| t.holds(hash))
+    }
+
+    /// Whether no tier is on.
+    pub fn is_empty(&self) -> bool {
+        self.host.is_none() && self.disk.is_none()
     }
 }

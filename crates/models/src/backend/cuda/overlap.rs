@@ -287,7 +287,7 @@ impl CudaBackend {
     fn start_read(&mut self, src: DevicePtr, bytes: usize) -> Result<BlockCopy> {
         let copier = match self.overlap.copier.take() {
             Some(c) => c,
-            None => Copier::new(&self.gpu)?,
+            None => Copier::new(&self.gpu, false)?,
         };
         // The main stream waits for it only before the tokens' buffers are written again
         // (`guard_tokens`), not at once.
