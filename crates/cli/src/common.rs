@@ -401,6 +401,7 @@ pub fn single_engine(
         scheduling: SchedulingPolicy::Priority,
         tenant_weights: Vec::new(),
         cost_seed: ferrum_engine::DEFAULT_COST_SEED,
+        calibrate: false,
     };
     start_engine(model, tokenizer, &cfg, speculative, model_args)
 }
@@ -750,6 +751,7 @@ impl EngineArgs {
             },
             tenant_weights: self.tenant_weights()?,
             cost_seed: ferrum_engine::DEFAULT_COST_SEED,
+            calibrate: false,
         })
     }
 }

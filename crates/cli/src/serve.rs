@@ -61,6 +61,11 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// Skip the step cost model's calibration at start (a few synthetic requests, about as
+    /// long as prefilling 700 tokens twice); the model then learns from the first requests'
+    /// steps, and first-token targets are not judged until it has seen enough of them.
+    #[arg(long)]
+    no_calibration: bool,
     #[command(flatten, next_help_heading = "Batching engine")]
     engine: EngineArgs,
 }
@@ -106,6 +111,7 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
     // A server's KV cache becomes resident in its first idle seconds, not over hours of
     // traffic: its resident size then stays flat under load.
     cfg.prefault_kv_cache = true;
+    cfg.calibrate = !args.no_calibration;
     let kv_dtype = model.config().kv_cache_dtype;
     let device = model.device_name();
     let engine = crate::common::start_engine(
@@ -124,6 +130,16 @@ pub fn serve(args: &ServeArgs, launch: &Launch) -> Result<()> {
             dir.display(),
             m.kv_disk.blocks,
             m.kv_disk.bytes
+        );
+    }
+    if let Some(s) = m.calibration_seconds {
+        let [step, prefill, decode, _] = m.cost;
+        eprintln!(
+            "ferrum: step cost calibrated in {s:.2} s: {:.2} ms a step + {:.3} ms a prefill token \
+             + {:.3} ms a decode row",
+            step * 1e3,
+            prefill * 1e3,
+            decode * 1e3
         );
     }
     if let Some(bytes) = cfg.kv_offload_memory {

@@ -52,6 +52,9 @@ pub struct EngineConfig {
     /// Where the step cost model starts (seconds per step, per prefill token, per decode row,
     /// per KV block) before the engine's own steps refine it.
     pub cost_seed: [f64; 4],
+    /// Calibrate the cost model at start with a few synthetic requests of the engine's own
+    /// (see `engine/calibrate.rs`), so predictions are trusted from the first request.
+    pub calibrate: bool,
 }
 
 /// A step cost to start from: a few milliseconds per step, a millisecond per prefill token and
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             scheduling: ferrum_scheduler::SchedulingPolicy::Priority,
             tenant_weights: Vec::new(),
             cost_seed: DEFAULT_COST_SEED,
+            calibrate: false,
         }
     }
 }

@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+mod calibrate;
 mod lifecycle;
 mod spec_steps;
 mod tiers;

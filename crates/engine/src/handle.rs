@@ -238,7 +238,6 @@ impl EngineHandle {
             core.prefault_kv_cache();
         }
         core.set_overlap(cfg.overlap_steps);
-        core.set_kv_tiers(cfg.kv_disk.as_ref(), cfg.kv_offload_memory, cfg.block_size)?;
         if let Some(spec) = cfg.speculative {
             core.set_speculative(spec, draft)?;
         } else if draft.is_some() {
@@ -248,6 +247,11 @@ impl EngineHandle {
         }
         core.set_tenants(tenants);
         core.set_cost_seed(cfg.cost_seed);
+        if cfg.calibrate {
+            core.calibrate()?;
+        }
+        // After the calibration: none of its blocks goes down to the tiers.
+        core.set_kv_tiers(cfg.kv_disk.as_ref(), cfg.kv_offload_memory, cfg.block_size)?;
         setup(&mut core);
         let thread = std::thread::Builder::new()
             .name("ferrum-engine".into())

@@ -144,6 +144,8 @@ pub struct Metrics {
     /// The disk tier below the pool (`--kv-disk-dir`), and the folder of this cache's blocks.
     pub kv_disk: crate::tier::TierCounters,
     pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// Seconds the cost model's calibration at start took (`None`: it did not run).
+    pub calibration_seconds: Option<f64>,
     /// The host tier below a GPU's pool (`--kv-offload-memory`).
     pub kv_host: crate::tier::TierCounters,
     /// The step cost model ([`ferrum_scheduler::CostModel`]): seconds per step, per prefill
@@ -196,6 +198,7 @@ impl Default for Metrics {
             kv_disk: crate::tier::TierCounters::default(),
             kv_disk_dir: None,
             kv_host: crate::tier::TierCounters::default(),
+            calibration_seconds: None,
             cost: [0.0; 4],
             cost_ready: false,
             pending_prefill_tokens: 0,

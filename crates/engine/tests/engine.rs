@@ -637,3 +637,61 @@ fn a_tpot_target_caps_the_prefill_beside_its_decode() {
     assert_eq!(e.metrics().max_num_batched_tokens, budget);
     e.shutdown();
 }
+
+/// The cost calibration at start: the engine's model is trusted before any request, the
+/// metrics show nothing of the calibration's requests, and the first request's tokens are
+/// those of an engine without it. A first-token target the prompt alone cannot meet is then
+/// the client's error from the first request on (an uncalibrated engine has nothing to judge
+/// it by, and takes it).
+#[test]
+fn a_calibrated_engine_judges_targets_from_the_first_request() {
+    use ferrum_engine::{EngineError, Slo};
+    let prompt: Vec<TokenId> = (0..40).map(|j| 3 + (j * 11) % 150).collect();
+    let tight = GenerateRequest {
+        slo: Some(Slo {
+            ttft: Some(Duration::from_nanos(1)),
+            ..Slo::default()
+        }),
+        ..GenerateRequest::new(prompt.clone(), greedy_exactly(2))
+    };
+    let plain = engine("tiny-qwen2", EngineConfig::default());
+    let m = plain.metrics();
+    assert!(!m.cost_ready && m.calibration_seconds.is_none());
+    let want = collect(
+        plain
+            .generate(GenerateRequest::new(prompt.clone(), greedy_exactly(6)))
+            .unwrap(),
+        1,
+    );
+    collect(plain.generate(tight.clone()).unwrap(), 1);
+    plain.shutdown();
+    let e = engine(
+        "tiny-qwen2",
+        EngineConfig {
+            calibrate: true,
+            ..EngineConfig::default()
+        },
+    );
+    let m = e.metrics();
+    assert!(m.cost_ready, "{:?}", m.cost);
+    assert!(m.calibration_seconds.is_some_and(|s| s > 0.0));
+    assert!(m.cost[1] > 0.0 || m.cost[0] > 0.0, "{:?}", m.cost);
+    assert_eq!((m.steps, m.prompt_tokens, m.generation_tokens), (0, 0, 0));
+    assert_eq!(
+        (m.prefix_cache_queries, m.num_running, m.num_waiting),
+        (0, 0, 0)
+    );
+    assert_eq!(m.time_to_first_token.count, 0);
+    match e.generate(tight) {
+        Err(EngineError::Request(msg)) => assert!(msg.contains("alone"), "{msg}"),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a target the prompt alone cannot meet was taken"),
+    }
+    let got = collect(
+        e.generate(GenerateRequest::new(prompt, greedy_exactly(6)))
+            .unwrap(),
+        1,
+    );
+    assert_eq!(got.0, want.0);
+    e.shutdown();
+}

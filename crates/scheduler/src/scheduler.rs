@@ -384,6 +384,12 @@ impl Scheduler {
         self.seqs.get(&id).map(|_| self.kv.block_table(id))
     }
 
+    /// Zeroes the counters of [`Scheduler::stats`] (prefix-cache queries and hits,
+    /// preemptions): what ran before is not to be reported (the engine's calibration).
+    pub fn reset_stats(&mut self) {
+        self.stats = SchedulerStats::default();
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         let pool = self.kv.pool();
         SchedulerStats {

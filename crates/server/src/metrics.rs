@@ -277,6 +277,14 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     for ((name, help), v) in cost.into_iter().zip(m.cost) {
         o.metric(name, "gauge", help, v);
     }
+    if let Some(s) = m.calibration_seconds {
+        o.metric(
+            "ferrum_cost_calibration_seconds",
+            "gauge",
+            "Seconds the step cost model's calibration at start took.",
+            s,
+        );
+    }
     o.metric(
         "ferrum_cost_model_ready",
         "gauge",
