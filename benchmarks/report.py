@@ -156,6 +156,7 @@ def real_files(d: pathlib.Path) -> None:
     kv_disk(d)
     kv_quant(d)
     slo_mix(d)
+    tenant_share(d)
     serve = {x.stem[len("mem-serve-"):]: load(x) for x in sorted(d.glob("mem-serve-*.json"))}
     serve = {k: v for k, v in serve.items() if v}
     if serve:
@@ -266,6 +267,31 @@ def slo_mix(d: pathlib.Path) -> None:
             p(f"| {run['policy']} | {c['name']} | {c['sent']} | {c['completed']} | {c['refused']} | "
               f"{100 * c['goodput']:.1f}% | {c['output_tok_s']:.1f} | {f('ttft_ms')} | {f('tpot_ms')} | "
               f"{f('chunk_gap_ms')} |")
+    p("")
+
+
+def tenant_share(d: pathlib.Path) -> None:
+    """Fair shares between tenants through HTTP (benchmarks/tenant_share.py)."""
+    r = load(d / "tenants.json")
+    if not r:
+        return
+    p = print
+    p("### Fair shares between tenants (`--scheduling fair --tenant-weights a=3,b=1`)\n")
+    p(f"{r['model']}: two tenants, each a closed loop of {r['concurrency_per_tenant']} clients "
+      f"({r['input_len']}-token prompts, {r['output_len']} out), against "
+      f"`--max-num-seqs {r['max_num_seqs']}`, for {r['duration_s']:.0f} s, one fresh server per "
+      "run (`python3 benchmarks/tenant_share.py --model M`). Computed tokens are the server's "
+      "(`ferrum_tenant_computed_tokens_total`, prompt and output) between 20% and 95% of the "
+      "run, while both flood; the clients' completed requests include the queue draining after "
+      "they stop.\n")
+    p("| policy | tenant | computed tokens | a : b, computed | completed | out tok/s |")
+    p("| --- | --- | --- | --- | --- | --- |")
+    for run in r["runs"]:
+        ratio = run.get("computed_ratio_a_to_b")
+        for t, c in run["tenants"].items():
+            p(f"| {run['policy']} | {t} | {c.get('computed_tokens', 0):.0f} | "
+              f"{f'{ratio:.2f}' if ratio and t == 'a' else ''} | {c['completed']} | "
+              f"{c['output_tok_s']:.1f} |")
     p("")
 
 

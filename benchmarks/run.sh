@@ -168,6 +168,10 @@ if [ "$quick" = 0 ]; then
   python3 benchmarks/slo_mix.py --bin "$ferrum" --threads "$threads" \
     --model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)" \
     > "$out/slomix.json" || rm -f "$out/slomix.json"
+  echo "== tenant shares (Qwen2.5-Coder-0.5B)"
+  python3 benchmarks/tenant_share.py --bin "$ferrum" --threads "$threads" \
+    --model "$(bash scripts/fetch-model.sh qwen2.5-coder-0.5b | tail -n 1)" \
+    > "$out/tenants.json" || rm -f "$out/tenants.json"
   if [ -x "$llama_bin/llama-perplexity" ]; then
     echo "== int8 KV cache (Qwen2.5-Coder-1.5B)"
     python3 benchmarks/kv_quant.py --bin "$ferrum" --llama-bin "$llama_bin" --model "$q15" \

@@ -458,6 +458,10 @@ impl EngineCore {
             ));
         }
         self.shape = self.st.sched.step_shape(&out);
+        for s in &out.seqs {
+            let t = self.st.sched.tenant(s.id).unwrap_or(0);
+            self.tenants.count(t, s.num_tokens);
+        }
         // Blocks read back from a tier, before the forward pass reads them.
         self.load_blocks(&out)?;
         self.st.sched.fill_batch(&out, &mut self.batch)?;
@@ -783,6 +787,9 @@ impl EngineCore {
                 None => budget,
             };
             m.prefill_cap = cap;
+            m.tenant_computed_tokens.clear();
+            m.tenant_computed_tokens
+                .extend_from_slice(self.tenants.computed());
         }
     }
 }

@@ -144,6 +144,9 @@ pub struct Metrics {
     /// The disk tier below the pool (`--kv-disk-dir`), and the folder of this cache's blocks.
     pub kv_disk: crate::tier::TierCounters,
     pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// Tokens computed for each named tenant (the first `tenants::COUNTED_TENANTS`,
+    /// weighted ones first), by name.
+    pub tenant_computed_tokens: Vec<(String, u64)>,
     /// Seconds the cost model's calibration at start took (`None`: it did not run).
     pub calibration_seconds: Option<f64>,
     /// The host tier below a GPU's pool (`--kv-offload-memory`).
@@ -199,6 +202,7 @@ impl Default for Metrics {
             kv_disk_dir: None,
             kv_host: crate::tier::TierCounters::default(),
             calibration_seconds: None,
+            tenant_computed_tokens: Vec::new(),
             cost: [0.0; 4],
             cost_ready: false,
             pending_prefill_tokens: 0,

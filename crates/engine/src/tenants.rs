@@ -2,16 +2,23 @@
 //! server's `user`); `--tenant-weights` lists the weighted ones, numbered from 1 in order;
 //! other names get the next numbers as they first appear (weight 1), up to [`MAX_TENANTS`],
 //! after which they share number 0 with the requests that name none (so a client sending
-//! endless names cannot grow the table without bound).
+//! endless names cannot grow the table without bound). The tokens computed for the first
+//! [`COUNTED_TENANTS`] numbers (the weighted tenants, then names as they appear) are counted
+//! ([`Tenants::count`]) for `/metrics`: what the weights share.
 
 use std::collections::HashMap;
 
 /// Most distinct tenant names numbered.
 pub const MAX_TENANTS: usize = 1 << 16;
 
+/// Tenants whose computed tokens are counted (a bound on `/metrics`' series).
+pub const COUNTED_TENANTS: usize = 64;
+
 #[derive(Debug, Clone, Default)]
 pub struct Tenants {
     ids: HashMap<String, u32>,
+    /// The first [`COUNTED_TENANTS`] names (numbers 1..) and the tokens computed for each.
+    counted: Vec<(String, u64)>,
 }
 
 impl Tenants {
@@ -27,6 +34,21 @@ impl Tenants {
         (t, pairs)
     }
 
+    /// Counts `tokens` computed for tenant number `tenant` (see the module docs).
+    pub fn count(&mut self, tenant: u32, tokens: usize) {
+        if let Some(c) = (tenant as usize)
+            .checked_sub(1)
+            .and_then(|i| self.counted.get_mut(i))
+        {
+            c.1 += tokens as u64;
+        }
+    }
+
+    /// The counted tenants' names and the tokens computed for each so far.
+    pub fn computed(&self) -> &[(String, u64)] {
+        &self.counted
+    }
+
     /// The number of a tenant's name (0 for none).
     pub fn id(&mut self, name: Option<&str>) -> u32 {
         let Some(name) = name else {
@@ -40,6 +62,9 @@ impl Tenants {
         }
         let id = self.ids.len() as u32 + 1;
         self.ids.insert(name.to_string(), id);
+        if self.counted.len() < COUNTED_TENANTS {
+            self.counted.push((name.to_string(), 0));
+        }
         id
     }
 }
@@ -57,5 +82,26 @@ mod tests {
             (2, 3, 3)
         );
         assert_eq!(t.id(None), 0);
+        t.count(1, 5);
+        t.count(2, 7);
+        t.count(1, 1);
+        // Named tenants are counted, weighted or not; unnamed ones are not.
+        t.count(3, 100);
+        t.count(0, 100);
+        t.count(9, 100);
+        assert_eq!(
+            t.computed(),
+            &[
+                ("a".to_string(), 6),
+                ("b".to_string(), 7),
+                ("z".to_string(), 100)
+            ]
+        );
+        // Past the bound, names are numbered but not counted.
+        for i in 0..2 * COUNTED_TENANTS {
+            let id = t.id(Some(&format!("t{i}")));
+            t.count(id, 1);
+        }
+        assert_eq!(t.computed().len(), COUNTED_TENANTS);
     }
 }

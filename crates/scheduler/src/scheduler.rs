@@ -359,6 +359,11 @@ impl Scheduler {
         self.seqs.get(&id).map(|s| s.prompt_len)
     }
 
+    /// A sequence's tenant.
+    pub fn tenant(&self, id: RequestId) -> Option<u32> {
+        self.seqs.get(&id).map(|s| s.tenant)
+    }
+
     /// A sequence's tokens with K/V in the cache.
     pub fn num_computed(&self, id: RequestId) -> Option<usize> {
         self.seqs.get(&id).map(|s| s.num_computed)

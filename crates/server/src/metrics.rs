@@ -277,6 +277,22 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     for ((name, help), v) in cost.into_iter().zip(m.cost) {
         o.metric(name, "gauge", help, v);
     }
+    if !m.tenant_computed_tokens.is_empty() {
+        let name = "ferrum_tenant_computed_tokens_total";
+        let _ = writeln!(
+            o.text,
+            "# HELP {name} Tokens computed (prompt and output) for each tenant (`user`; the first 64 named, weighted ones first)."
+        );
+        let _ = writeln!(o.text, "# TYPE {name} counter");
+        for (tenant, n) in &m.tenant_computed_tokens {
+            let _ = writeln!(
+                o.text,
+                "{name}{{{},tenant=\"{}\"}} {n}",
+                o.labels,
+                label(tenant)
+            );
+        }
+    }
     if let Some(s) = m.calibration_seconds {
         o.metric(
             "ferrum_cost_calibration_seconds",
