@@ -111,7 +111,8 @@ def compile_job(job):
 def build(out, compress=True, archs=ARCHS, only=None):
     """Compiles every spec (or those named in ``only``) for ``archs`` into ``out``."""
     os.makedirs(out, exist_ok=True)
-    manifest = {"triton": triton.__version__, "archs": [a for a, _ in archs], "kernels": []}
+    manifest = {"triton": triton.__version__, "archs": [a for a, _ in archs], "kernels": [],
+                "dispatch": specs.dispatch()}
     if OVERRIDES:
         manifest["overrides"] = OVERRIDES
     blobs = {arch: bytearray() for arch, _ in archs}

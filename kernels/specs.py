@@ -74,6 +74,16 @@ ALIGNED_INTS = frozenset({
     "gate_stride", "up_stride"})
 
 
+def dispatch():
+    """What the launcher must know of the specializations above to pick among them, written
+    into the manifest (``dispatch``) so the Rust side reads these values instead of keeping
+    copies: products of at most ``decode_m`` rows take the decode tiles, of more than
+    ``large_m`` rows (half-precision weights) the large ones; prefill attention tiles are
+    ``prefill_m`` query tokens; attention and KV kernels exist for the ``head_blocks``."""
+    return {"decode_m": DECODE_M, "large_m": LARGE_M, "prefill_m": PREFILL_M,
+            "head_blocks": list(HEAD_BLOCKS)}
+
+
 def aligned_hints(spec):
     """The parameters the aligned variant of ``spec`` assumes divisible by 16, in order."""
     return [name for name, ty in spec["params"]

@@ -271,6 +271,16 @@ fn an_overlay_of_candidate_kernels_runs_through_the_engine() {
     });
     let err = Gpu::interpreted_with(&config, Some(Manifest::from_dir(&dir).unwrap())).unwrap_err();
     assert!(err.to_string().contains("takes other parameters"), "{err}");
+    // Built with other dispatch values than this build's (`kernels/specs.py` changed since).
+    let dir = overlay(&|_| {});
+    let path = dir.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m["dispatch"] = embedded["dispatch"].clone();
+    m["dispatch"]["decode_m"] = json!(8);
+    std::fs::write(&path, m.to_string()).unwrap();
+    let err = Gpu::interpreted_with(&config, Some(Manifest::from_dir(&dir).unwrap())).unwrap_err();
+    assert!(err.to_string().contains("other dispatch values"), "{err}");
 }
 
 fn fixture(name: &str, tol: f32) {

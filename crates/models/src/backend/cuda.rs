@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ferrum_runtime::cpu::{AttentionShape, GatedAct, Rope};
-use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, GraphId, KernelArg, SharedGpu};
+use ferrum_runtime::cuda::{DeviceBuffer, DevicePtr, Dispatch, GraphId, KernelArg, SharedGpu};
 use ferrum_runtime::{DType, Tensor};
 use ferrum_types::ForwardBatch;
 
@@ -61,17 +61,6 @@ use crate::{CudaGraphs, KvCache, ModelConfig, ModelError, Result};
 pub const GRAPH_BUCKETS: [usize; 15] =
     [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
 
-/// Products with at most this many activation rows take the decode specializations
-/// (`DECODE_M` in `kernels/specs.py`).
-const DECODE_M: usize = 16;
-
-/// Products of a half-precision weight with more rows than this take the `_large` tiles
-/// (`LARGE_M` in `kernels/specs.py`); from [`DECODE_M`] up, the 32 x 64 tiles.
-const LARGE_M: usize = 512;
-
-/// Query tokens per tile of the prefill attention kernel (`PREFILL_M` in `kernels/specs.py`).
-const PREFILL_M: usize = 64;
-
 /// Keys per range of split-K decode attention (`paged_attention_split`), at least: a decode
 /// token whose context is longer attends in ranges, merged by `attention_combine`.
 pub const SPLIT_KEYS: usize = 512;
@@ -80,8 +69,8 @@ pub const SPLIT_KEYS: usize = 512;
 /// the partials' buffer (`tokens x heads x 16 x (head_dim + 2)` f32) and the grid.
 pub const ATTENTION_RANGES: usize = 16;
 
-/// Split-K decode products (`gemm_*_split`, `qgemm_*_split`): a product of at most 16 rows
-/// (`DECODE_M`) whose output tiles make fewer than `programs` programs is cut along `k` into
+/// Split-K decode products (`gemm_*_split`, `qgemm_*_split`): a product of at most
+/// `decode_m` rows (the manifest's [`Dispatch`]) whose output tiles make fewer than `programs` programs is cut along `k` into
 /// enough ranges to make about that many, each at least `min_k` columns deep and of whole
 /// blocks of a block format. How many ranges depends on
 /// the weight's shape only, never on the batch.
@@ -111,9 +100,6 @@ impl DecodeSplit {
         }
     }
 }
-
-/// Head sizes the attention and KV kernels are compiled for (`kernels/specs.py`).
-const HEAD_BLOCKS: [usize; 4] = [32, 64, 128, 256];
 
 /// A linear weight on the device, `[rows, cols]` as stored.
 #[derive(Debug)]
@@ -182,8 +168,13 @@ pub struct CudaBackend {
     num_real_tokens: usize,
     /// Deferred results and the inputs that refer to the previous step's tokens.
     overlap: overlap::Overlap,
-    /// Products of more than [`DECODE_M`] rows on the vendor library ([`Self::set_gemm`]).
+    /// Products of more than `decode_m` rows on the vendor library ([`Self::set_gemm`]).
     vendor: vendor::Vendor,
+    /// How launches pick among the kernels (`kernels/specs.py`'s values, from the manifest):
+    /// products of at most `decode_m` rows take the decode tiles, of more than `large_m` the
+    /// large ones (from `decode_m` up, 32 x 64 tiles); prefill attention tiles of `prefill_m`
+    /// query tokens; attention and KV kernels for the `head_blocks`.
+    dispatch: Dispatch,
 }
 
 fn i32_arg(v: usize, what: &str) -> Result<KernelArg> {
@@ -203,7 +194,10 @@ fn cdiv(a: usize, b: i64) -> u32 {
 impl CudaBackend {
     /// A backend launching on `gpu`, with decode graphs when `graphs` says so.
     pub fn new(gpu: SharedGpu, graphs: CudaGraphs) -> CudaBackend {
-        let sms = gpu.lock().multiprocessors();
+        let (sms, dispatch) = {
+            let g = gpu.lock();
+            (g.multiprocessors(), g.dispatch().clone())
+        };
         // The one-pass RMSNorm widths this build embeds, narrowest first (both residual forms
         // are built for each).
         let norm_widths = {
@@ -246,6 +240,7 @@ impl CudaBackend {
             num_real_tokens: 0,
             overlap: overlap::Overlap::default(),
             vendor: vendor::Vendor::default(),
+            dispatch,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::driver::CudaDriver;
 use super::interpreted::{InterpretedDriver, InterpreterConfig};
-use super::manifest::{ArgKind, KernelSpec, Manifest, Variant};
+use super::manifest::{ArgKind, Dispatch, KernelSpec, Manifest, Variant};
 use super::ops::{Driver, KernelHandle, LaunchDims, Op, GEMM_HANDLE, GRAPH_HANDLE, MAIN_STREAM};
 use super::stream::{HostState, Stream};
 use crate::{Result, RuntimeError};
@@ -106,6 +106,7 @@ pub struct KernelTime {
 /// A device with every embedded kernel loaded.
 pub struct Gpu {
     pub(super) driver: Box<dyn Driver>,
+    dispatch: Dispatch,
     kernels: Vec<Loaded>,
     /// Each kernel's index in `kernels`, by name: a launch looks its kernel up once.
     by_name: HashMap<String, usize>,
@@ -162,6 +163,18 @@ impl Gpu {
     /// an embedded one with the same parameters (the launches are written for those).
     fn with_driver(mut driver: Box<dyn Driver>, overlay: Option<Manifest>) -> Result<Gpu> {
         let manifest = Manifest::embedded()?;
+        let dispatch = manifest.dispatch.clone().ok_or_else(|| {
+            RuntimeError::Kernels("the embedded manifest has no dispatch values".into())
+        })?;
+        if let Some(d) = overlay.as_ref().and_then(|o| o.dispatch.as_ref()) {
+            if *d != dispatch {
+                return Err(RuntimeError::Kernels(format!(
+                    "{}: built with other dispatch values ({d:?}) than this build's \
+                     ({dispatch:?})",
+                    overlay.as_ref().map_or_else(String::new, |o| o.source())
+                )));
+            }
+        }
         if let Some(o) = &overlay {
             for k in &o.kernels {
                 match manifest.kernel(&k.name) {
@@ -252,6 +265,7 @@ impl Gpu {
             .collect();
         Ok(Gpu {
             driver,
+            dispatch,
             kernels,
             by_name,
             load_time: start.elapsed(),
@@ -262,6 +276,11 @@ impl Gpu {
             hosts: HashMap::new(),
             gemm_library: None,
         })
+    }
+
+    /// How launches pick among the kernels (`kernels/specs.py`'s values, from the manifest).
+    pub fn dispatch(&self) -> &Dispatch {
+        &self.dispatch
     }
 
     /// The device in words.

@@ -136,6 +136,38 @@ pub struct BlobInfo {
     pub bytes: usize,
 }
 
+/// What the launcher must know of the specializations to pick among them: the one source of
+/// these values is `kernels/specs.py` (`dispatch()`), which the build writes into the
+/// manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Dispatch {
+    /// Products of at most this many activation rows take the decode specializations.
+    pub decode_m: usize,
+    /// Products of a half-precision weight with more rows than this take the `_large` tiles.
+    pub large_m: usize,
+    /// Query tokens per tile of the prefill attention kernels.
+    pub prefill_m: usize,
+    /// Head sizes the attention and KV kernels are built for, increasing.
+    pub head_blocks: Vec<usize>,
+}
+
+impl Dispatch {
+    fn check(&self) -> Result<()> {
+        let ok = self.decode_m >= 1
+            && self.large_m >= self.decode_m
+            && self.prefill_m >= 1
+            && !self.head_blocks.is_empty()
+            && self.head_blocks.windows(2).all(|w| w[0] < w[1]);
+        if ok {
+            Ok(())
+        } else {
+            Err(RuntimeError::Kernels(format!(
+                "bad dispatch values {self:?}"
+            )))
+        }
+    }
+}
+
 /// All embedded kernels.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
@@ -147,6 +179,10 @@ pub struct Manifest {
     pub blobs: BTreeMap<String, BlobInfo>,
     /// The specializations.
     pub kernels: Vec<KernelSpec>,
+    /// How launches pick among them: required of the embedded manifest; an overlay's, when it
+    /// has one, must be the same.
+    #[serde(default)]
+    pub dispatch: Option<Dispatch>,
     /// The folder of a manifest read by [`Manifest::from_dir`], whose blobs are read from it;
     /// `None` for the embedded one.
     #[serde(skip)]
@@ -159,6 +195,11 @@ impl Manifest {
         let manifest: Manifest = serde_json::from_str(MANIFEST_JSON)
             .map_err(|e| RuntimeError::Kernels(format!("embedded manifest: {e}")))?;
         manifest.check()?;
+        if manifest.dispatch.is_none() {
+            return Err(RuntimeError::Kernels(
+                "embedded manifest: no dispatch values (rebuild with kernels/build.py)".into(),
+            ));
+        }
         Ok(manifest)
     }
 
@@ -282,6 +323,9 @@ impl Manifest {
     /// pointer or integer parameters, and its binaries obey the same rules (the cubins
     /// themselves are checked when a blob is decompressed, [`Manifest::cubin`]).
     fn check(&self) -> Result<()> {
+        if let Some(d) = &self.dispatch {
+            d.check()?;
+        }
         for spec in &self.kernels {
             let err = |s: String| RuntimeError::Kernels(format!("kernel {}: {s}", spec.name));
             for (name, ty) in &spec.params {
@@ -388,6 +432,40 @@ mod tests {
         // Every pointer and the sizes and strides, never the row count.
         assert!(names.contains(&"w_ptr") && names.contains(&"k") && names.contains(&"x_stride"));
         assert!(!names.contains(&"m"), "{names:?}");
+    }
+
+    /// The dispatch values come from `kernels/specs.py` through the manifest (CI's
+    /// `build.py --check` holds the manifest to the build); bad ones are refused.
+    #[test]
+    fn dispatch_values_are_in_the_manifest_and_checked() {
+        let m = Manifest::embedded().expect("embedded manifest");
+        let d = m.dispatch.clone().expect("dispatch values");
+        assert!(d.decode_m >= 1 && d.large_m > d.decode_m && d.prefill_m >= 1);
+        assert!(d.head_blocks.contains(&128), "{d:?}");
+        // A decode tile of the decode specializations is `decode_m` rows high.
+        let gemm = m.kernel("gemm_bf16_decode").expect("gemm_bf16_decode");
+        assert_eq!(gemm.constexprs.get("BLOCK_M"), Some(&(d.decode_m as i64)));
+        for bad in [
+            Dispatch {
+                decode_m: 0,
+                ..d.clone()
+            },
+            Dispatch {
+                large_m: 1,
+                decode_m: 16,
+                ..d.clone()
+            },
+            Dispatch {
+                head_blocks: vec![64, 32],
+                ..d.clone()
+            },
+            Dispatch {
+                head_blocks: vec![],
+                ..d.clone()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

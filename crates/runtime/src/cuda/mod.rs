@@ -49,5 +49,5 @@ pub use buffer::{DeviceBuffer, SharedGpu};
 pub use gemm::{Gemm, GemmSupport, GemmType};
 pub use gpu::{DevicePtr, Gpu, GraphId, KernelArg, KernelTime, VariantLaunches};
 pub use interpreted::{InterpretedGemm, InterpreterConfig};
-pub use manifest::{AlignedVariant, KernelBinary, KernelSpec, Manifest, Variant};
+pub use manifest::{AlignedVariant, Dispatch, KernelBinary, KernelSpec, Manifest, Variant};
 pub use stream::{Event, HostBuffer, Stream};

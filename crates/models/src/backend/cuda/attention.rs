@@ -95,15 +95,16 @@ impl CudaBackend {
             .map_err(|_| ModelError::Invalid(format!("{num_kv_heads} KV heads are too many")))
     }
 
-    pub(super) fn head_block(head_dim: usize) -> Result<usize> {
-        HEAD_BLOCKS
+    pub(super) fn head_block(&self, head_dim: usize) -> Result<usize> {
+        let blocks = &self.dispatch.head_blocks;
+        blocks
             .iter()
             .copied()
             .find(|&b| b >= head_dim)
             .ok_or_else(|| {
                 ModelError::NotOnDevice(format!(
                     "head_dim {head_dim} is larger than the GPU kernels' largest ({})",
-                    HEAD_BLOCKS[HEAD_BLOCKS.len() - 1]
+                    blocks.last().copied().unwrap_or(0)
                 ))
             })
     }
@@ -145,7 +146,7 @@ impl CudaBackend {
         _batch: &ForwardBatch,
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
-        let d = Self::head_block(shape.head_dim)?;
+        let d = self.head_block(shape.head_dim)?;
         let name = format!("rope_kv_write_{}_d{d}", kv.dtype().name());
         let (u, runs) = self.rope_of(rope)?;
         let (half, hd) = (u.short.1.len(), u.head_dim);
@@ -189,7 +190,7 @@ impl CudaBackend {
         _batch: &ForwardBatch,
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
-        let d = Self::head_block(shape.head_dim)?;
+        let d = self.head_block(shape.head_dim)?;
         let name = format!("kv_write_{}_d{d}", kv.dtype().name());
         let args = [
             p(self.buf(Buf::K)?),
@@ -213,7 +214,7 @@ impl CudaBackend {
         _batch: &ForwardBatch,
     ) -> Result<()> {
         let (kc, vc) = kv.device_layer(layer)?;
-        let d = Self::head_block(shape.head_dim)?;
+        let d = self.head_block(shape.head_dim)?;
         let group = shape.num_heads / shape.num_kv_heads.max(1);
         let kind = kv.dtype().name();
         // Prompt chunks: tiles of query tokens (prefill_attention); the tokens that attend
@@ -222,9 +223,10 @@ impl CudaBackend {
         let mut launches = Vec::with_capacity(2);
         if let Some((at, n)) = self.at.tiles {
             let name = format!("prefill_attention_{kind}_d{d}");
-            if self.block(&name, "BLOCK_M")? != PREFILL_M as i64 {
+            let prefill_m = self.dispatch.prefill_m;
+            if self.block(&name, "BLOCK_M")? != prefill_m as i64 {
                 return Err(ModelError::Invalid(format!(
-                    "kernel {name} was built for another tile height than {PREFILL_M}"
+                    "kernel {name} was built for another tile height than {prefill_m}"
                 )));
             }
             // tiles, positions

@@ -133,7 +133,7 @@ impl CudaBackend {
         (y, y_stride): (DevicePtr, usize),
         m: usize,
     ) -> Result<()> {
-        if m <= DECODE_M {
+        if m <= self.dispatch.decode_m {
             if let Some(per) = self.split_columns(&Self::split_name(w)?, w)? {
                 return self.gemm_split(((x, x_stride), (y, y_stride)), w, m, per, None);
             }
@@ -152,12 +152,16 @@ impl CudaBackend {
         // Decode-shaped products (few rows) take the narrow, deep tiles made for reading the
         // weights at bandwidth with one activation row (kernels/specs.py).
         // Long prefill chunks of a half-precision weight take wide, pipelined tiles.
-        let decode = if m <= DECODE_M { "_decode" } else { "" };
+        let decode = if m <= self.dispatch.decode_m {
+            "_decode"
+        } else {
+            ""
+        };
         let (name, args) = match form(w.dtype)? {
             Form::Float(f) => (
                 match (m, f) {
-                    (m, _) if m <= DECODE_M => format!("gemm_{f}_decode"),
-                    (m, "f16" | "bf16") if m > LARGE_M => format!("gemm_{f}_large"),
+                    (m, _) if m <= self.dispatch.decode_m => format!("gemm_{f}_decode"),
+                    (m, "f16" | "bf16") if m > self.dispatch.large_m => format!("gemm_{f}_large"),
                     _ => format!("gemm_{f}_bias0"),
                 },
                 vec![
@@ -211,7 +215,7 @@ impl CudaBackend {
         let stride = self.stride(Buf::Gate);
         let y = (self.buf(out)?, self.stride(out));
         // Few rows: the activation inside the (split-K) down product.
-        if self.tokens <= DECODE_M {
+        if self.tokens <= self.dispatch.decode_m {
             let per = self
                 .split_columns(&Self::split_name(w)?, w)?
                 .unwrap_or(w.cols);

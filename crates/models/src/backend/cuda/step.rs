@@ -123,7 +123,7 @@ impl CudaBackend {
         // A padded bucket computes a row per token; the padding's are never read.
         h.extend((self.num_logits..self.device_rows).map(|i| i as u32));
         let block_tables = put(h, &batch.block_tables, 0);
-        let tiles = prefill_tiles(h, batch);
+        let tiles = prefill_tiles(h, batch, self.dispatch.prefill_m);
         // Pending inputs, and the padding's copies of a pending last token: the padding
         // writes its K/V into the last token's slot, so it must be the same token.
         let pending = align(h);
@@ -236,18 +236,19 @@ fn single_tokens(h: &mut Vec<u32>, batch: &ForwardBatch, t: usize) -> (usize, us
     (toks, singles, longest)
 }
 
-/// Chunks of query tokens attend in tiles of `PREFILL_M` on the tensor cores: each tile's
-/// (first token, count, block-table start), appended to `h`; where they start and how many.
-fn prefill_tiles(h: &mut Vec<u32>, batch: &ForwardBatch) -> Option<(usize, usize)> {
+/// Chunks of query tokens attend in tiles of `tile` (the manifest's `prefill_m`) on the tensor
+/// cores: each tile's (first token, count, block-table start), appended to `h`; where they
+/// start and how many.
+fn prefill_tiles(h: &mut Vec<u32>, batch: &ForwardBatch, tile: usize) -> Option<(usize, usize)> {
     if !batch.seqs.iter().any(|s| s.query_len > 1) {
         return None;
     }
     let at = align(h);
     for s in batch.seqs.iter().filter(|s| s.query_len > 1) {
-        for first in (0..s.query_len).step_by(PREFILL_M) {
+        for first in (0..s.query_len).step_by(tile) {
             h.extend([
                 (s.query_start + first) as u32,
-                (s.query_len - first).min(PREFILL_M) as u32,
+                (s.query_len - first).min(tile) as u32,
                 s.block_table_start as u32,
             ]);
         }

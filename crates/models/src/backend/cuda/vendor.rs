@@ -1,11 +1,11 @@
-//! Float products of more than [`DECODE_M`] rows on the device's vendor library (cuBLASLt):
+//! Float products of more than `decode_m` rows on the device's vendor library (cuBLASLt):
 //! prefill chunks, batched decode, the LM head at batch ([`GemmChoice`]).
 //!
 //! A product's f32 input is first rounded to the weight's half type into a buffer of its own
 //! (`cast_rows_*`, or `gated_*_{bf16,f16}` for the MLP's down product, which takes
 //! `act(gate) * up`), to nearest even as the Triton product kernels round their input tiles;
 //! the library then multiplies with f32 accumulation into the f32 output. Products of at most
-//! [`DECODE_M`] rows, f32 and block-format weights, and any shape the library does not take
+//! `decode_m` rows, f32 and block-format weights, and any shape the library does not take
 //! stay on the Triton kernels, which give the same bits as before.
 //!
 //! Invariants: whether the library takes a shape is asked once per shape and remembered (a
@@ -20,7 +20,7 @@ use ferrum_runtime::cpu::GatedAct;
 use ferrum_runtime::cuda::{DevicePtr, Gemm, GemmSupport, GemmType, Stream};
 use ferrum_runtime::DType;
 
-use super::{cdiv, i32_arg, p, CudaBackend, GpuWeight, Grown, DECODE_M};
+use super::{cdiv, i32_arg, p, CudaBackend, GpuWeight, Grown};
 use crate::{GemmChoice, ModelError, Result};
 
 /// What decides whether the library takes a product: sizes, the output's stride, the type,
@@ -32,7 +32,7 @@ type Shape = (usize, usize, usize, usize, DType, u32, u32);
 pub(super) struct Vendor {
     /// Whether products may go to the library: chosen, and it opened.
     on: bool,
-    /// What products of more than [`DECODE_M`] rows run on, in words (the line at start).
+    /// What products of more than `decode_m` rows run on, in words (the line at start).
     note: String,
     /// Per shape, whether the library takes it.
     takes: HashMap<Shape, bool>,
@@ -51,7 +51,7 @@ fn align(ptr: DevicePtr) -> u32 {
 }
 
 impl CudaBackend {
-    /// Chooses what products of more than 16 rows (`DECODE_M`) run on, opening the vendor
+    /// Chooses what products of more than `decode_m` rows run on, opening the vendor
     /// library (at `library` when given) unless `choice` is Triton. `Auto` falls back to the
     /// Triton products when no library opens; `CublasLt` makes that an error. Returns the
     /// choice in words, the line a server prints at start.
@@ -69,7 +69,10 @@ impl CudaBackend {
         (v.on, v.note) = match (opened, choice) {
             (Ok(lib), _) => (
                 true,
-                format!("products of more than {DECODE_M} rows (bf16/f16 weights): {lib}"),
+                format!(
+                    "products of more than {} rows (bf16/f16 weights): {lib}",
+                    self.dispatch.decode_m
+                ),
             ),
             (Err(e), GemmChoice::CublasLt) => {
                 return Err(ModelError::Invalid(format!(
@@ -78,13 +81,16 @@ impl CudaBackend {
             }
             (Err(why), _) => (
                 false,
-                format!("products of more than {DECODE_M} rows: the Triton kernels ({why})"),
+                format!(
+                    "products of more than {} rows: the Triton kernels ({why})",
+                    self.dispatch.decode_m
+                ),
             ),
         };
         Ok(self.vendor.note.clone())
     }
 
-    /// What products of more than 16 rows (`DECODE_M`) run on, in words.
+    /// What products of more than `decode_m` rows run on, in words.
     pub fn gemm_note(&self) -> &str {
         &self.vendor.note
     }
@@ -111,7 +117,7 @@ impl CudaBackend {
             DType::F16 => GemmType::F16,
             _ => return Ok(false),
         };
-        if !self.vendor.on || m <= DECODE_M {
+        if !self.vendor.on || m <= self.dispatch.decode_m {
             return Ok(false);
         }
         let (n, k) = (w.rows, w.cols);
