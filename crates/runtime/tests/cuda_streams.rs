@@ -354,3 +354,48 @@ fn the_interpreted_device_can_have_no_vendor_library_or_take_no_product() {
         GemmSupport::Unsupported(_)
     ));
 }
+
+/// Launches with named arguments (`Gpu::launch_named`, how the backend launches): the names
+/// must be the manifest's in its order; a swapped, misnamed or missing argument is an error
+/// naming it, and nothing runs.
+#[test]
+fn named_launches_check_the_names_against_the_build() {
+    for mut gpu in devices() {
+        let dev = gpu.describe();
+        let (x, y) = (values(1, 8), values(2, 8));
+        let (dx, dy) = (gpu.upload_f32(&x).unwrap(), gpu.upload_f32(&y).unwrap());
+        let i = KernelArg::I32;
+        let named = |a: &'static str, b: &'static str| {
+            [
+                (a, KernelArg::Ptr(dx)),
+                (b, KernelArg::Ptr(dy)),
+                ("n_cols", i(8)),
+                ("x_stride", i(8)),
+                ("y_stride", i(8)),
+            ]
+        };
+        gpu.launch_named("add_rows", [1, 1, 1], &named("x_ptr", "y_ptr"))
+            .unwrap();
+        let got = gpu.download_f32(dx, 8).unwrap();
+        let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        assert_eq!(got, want, "{dev}");
+        let err = gpu
+            .launch_named("add_rows", [1, 1, 1], &named("y_ptr", "x_ptr"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("argument 0 is y_ptr in the launch and x_ptr in the build"),
+            "{dev}: {err}"
+        );
+        let err = gpu
+            .launch_named("add_rows", [1, 1, 1], &named("x_ptr", "y_ptr")[..4])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("argument 4 is missing in the launch and y_stride"),
+            "{dev}: {err}"
+        );
+        // Nothing ran: x is as the first launch left it.
+        assert_eq!(gpu.download_f32(dx, 8).unwrap(), want, "{dev}");
+    }
+}

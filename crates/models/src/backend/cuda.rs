@@ -177,6 +177,16 @@ pub struct CudaBackend {
     dispatch: Dispatch,
 }
 
+/// A launch's arguments, each named as the kernel's parameter in the manifest
+/// (`args![x_ptr: p(x), n_cols: i32_arg(n, "width")?]`): [`CudaBackend::launch`] refuses a
+/// launch whose names are not the build's, in its order.
+macro_rules! args {
+    ($($name:ident : $value:expr),* $(,)?) => {
+        [$((stringify!($name), $value)),*]
+    };
+}
+pub(crate) use args;
+
 fn i32_arg(v: usize, what: &str) -> Result<KernelArg> {
     i32::try_from(v)
         .map(KernelArg::I32)
@@ -275,10 +285,12 @@ impl CudaBackend {
         KvCache::new_on_gpu(config, num_blocks, block_size, &self.gpu)
     }
 
-    fn launch(&self, name: &str, grid: [u32; 3], args: &[KernelArg]) -> Result<()> {
+    /// Launches kernel `name` with its arguments named as its parameters ([`args!`]); the
+    /// device checks the names, kinds and count against the manifest.
+    fn launch(&self, name: &str, grid: [u32; 3], args: &[(&str, KernelArg)]) -> Result<()> {
         self.gpu
             .lock()
-            .launch(name, grid, args)
+            .launch_named(name, grid, args)
             .map_err(|e| ModelError::gpu(format!("kernel {name}"), e))
     }
 
@@ -302,16 +314,16 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = w.len;
         let name = self.norm_kernel(n, res.is_some());
-        let args = [
-            p(x),
-            p(res.unwrap_or(DevicePtr::NULL)),
-            p(out),
-            p(w.buf.ptr()),
-            i32_arg(n, "norm width")?,
-            i32_arg(stride, "row stride")?,
-            i32_arg(stride, "row stride")?,
-            i32_arg(stride, "row stride")?,
-            KernelArg::F32(eps),
+        let args = args![
+            x_ptr: p(x),
+            res_ptr: p(res.unwrap_or(DevicePtr::NULL)),
+            out_ptr: p(out),
+            w_ptr: p(w.buf.ptr()),
+            n_cols: i32_arg(n, "norm width")?,
+            row_stride: i32_arg(stride, "row stride")?,
+            res_stride: i32_arg(stride, "row stride")?,
+            out_stride: i32_arg(stride, "row stride")?,
+            eps: KernelArg::F32(eps),
         ];
         self.launch(&name, [rows as u32, groups as u32, 1], &args)
     }
@@ -392,20 +404,20 @@ impl Backend for CudaBackend {
 
     fn embed(&mut self, table: &GpuWeight, _batch: &ForwardBatch, scale: f32) -> Result<()> {
         let n = table.cols;
-        let (name, stride) = match form(table.dtype)? {
-            Form::Float(f) => (format!("gather_rows_{f}"), n),
-            Form::Blocks(q) => (format!("qgather_rows_{q}"), table.row_bytes),
+        // Float tables take their row stride in elements, block tables in bytes.
+        let (name, stride_param, stride) = match form(table.dtype)? {
+            Form::Float(f) => (format!("gather_rows_{f}"), "table_stride", n),
+            Form::Blocks(q) => (format!("qgather_rows_{q}"), "row_bytes", table.row_bytes),
         };
         let grid = [self.tokens as u32, cdiv(n, self.block(&name, "BLOCK")?), 1];
-        // Float tables take their row stride in elements, block tables in bytes.
         let args = [
-            p(table.buf.ptr()),
-            p(self.index(self.at.ids)?),
-            p(self.buf(Buf::X)?),
-            i32_arg(n, "hidden size")?,
-            i32_arg(stride, "row stride")?,
-            i32_arg(n, "row stride")?,
-            KernelArg::F32(scale),
+            ("table_ptr", p(table.buf.ptr())),
+            ("ids_ptr", p(self.index(self.at.ids)?)),
+            ("out_ptr", p(self.buf(Buf::X)?)),
+            ("n_cols", i32_arg(n, "hidden size")?),
+            (stride_param, i32_arg(stride, "row stride")?),
+            ("out_stride", i32_arg(n, "row stride")?),
+            ("scale", KernelArg::F32(scale)),
         ];
         self.launch(&name, grid, &args)
     }
@@ -449,12 +461,13 @@ impl Backend for CudaBackend {
             cdiv(n, self.block("add_rows", "BLOCK")?),
             1,
         ];
-        let args = [
-            p(self.buf(buf)?),
-            p(bias.buf.ptr()),
-            i32_arg(n, "bias length")?,
-            i32_arg(self.stride(buf), "row stride")?,
-            KernelArg::I32(0),
+        let args = args![
+            x_ptr: p(self.buf(buf)?),
+            y_ptr: p(bias.buf.ptr()),
+            n_cols: i32_arg(n, "bias length")?,
+            x_stride: i32_arg(self.stride(buf), "row stride")?,
+            // One bias row for every row of x.
+            y_stride: KernelArg::I32(0),
         ];
         self.launch("add_rows", grid, &args)
     }
@@ -526,12 +539,12 @@ impl Backend for CudaBackend {
             cdiv(n, self.block("add_rows", "BLOCK")?),
             1,
         ];
-        let args = [
-            p(self.buf(Buf::X)?),
-            p(self.buf(Buf::H)?),
-            i32_arg(n, "hidden size")?,
-            i32_arg(n, "row stride")?,
-            i32_arg(n, "row stride")?,
+        let args = args![
+            x_ptr: p(self.buf(Buf::X)?),
+            y_ptr: p(self.buf(Buf::H)?),
+            n_cols: i32_arg(n, "hidden size")?,
+            x_stride: i32_arg(n, "row stride")?,
+            y_stride: i32_arg(n, "row stride")?,
         ];
         self.launch("add_rows", grid, &args)
     }
@@ -631,11 +644,11 @@ impl Backend for CudaBackend {
         // [n]: each row's argmax, decided on the device; 4 bytes a row come back.
         let ids = self.overlap.ids_out.ensure(&self.gpu, 4 * n)?;
         self.guard_tokens()?;
-        let args = [
-            p(self.logits.ptr()?),
-            p(ids),
-            i32_arg(head.rows, "vocabulary")?,
-            i32_arg(head.rows, "row stride")?,
+        let args = args![
+            logits_ptr: p(self.logits.ptr()?),
+            out_ptr: p(ids),
+            n_cols: i32_arg(head.rows, "vocabulary")?,
+            row_stride: i32_arg(head.rows, "row stride")?,
         ];
         self.launch("argmax_rows", [n as u32, 1, 1], &args)?;
         self.finish_ids(ids, n, out)

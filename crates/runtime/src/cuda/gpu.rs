@@ -392,6 +392,33 @@ impl Gpu {
         self.launch_on(Stream::MAIN, name, grid, args)
     }
 
+    /// [`Gpu::launch`] with each argument named as the kernel's parameter (`x_ptr`, `n_cols`):
+    /// the names must be the manifest's, in its order, so an argument out of place is an error
+    /// naming it rather than a wrong result.
+    pub fn launch_named(
+        &mut self,
+        name: &str,
+        grid: [u32; 3],
+        args: &[(&str, KernelArg)],
+    ) -> Result<()> {
+        let index = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| RuntimeError::Kernels(format!("no kernel named {name}")))?;
+        let params = &self.kernels[index].spec.params;
+        let named = |i: usize| args.get(i).map(|a| a.0);
+        let built = |i: usize| params.get(i).map(|p| p.0.as_str());
+        if let Some(i) = (0..args.len().max(params.len())).find(|&i| named(i) != built(i)) {
+            return Err(RuntimeError::Kernels(format!(
+                "kernel {name}: argument {i} is {} in the launch and {} in the build",
+                named(i).unwrap_or("missing"),
+                built(i).unwrap_or("missing"),
+            )));
+        }
+        let values: Vec<KernelArg> = args.iter().map(|a| a.1).collect();
+        self.launch_on(Stream::MAIN, name, grid, &values)
+    }
+
     /// [`Gpu::launch`] on `stream`.
     pub fn launch_on(
         &mut self,

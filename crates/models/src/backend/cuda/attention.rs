@@ -26,43 +26,43 @@ impl CudaBackend {
         let keys = i32_arg(self.split_keys, "split keys")?;
         let depth = i32_arg(splits, "attention splits")?;
         let ranges = i32_arg(ATTENTION_RANGES, "attention ranges")?;
-        let args = [
-            p(self.buf(Buf::Q)?),
-            p(kc),
-            p(vc),
-            p(self.index(self.at.block_tables)?),
-            p(self.index(self.at.bt_start)?),
-            p(self.index(self.at.positions)?),
-            p(self.index(toks)?),
-            p(self.buf(Buf::Attn)?),
-            p(part),
-            i32_arg(self.stride(Buf::Q), "row stride")?,
-            i32_arg(self.stride(Buf::Attn), "row stride")?,
-            i32_arg(group, "GQA group")?,
-            i32_arg(shape.num_kv_heads, "kv heads")?,
-            i32_arg(shape.head_dim, "head_dim")?,
-            i32_arg(shape.block_size, "block size")?,
-            window,
-            KernelArg::F32(shape.scale),
-            KernelArg::F32(shape.softcap.unwrap_or(0.0)),
-            keys,
-            ranges,
-            depth,
+        let args = args![
+            q_ptr: p(self.buf(Buf::Q)?),
+            k_cache_ptr: p(kc),
+            v_cache_ptr: p(vc),
+            block_tables_ptr: p(self.index(self.at.block_tables)?),
+            bt_start_ptr: p(self.index(self.at.bt_start)?),
+            pos_ptr: p(self.index(self.at.positions)?),
+            tok_ptr: p(self.index(toks)?),
+            out_ptr: p(self.buf(Buf::Attn)?),
+            part_ptr: p(part),
+            q_stride: i32_arg(self.stride(Buf::Q), "row stride")?,
+            out_stride: i32_arg(self.stride(Buf::Attn), "row stride")?,
+            group: i32_arg(group, "GQA group")?,
+            num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+            head_dim: i32_arg(shape.head_dim, "head_dim")?,
+            block_size: i32_arg(shape.block_size, "block size")?,
+            window: window,
+            scale: KernelArg::F32(shape.scale),
+            softcap: KernelArg::F32(shape.softcap.unwrap_or(0.0)),
+            split_keys: keys,
+            max_ranges: ranges,
+            max_splits: depth,
         ];
         let name = format!("paged_attention_split_{kind}_d{d}");
         let heads = self.head_programs(&name, shape.num_kv_heads, group)?;
         self.launch(&name, [singles as u32, heads, splits as u32], &args)?;
-        let args = [
-            p(part),
-            p(self.index(self.at.positions)?),
-            p(self.index(toks)?),
-            p(self.buf(Buf::Attn)?),
-            i32_arg(self.stride(Buf::Attn), "row stride")?,
-            i32_arg(shape.head_dim, "head_dim")?,
-            window,
-            keys,
-            ranges,
-            depth,
+        let args = args![
+            part_ptr: p(part),
+            pos_ptr: p(self.index(self.at.positions)?),
+            tok_ptr: p(self.index(toks)?),
+            out_ptr: p(self.buf(Buf::Attn)?),
+            out_stride: i32_arg(self.stride(Buf::Attn), "row stride")?,
+            head_dim: i32_arg(shape.head_dim, "head_dim")?,
+            window: window,
+            split_keys: keys,
+            max_ranges: ranges,
+            max_splits: depth,
         ];
         let grid = [singles as u32, shape.num_heads as u32, 1];
         self.launch(&format!("attention_combine_d{d}"), grid, &args)
@@ -123,14 +123,14 @@ impl CudaBackend {
         let positions = self.index(self.at.positions)?;
         for &(first, n, long) in runs {
             let freq = u.freq(long);
-            let args = [
-                p(x.offset(4 * first * stride)),
-                p(positions.offset(4 * first)),
-                p(freq),
-                i32_arg(stride, "row stride")?,
-                i32_arg(hd, "head_dim")?,
-                i32_arg(half, "rotary half")?,
-                KernelArg::F32(u.mscale),
+            let args = args![
+                x_ptr: p(x.offset(4 * first * stride)),
+                pos_ptr: p(positions.offset(4 * first)),
+                inv_freq_ptr: p(freq),
+                row_stride: i32_arg(stride, "row stride")?,
+                head_dim: i32_arg(hd, "head_dim")?,
+                rot_half: i32_arg(half, "rotary half")?,
+                scale: KernelArg::F32(u.mscale),
             ];
             self.launch("rope", [n as u32, (width / hd) as u32, 1], &args)?;
         }
@@ -163,19 +163,19 @@ impl CudaBackend {
         let (slots, positions) = (self.index(self.at.slots)?, self.index(self.at.positions)?);
         for &(first, n, long) in runs {
             let freq = u.freq(long);
-            let args = [
-                p(k.offset(4 * first * width)),
-                p(v.offset(4 * first * width)),
-                p(kc),
-                p(vc),
-                p(slots.offset(4 * first)),
-                p(positions.offset(4 * first)),
-                p(freq),
-                i32_arg(width, "row stride")?,
-                i32_arg(shape.num_kv_heads, "kv heads")?,
-                i32_arg(hd, "head_dim")?,
-                i32_arg(half, "rotary half")?,
-                KernelArg::F32(u.mscale),
+            let args = args![
+                k_ptr: p(k.offset(4 * first * width)),
+                v_ptr: p(v.offset(4 * first * width)),
+                k_cache_ptr: p(kc),
+                v_cache_ptr: p(vc),
+                slot_ptr: p(slots.offset(4 * first)),
+                pos_ptr: p(positions.offset(4 * first)),
+                inv_freq_ptr: p(freq),
+                src_stride: i32_arg(width, "row stride")?,
+                num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+                head_dim: i32_arg(hd, "head_dim")?,
+                rot_half: i32_arg(half, "rotary half")?,
+                scale: KernelArg::F32(u.mscale),
             ];
             self.launch(&name, [n as u32, shape.num_kv_heads as u32, 1], &args)?;
         }
@@ -192,15 +192,15 @@ impl CudaBackend {
         let (kc, vc) = kv.device_layer(layer)?;
         let d = self.head_block(shape.head_dim)?;
         let name = format!("kv_write_{}_d{d}", kv.dtype().name());
-        let args = [
-            p(self.buf(Buf::K)?),
-            p(self.buf(Buf::V)?),
-            p(kc),
-            p(vc),
-            p(self.index(self.at.slots)?),
-            i32_arg(self.stride(Buf::K), "row stride")?,
-            i32_arg(shape.num_kv_heads, "kv heads")?,
-            i32_arg(shape.head_dim, "head_dim")?,
+        let args = args![
+            k_ptr: p(self.buf(Buf::K)?),
+            v_ptr: p(self.buf(Buf::V)?),
+            k_cache_ptr: p(kc),
+            v_cache_ptr: p(vc),
+            slot_ptr: p(self.index(self.at.slots)?),
+            src_stride: i32_arg(self.stride(Buf::K), "row stride")?,
+            num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+            head_dim: i32_arg(shape.head_dim, "head_dim")?,
         ];
         let grid = [self.tokens as u32, shape.num_kv_heads as u32, 1];
         self.launch(&name, grid, &args)
@@ -229,18 +229,19 @@ impl CudaBackend {
                     "kernel {name} was built for another tile height than {prefill_m}"
                 )));
             }
-            // tiles, positions
-            let indices = vec![p(self.index(at)?), p(self.index(self.at.positions)?)];
+            let indices = vec![
+                ("tiles_ptr", p(self.index(at)?)),
+                ("pos_ptr", p(self.index(self.at.positions)?)),
+            ];
             launches.push((name, indices, [n as u32, shape.num_heads as u32, 1]));
         }
         let split = singles > 0 && self.attn_splits > 1;
         if singles > 0 && !split {
             let name = format!("paged_attention_{kind}_d{d}");
-            // block-table starts, positions, the token list
             let indices = vec![
-                p(self.index(self.at.bt_start)?),
-                p(self.index(self.at.positions)?),
-                p(self.index(toks)?),
+                ("bt_start_ptr", p(self.index(self.at.bt_start)?)),
+                ("pos_ptr", p(self.index(self.at.positions)?)),
+                ("tok_ptr", p(self.index(toks)?)),
             ];
             let heads = self.head_programs(&name, shape.num_kv_heads, group)?;
             launches.push((name, indices, [singles as u32, heads, 1]));
@@ -249,24 +250,25 @@ impl CudaBackend {
             self.attend_split((kc, vc), kind, shape, d, group)?;
         }
         for (name, indices, grid) in launches {
-            let mut args = vec![
-                p(self.buf(Buf::Q)?),
-                p(kc),
-                p(vc),
-                p(self.index(self.at.block_tables)?),
-            ];
+            let mut args = args![
+                q_ptr: p(self.buf(Buf::Q)?),
+                k_cache_ptr: p(kc),
+                v_cache_ptr: p(vc),
+                block_tables_ptr: p(self.index(self.at.block_tables)?),
+            ]
+            .to_vec();
             args.extend(indices);
-            args.extend([
-                p(self.buf(Buf::Attn)?),
-                i32_arg(self.stride(Buf::Q), "row stride")?,
-                i32_arg(self.stride(Buf::Attn), "row stride")?,
-                i32_arg(group, "GQA group")?,
-                i32_arg(shape.num_kv_heads, "kv heads")?,
-                i32_arg(shape.head_dim, "head_dim")?,
-                i32_arg(shape.block_size, "block size")?,
-                i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
-                KernelArg::F32(shape.scale),
-                KernelArg::F32(shape.softcap.unwrap_or(0.0)),
+            args.extend(args![
+                out_ptr: p(self.buf(Buf::Attn)?),
+                q_stride: i32_arg(self.stride(Buf::Q), "row stride")?,
+                out_stride: i32_arg(self.stride(Buf::Attn), "row stride")?,
+                group: i32_arg(group, "GQA group")?,
+                num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+                head_dim: i32_arg(shape.head_dim, "head_dim")?,
+                block_size: i32_arg(shape.block_size, "block size")?,
+                window: i32_arg(shape.sliding_window.unwrap_or(0), "sliding window")?,
+                scale: KernelArg::F32(shape.scale),
+                softcap: KernelArg::F32(shape.softcap.unwrap_or(0.0)),
             ]);
             self.launch(&name, grid, &args)?;
         }

@@ -173,14 +173,14 @@ impl CudaBackend {
             cdiv(h, self.block("gather_rows_f32", "BLOCK")?),
             1,
         ];
-        let args = [
-            p(self.buf(Buf::X)?),
-            p(self.index(self.at.rows)?),
-            p(r),
-            i32_arg(h, "hidden size")?,
-            i32_arg(h, "row stride")?,
-            i32_arg(h, "row stride")?,
-            KernelArg::F32(1.0),
+        let args = args![
+            table_ptr: p(self.buf(Buf::X)?),
+            ids_ptr: p(self.index(self.at.rows)?),
+            out_ptr: p(r),
+            n_cols: i32_arg(h, "hidden size")?,
+            table_stride: i32_arg(h, "row stride")?,
+            out_stride: i32_arg(h, "row stride")?,
+            scale: KernelArg::F32(1.0),
         ];
         self.launch("gather_rows_f32", grid, &args)?;
         self.rms_norm(r, None, r, norm, n, 1, h, eps)?;

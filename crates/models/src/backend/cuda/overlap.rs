@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 
 use ferrum_runtime::cuda::{DevicePtr, Stream};
 
-use super::{cdiv, i32_arg, p, CudaBackend, Grown};
+use super::{args, cdiv, i32_arg, p, CudaBackend, Grown};
 use crate::kv_copy::Copier;
 use crate::sampling::{SampledRow, SampledRows};
 use crate::BlockCopy;
@@ -198,11 +198,11 @@ impl CudaBackend {
             }
         }
         let block = self.block("resolve_ids", "BLOCK")?;
-        let args = [
-            p(self.index(self.at.ids)?),
-            p(self.index(at)?),
-            p(prev),
-            i32_arg(n, "pending inputs")?,
+        let args = args![
+            ids_ptr: p(self.index(self.at.ids)?),
+            pending_ptr: p(self.index(at)?),
+            prev_ptr: p(prev),
+            n: i32_arg(n, "pending inputs")?,
         ];
         self.launch("resolve_ids", [cdiv(n, block), 1, 1], &args)
     }

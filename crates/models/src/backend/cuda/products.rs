@@ -96,25 +96,26 @@ impl CudaBackend {
         };
         let (mm, nn) = (i32_arg(m, "rows")?, i32_arg(n, "weight rows")?);
         let kk = i32_arg(k, "weight columns")?;
-        let mut args = vec![
-            p(x),
-            p(up),
-            p(w.buf.ptr()),
-            p(part),
-            p(y),
-            p(counts),
-            mm,
-            nn,
-            kk,
-        ];
+        let mut args = args![
+            x_ptr: p(x),
+            up_ptr: p(up),
+            w_ptr: p(w.buf.ptr()),
+            part_ptr: p(part),
+            y_ptr: p(y),
+            count_ptr: p(counts),
+            m: mm,
+            n: nn,
+            k: kk,
+        ]
+        .to_vec();
         if let Form::Blocks(_) = form(w.dtype)? {
-            args.push(i32_arg(w.row_bytes, "row bytes")?);
+            args.push(("row_bytes", i32_arg(w.row_bytes, "row bytes")?));
         }
-        args.extend([
-            i32_arg(x_stride, "row stride")?,
-            i32_arg(per, "columns per range")?,
-            i32_arg(y_stride, "row stride")?,
-            i32_arg(splits, "ranges")?,
+        args.extend(args![
+            x_stride: i32_arg(x_stride, "row stride")?,
+            k_per_split: i32_arg(per, "columns per range")?,
+            y_stride: i32_arg(y_stride, "row stride")?,
+            splits: i32_arg(splits, "ranges")?,
         ]);
         let launched = self.launch(&name, grid, &args);
         if launched.is_err() && splits > 1 {
@@ -164,31 +165,33 @@ impl CudaBackend {
                     (m, "f16" | "bf16") if m > self.dispatch.large_m => format!("gemm_{f}_large"),
                     _ => format!("gemm_{f}_bias0"),
                 },
-                vec![
-                    p(x),
-                    p(w.buf.ptr()),
-                    p(DevicePtr::NULL),
-                    p(y),
-                    mm,
-                    n,
-                    k,
-                    xs,
-                    ys,
-                ],
+                args![
+                    x_ptr: p(x),
+                    w_ptr: p(w.buf.ptr()),
+                    bias_ptr: p(DevicePtr::NULL),
+                    y_ptr: p(y),
+                    m: mm,
+                    n: n,
+                    k: k,
+                    x_stride: xs,
+                    y_stride: ys,
+                ]
+                .to_vec(),
             ),
             Form::Blocks(q) => (
                 format!("qgemm_{q}{decode}"),
-                vec![
-                    p(x),
-                    p(w.buf.ptr()),
-                    p(y),
-                    mm,
-                    n,
-                    k,
-                    i32_arg(w.row_bytes, "row bytes")?,
-                    xs,
-                    ys,
-                ],
+                args![
+                    x_ptr: p(x),
+                    w_ptr: p(w.buf.ptr()),
+                    y_ptr: p(y),
+                    m: mm,
+                    n: n,
+                    k: k,
+                    row_bytes: i32_arg(w.row_bytes, "row bytes")?,
+                    x_stride: xs,
+                    y_stride: ys,
+                ]
+                .to_vec(),
             ),
         };
         let grid = [
@@ -228,14 +231,14 @@ impl CudaBackend {
         }
         let grid = [self.tokens as u32, cdiv(n, self.block(kernel, "BLOCK")?), 1];
         // In place: Gate = act(Gate) * Up.
-        let args = [
-            p(gate),
-            p(up),
-            p(gate),
-            i32_arg(n, "intermediate size")?,
-            i32_arg(stride, "row stride")?,
-            i32_arg(stride, "row stride")?,
-            i32_arg(stride, "row stride")?,
+        let args = args![
+            gate_ptr: p(gate),
+            up_ptr: p(up),
+            out_ptr: p(gate),
+            n: i32_arg(n, "intermediate size")?,
+            gate_stride: i32_arg(stride, "row stride")?,
+            up_stride: i32_arg(stride, "row stride")?,
+            out_stride: i32_arg(stride, "row stride")?,
         ];
         self.launch(kernel, grid, &args)?;
         self.gemm((gate, stride), w, y, self.tokens)

@@ -11,7 +11,7 @@
 //! Soft-capped models (Gemma 2) are sampled on the host over the capped rows, as their greedy
 //! rows are ([`Backend::argmax_rows`]).
 
-use super::{cdiv, i32_arg, p, read_words, CudaBackend, GpuVector, GpuWeight, Grown};
+use super::{args, cdiv, i32_arg, p, read_words, CudaBackend, GpuVector, GpuWeight, Grown};
 use crate::backend::Backend;
 use crate::sampling::{RowSampling, SampledRow, SampledRows, GREEDY_BELOW};
 use crate::{ModelError, Result};
@@ -191,27 +191,27 @@ impl CudaBackend {
         let src = if edited {
             let work = self.sampling.work.ensure(&self.gpu, 4 * n * vocab)?;
             let block = self.block("sample_prepare", "BLOCK")?;
-            let args = [
-                p(logits),
-                p(work),
-                p(word(at.masks)),
-                p(word(at.mask_off)),
-                cols,
-                stride,
+            let args = args![
+                logits_ptr: p(logits),
+                work_ptr: p(work),
+                mask_ptr: p(word(at.masks)),
+                mask_off_ptr: p(word(at.mask_off)),
+                n_cols: cols,
+                row_stride: stride,
             ];
             self.launch("sample_prepare", [n as u32, cdiv(vocab, block), 1], &args)?;
             if specs.iter().any(|s| !s.edits.is_empty()) {
-                let args = [
-                    p(work),
-                    p(word(at.edit_off)),
-                    p(word(at.tok)),
-                    p(word(at.rep)),
-                    p(word(at.sub)),
-                    p(word(at.bias)),
-                    p(word(at.masks)),
-                    p(word(at.mask_off)),
-                    cols,
-                    stride,
+                let args = args![
+                    work_ptr: p(work),
+                    edit_off_ptr: p(word(at.edit_off)),
+                    tok_ptr: p(word(at.tok)),
+                    rep_ptr: p(word(at.rep)),
+                    sub_ptr: p(word(at.sub)),
+                    bias_ptr: p(word(at.bias)),
+                    mask_ptr: p(word(at.masks)),
+                    mask_off_ptr: p(word(at.mask_off)),
+                    n_cols: cols,
+                    row_stride: stride,
                 ];
                 self.launch("logit_edits", [n as u32, 1, 1], &args)?;
             }
@@ -219,30 +219,30 @@ impl CudaBackend {
         } else {
             logits
         };
-        let args = [
-            p(src),
-            p(word(at.inv_t)),
-            p(word(at.ln_min_p)),
-            p(word(at.top_k)),
-            p(word(at.top_p)),
-            p(word(at.uniform)),
-            p(results),
-            cols,
-            stride,
+        let args = args![
+            src_ptr: p(src),
+            inv_t_ptr: p(word(at.inv_t)),
+            ln_min_p_ptr: p(word(at.ln_min_p)),
+            top_k_ptr: p(word(at.top_k)),
+            top_p_ptr: p(word(at.top_p)),
+            u_ptr: p(word(at.uniform)),
+            out_ptr: p(results),
+            n_cols: cols,
+            row_stride: stride,
         ];
         self.launch("sample_rows", [n as u32, 1, 1], &args)?;
         let with_logprobs = specs.iter().any(|s| s.logprobs.is_some());
         if with_logprobs {
-            let args = [
-                p(logits),
-                p(results),
-                p(word(at.logprobs)),
-                p(results.offset(4 * n)),
-                p(results.offset(4 * 2 * n)),
-                p(results.offset(4 * (2 * n + n * max_n))),
-                cols,
-                stride,
-                KernelArg::I32(max_n as i32),
+            let args = args![
+                logits_ptr: p(logits),
+                tok_ptr: p(results),
+                n_ptr: p(word(at.logprobs)),
+                lp_ptr: p(results.offset(4 * n)),
+                top_id_ptr: p(results.offset(4 * 2 * n)),
+                top_val_ptr: p(results.offset(4 * (2 * n + n * max_n))),
+                n_cols: cols,
+                row_stride: stride,
+                max_n: KernelArg::I32(max_n as i32),
             ];
             self.launch("row_logprobs", [n as u32, 1, 1], &args)?;
         }

@@ -20,7 +20,7 @@ use ferrum_runtime::cpu::GatedAct;
 use ferrum_runtime::cuda::{DevicePtr, Gemm, GemmSupport, GemmType, Stream};
 use ferrum_runtime::DType;
 
-use super::{cdiv, i32_arg, p, CudaBackend, GpuWeight, Grown};
+use super::{args, cdiv, i32_arg, p, CudaBackend, GpuWeight, Grown};
 use crate::{GemmChoice, ModelError, Result};
 
 /// What decides whether the library takes a product: sizes, the output's stride, the type,
@@ -160,7 +160,9 @@ impl CudaBackend {
             None => {
                 let name = format!("cast_rows_{short}");
                 let grid = [m as u32, cdiv(k, self.block(&name, "BLOCK")?), 1];
-                self.launch(&name, grid, &[p(x), p(half), kk, kx, kk])?;
+                let args =
+                    args![x_ptr: p(x), y_ptr: p(half), n_cols: kk, x_stride: kx, y_stride: kk];
+                self.launch(&name, grid, &args)?;
             }
             Some((up, up_stride, act)) => {
                 let name = match act {
@@ -169,7 +171,16 @@ impl CudaBackend {
                 };
                 let grid = [m as u32, cdiv(k, self.block(&name, "BLOCK")?), 1];
                 let ku = i32_arg(up_stride, "row stride")?;
-                self.launch(&name, grid, &[p(x), p(up), p(half), kk, kx, ku, kk])?;
+                let args = args![
+                    gate_ptr: p(x),
+                    up_ptr: p(up),
+                    out_ptr: p(half),
+                    n: kk,
+                    gate_stride: kx,
+                    up_stride: ku,
+                    out_stride: kk,
+                ];
+                self.launch(&name, grid, &args)?;
             }
         }
         self.gpu
