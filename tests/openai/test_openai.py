@@ -50,8 +50,10 @@ class Server:
 
     def __init__(self, model, name, *extra):
         self.proc = subprocess.Popen(
+            # Without the cost calibration at start (seconds per server on the test build; the
+            # Rust serve tests and the engine's own test cover it).
             [*LAUNCHER, os.environ["FERRUM_BIN"], "serve", "--model", model, "--port", "0",
-             "--served-model-name", name, *SERVE_ARGS, *extra],
+             "--served-model-name", name, "--no-calibration", *SERVE_ARGS, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
         deadline = time.time() + 120

@@ -27,11 +27,12 @@ def pending(base):
 class SloAdmission(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        # Without the calibration at start: the refusal below is predicted from the cost
-        # model's seed (a millisecond a prefill token), whatever this machine's speed.
+        # Without the calibration at start (as every test server): the refusal below is
+        # predicted from the cost model's seed (a millisecond a prefill token), whatever this
+        # machine's speed.
         cls.server = Server(SMOLLM2, "smol", "--slo-class", "chat:500",
                             "--slo-class", "bulk:500:best-effort", "--scheduling", "fair",
-                            "--tenant-weights", "a=3,b=1", "--no-calibration")
+                            "--tenant-weights", "a=3,b=1")
         cls.url = cls.server.base + "/v1/completions"
 
     @classmethod

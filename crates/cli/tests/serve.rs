@@ -352,6 +352,11 @@ async fn error_statuses() {
 async fn hundreds_of_concurrent_streams() {
     let s = Server::start(&[]);
     let c = reqwest::Client::new();
+    // Calibrated at start (the default): the cost model is trusted before any request, and
+    // the calibration's own requests are not counted.
+    assert_eq!(gauge(&c, &s, "ferrum_cost_model_ready").await, 1.0);
+    assert!(gauge(&c, &s, "ferrum_cost_calibration_seconds").await > 0.0);
+    assert_eq!(gauge(&c, &s, "ferrum_request_success_total").await, 0.0);
     let tasks: Vec<_> = (0..300)
         .map(|i| {
             let c = c.clone();

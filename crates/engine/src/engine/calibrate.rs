@@ -11,9 +11,9 @@
 //! copied down), and afterwards the metrics are those of an engine that has run nothing,
 //! except the cost model's fields and [`Metrics::calibration_seconds`]; its prompts' blocks
 //! stay in the pool as evictable cached blocks (freed before any client's, so evicted first).
-//! A warm-up pass (kernels loaded, graphs captured, pages touched) runs first and is not
-//! observed. A cache too small for its prompts skips it (the model then learns from the first
-//! requests' steps, as without calibration).
+//! A warm-up pass of the same batch shapes on short prompts (kernels loaded, graphs captured,
+//! pages touched) runs first and is not observed. A cache too small for its prompts skips it
+//! (the model then learns from the first requests' steps, as without calibration).
 
 use super::{EngineCore, NewRequest};
 use crate::metrics::Metrics;
@@ -29,6 +29,9 @@ const OUTPUT: usize = 5;
 /// The longest calibration prompt, and the most short ones in its batch.
 const LONG: usize = 256;
 const BATCH: usize = 8;
+
+/// The warm-up's prompt length.
+const WARM_UP: usize = 16;
 
 /// Request ids of the calibration, counted down from the top (the handle counts up from 0).
 const FIRST_ID: RequestId = RequestId::MAX;
@@ -84,12 +87,17 @@ impl EngineCore {
         let mut next = FIRST_ID;
         let vocab = self.model.config().vocab_size;
         for observe in [false, true] {
-            // Distinct prompts each pass, so the observed pass computes what it times.
+            // The warm-up runs the same shapes of batch on short prompts (what it warms is
+            // per launch and batch size, not per token); distinct prompts each pass, so the
+            // observed pass computes what it times.
+            let (long, short) = match observe {
+                true => (plan.long, plan.short),
+                false => (WARM_UP, WARM_UP),
+            };
             let salt = usize::from(observe) * 7;
-            self.run_synthetic(&mut next, &[(plan.long, salt)], vocab, observe)?;
-            let shorts: Vec<(usize, usize)> = (0..plan.batch)
-                .map(|i| (plan.short, salt + i + 1))
-                .collect();
+            self.run_synthetic(&mut next, &[(long, salt)], vocab, observe)?;
+            let shorts: Vec<(usize, usize)> =
+                (0..plan.batch).map(|i| (short, salt + i + 1)).collect();
             self.run_synthetic(&mut next, &shorts, vocab, observe)?;
         }
         let seconds = started.elapsed().as_secs_f64();
