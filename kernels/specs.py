@@ -20,6 +20,9 @@ TUNING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 # Float element types of weights and KV caches, by the name used in specialization names.
 FLOATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
+# Element types of KV caches: the floats, and fp8 (e4m3 bytes with a scale per row, fp8.py).
+KV_TYPES = dict(FLOATS, fp8="u8")
+
 # GGUF block formats the quantized product decodes, in its FORMAT order (qgemm.py).
 QUANTS = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
 
@@ -267,24 +270,33 @@ def all_specs(tuning=TUNING):
          ("top_id_ptr", "*u32"), ("top_val_ptr", "*fp32"), ("n_cols", "i32"),
          ("row_stride", "i32"), ("max_n", "i32")],
         {"BLOCK": 2048}, num_warps=8))
-    for short, ty in FLOATS.items():
+    for short, ty in KV_TYPES.items():
+        # An fp8 cache's kernels (``*_fp8`` functions) take each buffer's row scales after it.
+        fp8 = short == "fp8"
+        fn = "_fp8" if fp8 else ""
+
+        def cache(*before, after=()):
+            scales = [("k_scale_ptr", "*fp32"), ("v_scale_ptr", "*fp32")] if fp8 else []
+            return (list(before) + [("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}")]
+                    + scales + list(after))
+
         for d in HEAD_BLOCKS:
             specs.append(_spec(
-                f"kv_write_{short}_d{d}", "kv_write", "kv_write",
-                [("k_ptr", "*fp32"), ("v_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"),
-                 ("v_cache_ptr", f"*{ty}"), ("slot_ptr", "*u32"), ("src_stride", "i32"),
-                 ("num_kv_heads", "i32"), ("head_dim", "i32")],
+                f"kv_write_{short}_d{d}", "kv_write", f"kv_write{fn}",
+                cache(("k_ptr", "*fp32"), ("v_ptr", "*fp32"))
+                + [("slot_ptr", "*u32"), ("src_stride", "i32"), ("num_kv_heads", "i32"),
+                   ("head_dim", "i32")],
                 {"D_BLOCK": d}, num_warps=1))
             specs.append(_spec(
-                f"rope_kv_write_{short}_d{d}", "kv_write", "rope_kv_write",
-                [("k_ptr", "*fp32"), ("v_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"),
-                 ("v_cache_ptr", f"*{ty}"), ("slot_ptr", "*u32"), ("pos_ptr", "*u32"),
-                 ("inv_freq_ptr", "*fp32"), ("src_stride", "i32"), ("num_kv_heads", "i32"),
-                 ("head_dim", "i32"), ("rot_half", "i32"), ("scale", "fp32")],
+                f"rope_kv_write_{short}_d{d}", "kv_write", f"rope_kv_write{fn}",
+                cache(("k_ptr", "*fp32"), ("v_ptr", "*fp32"))
+                + [("slot_ptr", "*u32"), ("pos_ptr", "*u32"), ("inv_freq_ptr", "*fp32"),
+                   ("src_stride", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
+                   ("rot_half", "i32"), ("scale", "fp32")],
                 {"D_BLOCK": d}, num_warps=1))
             specs.append(_spec(
-                f"paged_attention_{short}_d{d}", "attention", "paged_attention",
-                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                f"paged_attention_{short}_d{d}", "attention", f"paged_attention{fn}",
+                cache(("q_ptr", "*fp32")) + [
                  ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
                  ("tok_ptr", "*u32"), ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
                  ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),
@@ -292,8 +304,8 @@ def all_specs(tuning=TUNING):
                  ("softcap", "fp32")],
                 {"BLOCK_N": DECODE_KEYS[d], "D_BLOCK": d, "G_BLOCK": DECODE_HEADS}))
             specs.append(_spec(
-                f"paged_attention_split_{short}_d{d}", "attention", "paged_attention_split",
-                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                f"paged_attention_split_{short}_d{d}", "attention", f"paged_attention_split{fn}",
+                cache(("q_ptr", "*fp32")) + [
                  ("block_tables_ptr", "*u32"), ("bt_start_ptr", "*u32"), ("pos_ptr", "*u32"),
                  ("tok_ptr", "*u32"), ("out_ptr", "*fp32"), ("part_ptr", "*fp32"),
                  ("q_stride", "i32"), ("out_stride", "i32"), ("group", "i32"),
@@ -302,8 +314,8 @@ def all_specs(tuning=TUNING):
                  ("split_keys", "i32"), ("max_ranges", "i32"), ("max_splits", "i32")],
                 {"BLOCK_N": DECODE_KEYS[d], "D_BLOCK": d, "G_BLOCK": DECODE_HEADS}))
             specs.append(_spec(
-                f"prefill_attention_{short}_d{d}", "prefill_attention", "prefill_attention",
-                [("q_ptr", "*fp32"), ("k_cache_ptr", f"*{ty}"), ("v_cache_ptr", f"*{ty}"),
+                f"prefill_attention_{short}_d{d}", "prefill_attention", f"prefill_attention{fn}",
+                cache(("q_ptr", "*fp32")) + [
                  ("block_tables_ptr", "*u32"), ("tiles_ptr", "*u32"), ("pos_ptr", "*u32"),
                  ("out_ptr", "*fp32"), ("q_stride", "i32"), ("out_stride", "i32"),
                  ("group", "i32"), ("num_kv_heads", "i32"), ("head_dim", "i32"),

@@ -29,8 +29,8 @@ sampling_log="$(mktemp)"
     >"$sampling_log" 2>&1 &
 sampling=$!
 kernels_status=0
-(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_worker \
-    test_sweep) \
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_fp8 \
+    test_worker test_sweep) \
     || kernels_status=$?
 sampling_status=0
 wait "$sampling" || sampling_status=$?

@@ -32,7 +32,7 @@ for name in ("ferrum-8b-graph", "ferrum-8b-plain", "ferrum-1b-graph", "ferrum-1b
         if not any(k["name"].startswith(want) for r in rs for k in r["profile"]["kernels"]):
             problems.append(f"{name}: no {want!r} in the profile")
 for name in ("ferrum-1b-throughput-overlap", "ferrum-1b-throughput-sync", "ferrum-8b-prefill",
-             "ferrum-8b-prefill-triton"):
+             "ferrum-8b-prefill-triton", "ferrum-1b-kv-bf16", "ferrum-1b-kv-fp8"):
     rs = rows(name + ".jsonl")
     if not rs:
         problems.append(f"{name}: no result")
@@ -45,7 +45,7 @@ for kind in ("without", "with"):
 report = open(os.path.join(res, "benchmarks-gpu.md")).read()
 for section in ("## Decode, Llama-3.1-8B-shaped", "## Decode, Llama-3.2-1B-shaped",
                 "Where a batch-1 decode step goes", "## Engine throughput", "## Prefill",
-                "## The host KV tier"):
+                "## The host KV tier", "## The fp8 KV cache"):
     if section not in report:
         problems.append(f"the report has no section {section!r}")
 skipped = open(os.path.join(res, "skipped.txt")).read().split()

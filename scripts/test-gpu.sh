@@ -8,8 +8,9 @@
 #      choice between each kernel's generic and aligned binary (cuda_variants.rs), and the
 #      streams, events, copies, host buffers and cuBLASLt products (cuda_streams.rs);
 #   2. the Llama-family fixtures through the CUDA backend against transformers' logits and
-#      greedy ids (crates/models/tests/cuda_fixtures.rs); both with FERRUM_REQUIRE_GPU=1, so
-#      they cannot skip;
+#      greedy ids (crates/models/tests/cuda_fixtures.rs), the paged cache's device blocks and
+#      host tier (cuda_kv.rs) and the fp8 KV cache (cuda_fp8.rs); all with FERRUM_REQUIRE_GPU=1,
+#      so they cannot skip;
 #   3. the kernel sources through Triton's JIT on the GPU against the numpy references
 #      (kernels/tests, FERRUM_KERNEL_RUNNER=cuda; needs torch and triton in python3);
 #   4. the OpenAI client tests (tests/openai) against `ferrum serve --device cuda` on the tiny
@@ -24,7 +25,8 @@
 # retired.
 # Takes the binaries scripts/gpu/pack.sh packed (.gpu-pack, carried by the call; the GPU machine
 # has no cargo), else prebuilt ones from FERRUM_GPU_TEST_BINS (a folder holding cuda_kernels,
-# cuda_attention, cuda_variants, cuda_streams and cuda_fixtures, from `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
+# cuda_attention, cuda_variants, cuda_streams, cuda_fixtures, cuda_kv and cuda_fp8, from
+# `cargo test --no-run`) and FERRUM_BIN (a ferrum binary), else builds them
 # with cargo.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,9 +80,15 @@ FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-runtime cuda_streams)" --test-threads=1 
 echo "== fixtures through the CUDA backend (cuda_fixtures)"
 FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fixtures)" --test-threads=1 --nocapture \
     --skip llama31_8b || status=1
+echo "== the paged cache's device blocks and host tier (cuda_kv)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_kv)" --test-threads=1 --nocapture \
+    || status=1
+echo "== the fp8 KV cache against the reference (cuda_fp8)"
+FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fp8)" --test-threads=1 --nocapture \
+    || status=1
 
 echo "== kernel sources through Triton's JIT on the GPU (kernels/tests)"
-(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels test_sampling) || status=1
+(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels test_fp8 test_sampling) || status=1
 
 echo "== OpenAI client tests against ferrum serve --device cuda (tests/openai)"
 if python3 -c 'import openai' 2>/dev/null; then

@@ -164,6 +164,25 @@ def main(res):
             a, b = ws["without"][0]["pass_seconds"][-1], ws["with"][0]["pass_seconds"][-1]
             p(f"\nSecond pass, without the tier against with it: {a / b:.2f}x.")
         p("")
+    kv = {k: by_batch(load(os.path.join(res, f"ferrum-1b-kv-{k}.jsonl"))) for k in ("bf16", "fp8")}
+    if kv["bf16"] or kv["fp8"]:
+        r0 = next(iter((kv["bf16"] or kv["fp8"]).values()))
+        p(f"## The fp8 KV cache, 1B-shaped, {r0['input_len']}-token prompts\n")
+        p("Decode with `--kv-cache-dtype fp8` (e4m3 bytes and an f32 scale per token and KV "
+          "head) against the model's bf16 cache, graphs on; the roofline counts each cache's "
+          "bytes.\n")
+        p("| batch | bf16 cache tok/s | fp8 cache tok/s | fp8 / bf16 | K/V bytes per token "
+          "(bf16, fp8) | fp8 share of its roofline |")
+        p("| --- | --- | --- | --- | --- | --- |")
+        for b in sorted(set(kv["bf16"]) | set(kv["fp8"])):
+            h, e = kv["bf16"].get(b), kv["fp8"].get(b)
+            ratio = e["decode_tok_s"] / h["decode_tok_s"] if (h and e) else None
+            roof = bw * 1e9 / e["bytes_per_decode_token"] if (bw and e) else None
+            share = 100.0 * e["decode_tok_s"] / roof if roof else None
+            p(f"| {b} | {fmt(h and h['decode_tok_s'])} | {fmt(e and e['decode_tok_s'])} | "
+              f"{fmt(ratio, '.2f', 'x')} | {h['kv_bytes_per_token'] if h else '-'}, "
+              f"{e['kv_bytes_per_token'] if e else '-'} | {fmt(share, '.1f', '%')} |")
+        p("")
     pre = load(os.path.join(res, "ferrum-8b-prefill.jsonl"))
     cfg_path = os.path.join(res, "config-8b.json")
     if pre and os.path.exists(cfg_path):

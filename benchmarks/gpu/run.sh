@@ -37,13 +37,13 @@ case "${FERRUM_GPU_ROUND:-gpu}" in
     gpu)
         device=cuda m8="$models/llama-8b" m1="$models/llama-1b"
         in_len=128 out_len=32 batches=1,64 large=256 prefill=2048 prompts=256 thr_len=128
-        iters=2 iters_1b=3 ws_docs=16 ws_len=1024 ws_blocks=320 ;;
+        iters=2 iters_1b=3 ws_docs=16 ws_len=1024 ws_blocks=320 kv_len=2048 kv_batches=1,32 ;;
     interpreted)
         tiny="$root/tests/fixtures/tiny-llama-bf16"
         [[ -f "$tiny/config.json" ]] || bash "$root/scripts/unpack-fixtures.sh" >/dev/null
         device=interpreted m8="$tiny" m1="$tiny"
         in_len=8 out_len=3 batches=1,2 large=4 prefill=16 prompts=4 thr_len=4
-        iters=1 iters_1b=1 ws_docs=3 ws_len=40 ws_blocks=4 ;;
+        iters=1 iters_1b=1 ws_docs=3 ws_len=40 ws_blocks=4 kv_len=20 kv_batches=1,2 ;;
     *) echo "FERRUM_GPU_ROUND is gpu or interpreted, not ${FERRUM_GPU_ROUND}" >&2; exit 2 ;;
 esac
 mkdir -p "$models"
@@ -122,6 +122,14 @@ ws=("$ferrum" bench throughput --device "$device" --json --model "$m1" --num-pro
     --input-len "$ws_len" --output-len 4 --passes 2 --num-kv-blocks "$ws_blocks")
 step ferrum-1b-kvhost-without 90 ferrum-1b-kvhost-without.jsonl "${ws[@]}"
 step ferrum-1b-kvhost-with 90 ferrum-1b-kvhost-with.jsonl "${ws[@]}" --kv-offload-memory 4GiB
+# The fp8 KV cache (e4m3 with a scale per row) against the model's own bf16 cache at a long
+# context, where K/V are a large share of a decode step's reads: 2048-token prompts, 1 and 32
+# sequences (32 x 2048 tokens of a 1B model's K/V: 2.1 GB in bf16 against 2.5 GB of weights).
+long=("$ferrum" bench latency --device "$device" --json --model "$m1" --input-len "$kv_len" \
+    --output-len "$out_len" --batch-size "$kv_batches" --num-iters "$iters_1b" \
+    --num-iters-warmup 1)
+step ferrum-1b-kv-bf16 90 ferrum-1b-kv-bf16.jsonl "${long[@]}" --kv-cache-dtype bf16
+step ferrum-1b-kv-fp8 90 ferrum-1b-kv-fp8.jsonl "${long[@]}" --kv-cache-dtype fp8
 [[ -s "$res/hf-8b.jsonl" ]] || torch_step hf-8b 150 hf-8b.jsonl python3 "$here/hf_peer.py" "$m8" \
     --batch-size "$batches" --input-len "$in_len" --output-len "$out_len" --prefill-len "$prefill"
 [[ -s "$res/hf-1b.jsonl" ]] || torch_step hf-1b 90 hf-1b.jsonl python3 "$here/hf_peer.py" "$m1" \

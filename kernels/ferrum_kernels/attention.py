@@ -9,7 +9,8 @@ starts at ``block_tables[bt_start[t]]``; it attends to the keys at positions
 ``lo ..= positions[t]`` of the same sequence (causal), with ``lo = positions[t] - window + 1``
 under a sliding window (``window > 0``) and 0 otherwise. Keys of position ``p`` live in slot
 ``block_tables[bt_start[t] + p // block_size] * block_size + p % block_size`` of the caches,
-``[num_slots, num_kv_heads, head_dim]`` in f32, f16 or bf16. The KV of the batch's own tokens
+``[num_slots, num_kv_heads, head_dim]`` in f32, f16, bf16 or fp8 (the ``_fp8`` entry points,
+with each row's scale beside it, ``fp8.py``). The KV of the batch's own tokens
 is written before this runs, so prior context and the chunk itself are read the same way.
 
 Query head ``h`` reads KV head ``h // group`` (GQA). Scores are ``q . k * scale``, soft-capped
@@ -19,6 +20,8 @@ f32, over tiles of ``BLOCK_N`` keys; the products run as ``tl.dot`` (``_attend_k
 
 import triton
 import triton.language as tl
+
+from .fp8 import e4m3_decode
 
 
 @triton.jit
@@ -41,35 +44,45 @@ def _split(x, ty):
 
 
 @triton.jit
-def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads, head_dim,
-                 block_size, scale, softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr,
-                 G_BLOCK: tl.constexpr):
+def _attend_keys(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt, kvh, first, end,
+                 num_kv_heads, head_dim, block_size, scale, softcap, BLOCK_N: tl.constexpr,
+                 D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr, SCALED: tl.constexpr):
     """The online softmax of the query rows ``q`` (``[G_BLOCK, D_BLOCK]`` f32: the heads of
     one KV head) over the keys at positions ``first .. end`` of the block table ``bt``:
     ``(max[G], sum[G], acc[G, D])``, unnormalized (``acc / sum`` is the output). Each key tile
     is read once for all the heads. Half caches: ``q . k`` and ``p . v`` run on the tensor
     cores with ``q`` and ``p`` split in two parts of the cache's type (``_split``), so the
-    products keep about 16 bits of ``q`` and ``p``; f32 caches: full f32 products."""
+    products keep about 16 bits of ``q`` and ``p``; f32 caches: full f32 products. fp8 caches
+    (``SCALED``; the scale pointers are read only then): keys and values decoded exactly to
+    f16 and bf16, ``q . k`` (``q`` split in f16) times each key's scale, and ``p`` times each
+    value's scale split in bf16 (whose range holds any scale) for ``p . v``."""
     cache_ty = k_cache_ptr.dtype.element_ty
     d = tl.arange(0, D_BLOCK)
     dmask = d < head_dim
     m_i = tl.full([G_BLOCK], -float("inf"), tl.float32)
     l_i = tl.zeros([G_BLOCK], dtype=tl.float32)
     acc = tl.zeros([G_BLOCK, D_BLOCK], dtype=tl.float32)
-    if cache_ty != tl.float32:
+    if SCALED:
+        q_hi, q_lo = _split(q, tl.float16)
+    elif cache_ty != tl.float32:
         q_hi, q_lo = _split(q, cache_ty)
     for start in range(first, end, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < end
         page = tl.load(bt + kpos // block_size, mask=kmask, other=0).to(tl.int64)
         slot = page * block_size + (kpos % block_size)
-        off = (slot * num_kv_heads + kvh) * head_dim
+        row = slot * num_kv_heads + kvh
+        off = row * head_dim
         tile_mask = kmask[:, None] & dmask[None, :]
         k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-        kt = tl.trans(k)
-        if cache_ty == tl.float32:
-            s = tl.dot(q, kt, input_precision="ieee")
+        if SCALED:
+            kt = tl.trans(e4m3_decode(k).to(tl.float16))
+            ks = tl.load(k_scale_ptr + row, mask=kmask, other=0.0)
+            s = (tl.dot(q_hi, kt) + tl.dot(q_lo, kt)) * ks[None, :]
+        elif cache_ty == tl.float32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
+            kt = tl.trans(k)
             s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt)
         s = s * scale
         if softcap > 0:
@@ -80,7 +93,12 @@ def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=tile_mask, other=0.0)
-        if cache_ty == tl.float32:
+        if SCALED:
+            vs = tl.load(v_scale_ptr + row, mask=kmask, other=0.0)
+            p_hi, p_lo = _split(p * vs[None, :], tl.bfloat16)
+            v16 = e4m3_decode(v).to(tl.bfloat16)
+            pv = tl.dot(p_hi, v16) + tl.dot(p_lo, v16)
+        elif cache_ty == tl.float32:
             pv = tl.dot(p, v, input_precision="ieee")
         else:
             p_hi, p_lo = _split(p, cache_ty)
@@ -92,10 +110,11 @@ def _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end, num_kv_heads,
 
 
 @triton.jit
-def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
-                    tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
-                    block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
-                    D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
+def _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                     block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, q_stride,
+                     out_stride, group, num_kv_heads, head_dim, block_size, window, scale,
+                     softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr,
+                     G_BLOCK: tl.constexpr, SCALED: tl.constexpr):
     t = tl.load(tok_ptr + tl.program_id(0)).to(tl.int64)
     kvh, h, valid = _heads(tl.program_id(1), group, G_BLOCK)
     d = tl.arange(0, D_BLOCK)
@@ -107,19 +126,44 @@ def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_
     lo = 0
     if window > 0:
         lo = tl.maximum(pos - window + 1, 0)
-    m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, lo, pos + 1,
-                                 num_kv_heads, head_dim, block_size, scale, softcap, BLOCK_N,
-                                 D_BLOCK, G_BLOCK)
+    m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, bt,
+                                 kvh, lo, pos + 1, num_kv_heads, head_dim, block_size, scale,
+                                 softcap, BLOCK_N, D_BLOCK, G_BLOCK, SCALED)
     out = out_ptr + t * out_stride + h[:, None] * head_dim + d[None, :]
     tl.store(out, acc / l_i[:, None], mask=valid[:, None] & dmask[None, :])
 
 
 @triton.jit
-def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr,
-                          pos_ptr, tok_ptr, out_ptr, part_ptr, q_stride, out_stride, group,
-                          num_kv_heads, head_dim, block_size, window, scale, softcap,
-                          split_keys, max_ranges, max_splits, BLOCK_N: tl.constexpr,
-                          D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
+def paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr, pos_ptr,
+                    tok_ptr, out_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
+                    block_size, window, scale, softcap, BLOCK_N: tl.constexpr,
+                    D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
+    _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, k_cache_ptr, v_cache_ptr,
+                     block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, q_stride,
+                     out_stride, group, num_kv_heads, head_dim, block_size, window, scale,
+                     softcap, BLOCK_N, D_BLOCK, G_BLOCK, False)
+
+
+@triton.jit
+def paged_attention_fp8(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                        block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, q_stride,
+                        out_stride, group, num_kv_heads, head_dim, block_size, window, scale,
+                        softcap, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr,
+                        G_BLOCK: tl.constexpr):
+    """``paged_attention`` over an fp8 cache (its rows' scales beside it)."""
+    _paged_attention(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                     block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, q_stride,
+                     out_stride, group, num_kv_heads, head_dim, block_size, window, scale,
+                     softcap, BLOCK_N, D_BLOCK, G_BLOCK, True)
+
+
+@triton.jit
+def _paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                           block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, part_ptr,
+                           q_stride, out_stride, group, num_kv_heads, head_dim, block_size,
+                           window, scale, softcap, split_keys, max_ranges, max_splits,
+                           BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr,
+                           SCALED: tl.constexpr):
     """Split-K decode attention (flash-decoding). Grid ``(n, num_kv_heads * cdiv(group,
     G_BLOCK), max_splits)``: a token whose context (``lo ..= pos``) holds ``ctx`` keys is cut
     into ``splits = min(cdiv(ctx, split_keys), max_ranges)`` ranges of ``cdiv(ctx, splits)``
@@ -148,9 +192,9 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
         per = tl.cdiv(pos + 1 - lo, splits)
         first = lo + s * per
         end = tl.minimum(first + per, pos + 1)
-        m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, bt, kvh, first, end,
-                                     num_kv_heads, head_dim, block_size, scale, softcap,
-                                     BLOCK_N, D_BLOCK, G_BLOCK)
+        m_i, l_i, acc = _attend_keys(q, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                                     bt, kvh, first, end, num_kv_heads, head_dim, block_size,
+                                     scale, softcap, BLOCK_N, D_BLOCK, G_BLOCK, SCALED)
         if splits == 1:
             out = out_ptr + t * out_stride + h[:, None] * head_dim + d[None, :]
             tl.store(out, acc / l_i[:, None], mask=valid[:, None] & dmask[None, :])
@@ -160,6 +204,34 @@ def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_
             tl.store(part[:, None] + d[None, :], acc, mask=valid[:, None])
             tl.store(part + D_BLOCK, m_i, mask=valid)
             tl.store(part + D_BLOCK + 1, l_i, mask=valid)
+
+
+@triton.jit
+def paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, bt_start_ptr,
+                          pos_ptr, tok_ptr, out_ptr, part_ptr, q_stride, out_stride, group,
+                          num_kv_heads, head_dim, block_size, window, scale, softcap,
+                          split_keys, max_ranges, max_splits, BLOCK_N: tl.constexpr,
+                          D_BLOCK: tl.constexpr, G_BLOCK: tl.constexpr):
+    _paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, k_cache_ptr, v_cache_ptr,
+                           block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, part_ptr,
+                           q_stride, out_stride, group, num_kv_heads, head_dim, block_size,
+                           window, scale, softcap, split_keys, max_ranges, max_splits, BLOCK_N,
+                           D_BLOCK, G_BLOCK, False)
+
+
+@triton.jit
+def paged_attention_split_fp8(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                              block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr,
+                              part_ptr, q_stride, out_stride, group, num_kv_heads, head_dim,
+                              block_size, window, scale, softcap, split_keys, max_ranges,
+                              max_splits, BLOCK_N: tl.constexpr, D_BLOCK: tl.constexpr,
+                              G_BLOCK: tl.constexpr):
+    """``paged_attention_split`` over an fp8 cache (its rows' scales beside it)."""
+    _paged_attention_split(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                           block_tables_ptr, bt_start_ptr, pos_ptr, tok_ptr, out_ptr, part_ptr,
+                           q_stride, out_stride, group, num_kv_heads, head_dim, block_size,
+                           window, scale, softcap, split_keys, max_ranges, max_splits, BLOCK_N,
+                           D_BLOCK, G_BLOCK, True)
 
 
 @triton.jit

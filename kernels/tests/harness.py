@@ -37,6 +37,47 @@ def round_to(x, ty):
     return x
 
 
+def e4m3_values():
+    """The 127 non-negative finite e4m3 values, by code (0x00 .. 0x7E), from the format's
+    definition: exponent bias 7, 3 mantissa bits, subnormals at exponent 0."""
+    c = np.arange(127)
+    e, m = c >> 3, (c & 7).astype(np.float64)
+    return np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def e4m3_encode(y):
+    """``y`` as e4m3 codes (u8): the nearest value of the table, ties to the even code,
+    magnitudes past 448 (and NaN) saturating; a search, independent of the kernel's bits."""
+    vals = e4m3_values()
+    y = np.asarray(y, dtype=np.float64)
+    a = np.where(np.abs(y) < 448.0, np.abs(y), 448.0)
+    hi = np.clip(np.searchsorted(vals, a), 0, 126)
+    lo = np.clip(hi - 1, 0, 126)
+    dh, dl = vals[hi] - a, a - vals[lo]
+    code = np.where((dh < dl) | ((dh == dl) & (hi % 2 == 0)), hi, lo)
+    return (code | np.where(y < 0, 128, 0)).astype(np.uint8)
+
+
+def e4m3_decode(codes):
+    """E4M3 codes as f32 (0x7F and 0xFF, NaN, are never written)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    v = e4m3_values()[np.minimum(codes & 0x7F, 126)]
+    return np.where(codes & 0x80, -v, v).astype(np.float32)
+
+
+def fp8_rows(x):
+    """Rows ``x`` (``[..., head_dim]`` f32) as an fp8 cache stores them: (codes, scales), the
+    scale ``amax / 448`` per row, NaN for a row with a non-finite value, 0 for a zero row."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.where(np.isfinite(x), np.abs(x), 0).max(axis=-1).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(448.0) / amax, np.float32(0)).astype(np.float32)
+    scale = np.where(np.isfinite(x).all(axis=-1), amax / np.float32(448.0), np.nan)
+    with np.errstate(invalid="ignore"):
+        codes = e4m3_encode((x * inv[..., None]).astype(np.float32))
+    return codes, scale.astype(np.float32)
+
+
 class Handle:
     """A device buffer with its element type (Triton name) and shape."""
 

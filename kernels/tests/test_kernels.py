@@ -1,13 +1,16 @@
 """Every kernel specialization against a numpy reference, on shapes that reach the edges:
 partial blocks, strided and fused rows, every float type, GQA ratios 1 to 4, sliding windows,
-soft-capping, block tables with scattered blocks of several sizes, every attention head block.
-Outputs are poisoned with NaN before each launch.
+soft-capping, block tables with scattered blocks of several sizes, every attention head block,
+and the fp8 KV cache (e4m3 bytes and f32 row scales, exact against test_fp8's reference encoder,
+then attention over the decoded rows). Outputs are poisoned with NaN before each launch.
 
     TRITON_INTERPRET=1 python -m unittest discover -s kernels/tests     (the interpreter)
     FERRUM_KERNEL_RUNNER=cuda python -m unittest discover -s kernels/tests   (a GPU, torch)
 
 Bound: ``TOL`` x max |reference| per element (f32 arithmetic in another order; operands rounded
-to f16/bf16 on the host exactly as the kernels round them).
+to f16/bf16 on the host exactly as the kernels round them); over an fp8 cache, 1e-4 in decode
+attention (the query and the probabilities times the values' scales are split in two f16/bf16
+parts against the decoded rows) and 1e-2 in prefill attention (one part each).
 """
 
 import math
@@ -16,7 +19,7 @@ import unittest
 
 import numpy as np
 
-from harness import SPECS, assert_close, round_to, runner, specs
+from harness import SPECS, assert_close, e4m3_decode, fp8_rows, round_to, runner, specs
 
 TOL = 2e-5
 # Quantized products run at tf32 on a GPU (10-bit mantissa operands, f32 accumulation): about
@@ -487,15 +490,35 @@ class Kernels(unittest.TestCase):
                              for s, p in tokens], np.uint32)
         pos = np.array([p for _, p in tokens], np.uint32)
         bt_start = np.array([offsets[s] for s, _ in tokens], np.uint32)
-        dk, dv, dqkv = r.dev(k_cache, FLOATS[short]), r.dev(v_cache, FLOATS[short]), r.dev(qkv)
+        dqkv = r.dev(qkv)
+        if short == "fp8":
+            # Bytes and row scales; the caches' pointers are followed by the scales'.
+            (kq, ks), (vq, vs) = fp8_rows(k_cache), fp8_rows(v_cache)
+            dk, dv = r.dev(kq, "u8"), r.dev(vq, "u8")
+            dks, dvs = r.dev(ks), r.dev(vs)
+            caches = [r.ptr(dk), r.ptr(dv), r.ptr(dks), r.ptr(dvs)]
+        else:
+            dk, dv = r.dev(k_cache, FLOATS[short]), r.dev(v_cache, FLOATS[short])
+            caches = [r.ptr(dk), r.ptr(dv)]
         r.launch(f"kv_write_{short}_d{d_block}", (t, nkv),
-                 [r.ptr(dqkv, nh * hd), r.ptr(dqkv, (nh + nkv) * hd), r.ptr(dk), r.ptr(dv),
-                  r.ptr(r.dev(slot_map, "u32")), stride, nkv, hd])
+                 [r.ptr(dqkv, nh * hd), r.ptr(dqkv, (nh + nkv) * hd)] + caches
+                 + [r.ptr(r.dev(slot_map, "u32")), stride, nkv, hd])
         k_cache[slot_map] = qkv[:, nh * hd:(nh + nkv) * hd].reshape(t, nkv, hd)
         v_cache[slot_map] = qkv[:, (nh + nkv) * hd:].reshape(t, nkv, hd)
-        kr, vr = round_to(k_cache, short), round_to(v_cache, short)
-        assert_close(self, "kv_write k", r.host(dk), kr, TOL)
-        assert_close(self, "kv_write v", r.host(dv), vr, TOL)
+        if short == "fp8":
+            (kq, ks), (vq, vs) = fp8_rows(k_cache), fp8_rows(v_cache)
+            np.testing.assert_array_equal(r.host(dk), kq, "kv_write k")
+            np.testing.assert_array_equal(r.host(dv), vq, "kv_write v")
+            np.testing.assert_array_equal(r.host(dks), ks, "kv_write k scales")
+            np.testing.assert_array_equal(r.host(dvs), vs, "kv_write v scales")
+            kr, vr = e4m3_decode(kq) * ks[..., None], e4m3_decode(vq) * vs[..., None]
+        else:
+            kr, vr = round_to(k_cache, short), round_to(v_cache, short)
+            assert_close(self, "kv_write k", r.host(dk), kr, TOL)
+            assert_close(self, "kv_write v", r.host(dv), vr, TOL)
+        # Decode attention: q (and p) split in two parts for the tensor cores; fp8's p times
+        # the values' scales in bf16 parts.
+        dtol = 1e-4 if short == "fp8" else TOL
         out = self.nan(t, nh * hd)
         scale = 1 / math.sqrt(hd)
         # Every token, listed in reverse: the program's token comes from the list.
@@ -504,7 +527,7 @@ class Kernels(unittest.TestCase):
         g_block = SPECS[f"paged_attention_{short}_d{d_block}"]["constexprs"]["G_BLOCK"]
         head_programs = nkv * cdiv(group, g_block)
         r.launch(f"paged_attention_{short}_d{d_block}", (t, head_programs),
-                 [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                 [r.ptr(dqkv)] + caches + [r.ptr(r.dev(bt_flat, "u32")),
                   r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
                   r.ptr(r.dev(toks, "u32")), r.ptr(out), stride, nh * hd, group, nkv, hd,
                   block_size, window, scale, softcap])
@@ -522,7 +545,7 @@ class Kernels(unittest.TestCase):
                 want[i, h] = (e / e.sum()) @ vr[sl, h // group].astype(np.float64)
         what = (f"attention {short} d{d_block} hd={hd} group={group} bs={block_size} "
                 f"window={window} softcap={softcap}")
-        assert_close(self, what, r.host(out).reshape(t, nh, hd), want, TOL)
+        assert_close(self, what, r.host(out).reshape(t, nh, hd), want, dtol)
         single = r.host(out).copy()
         # Split-K (flash-decoding): ranges of split_keys keys, partials merged by
         # attention_combine; tokens of one range equal paged_attention's bit for bit.
@@ -535,7 +558,7 @@ class Kernels(unittest.TestCase):
             part = r.dev(np.full(t * nh * max_splits * (d_block + 2), np.nan, np.float32))
             out = self.nan(t, nh * hd)
             r.launch(f"paged_attention_split_{short}_d{d_block}", (t, head_programs, max_splits),
-                     [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                     [r.ptr(dqkv)] + caches + [r.ptr(r.dev(bt_flat, "u32")),
                       r.ptr(r.dev(bt_start, "u32")), r.ptr(r.dev(pos, "u32")),
                       r.ptr(r.dev(toks, "u32")), r.ptr(out), r.ptr(part), stride, nh * hd,
                       group, nkv, hd, block_size, window, scale, softcap, split_keys,
@@ -545,7 +568,7 @@ class Kernels(unittest.TestCase):
                       r.ptr(out), nh * hd, hd, window, split_keys, max_ranges, max_splits])
             got = r.host(out)
             assert_close(self, f"{what} split {split_keys}/{max_ranges}", got.reshape(t, nh, hd),
-                         want, TOL)
+                         want, dtol)
             one = np.array([c <= split_keys for c in ctx])
             np.testing.assert_array_equal(got[one], single[one], f"{what} split {split_keys}")
         # The prefill kernel over the same tokens in tiles of at most BLOCK_M tokens of one
@@ -561,17 +584,18 @@ class Kernels(unittest.TestCase):
                     tiles.append([i, 1, offsets[s]])
             out = self.nan(t, nh * hd)
             r.launch(name, (len(tiles), nh),
-                     [r.ptr(dqkv), r.ptr(dk), r.ptr(dv), r.ptr(r.dev(bt_flat, "u32")),
+                     [r.ptr(dqkv)] + caches + [r.ptr(r.dev(bt_flat, "u32")),
                       r.ptr(r.dev(np.array(tiles, np.uint32).ravel(), "u32")),
                       r.ptr(r.dev(pos, "u32")), r.ptr(out), stride, nh * hd, group, nkv, hd,
                       block_size, window, scale, softcap])
-            # Half caches: Q and P are rounded to the cache's type for the tensor cores.
-            tol = {"f32": TOL, "f16": 2e-3, "bf16": 1e-2}[short]
+            # Half caches: Q and P are rounded to the cache's type for the tensor cores (fp8:
+            # Q to f16, P times the values' scales to bf16).
+            tol = {"f32": TOL, "f16": 2e-3, "bf16": 1e-2, "fp8": 1e-2}[short]
             assert_close(self, f"prefill {what} tiles of {tile_m}",
                          r.host(out).reshape(t, nh, hd), want, tol)
 
     def test_attention_every_head_block_and_type(self):
-        for short in FLOATS:
+        for short in list(FLOATS) + ["fp8"]:
             for d_block, hd in ((32, 32), (64, 64), (128, 128), (256, 256), (128, 80)):
                 self.attention_case(short, d_block, hd, group=2, block_size=16, window=0,
                                     softcap=0.0)
@@ -584,6 +608,7 @@ class Kernels(unittest.TestCase):
             self.attention_case("bf16", 64, 64, 2, 16, window=window, softcap=0.0,
                                 fine_splits=window == 16)
         self.attention_case("f16", 128, 128, 2, 16, window=0, softcap=30.0, fine_splits=True)
+        self.attention_case("fp8", 64, 64, 4, 8, window=5, softcap=30.0, fine_splits=True)
         self.attention_case("f32", 32, 32, 2, 8, window=4, softcap=2.0)
         # Groups that do not fill a program's heads (Qwen2.5-0.5B's 7) and that take two
         # programs per KV head, the second partly filled (20 > G_BLOCK).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a GPU round: builds the release `ferrum`, the GPU test binaries (cuda_kernels,
-# cuda_attention, cuda_variants, cuda_streams, cuda_fixtures) and `ferrum-testdata` (it unpacks the packed fixtures where there is no cargo),
+# cuda_attention, cuda_variants, cuda_streams, cuda_fixtures, cuda_kv, cuda_fp8) and
+# `ferrum-testdata` (it unpacks the packed fixtures where there is no cargo),
 # compresses them into .gpu-pack/bins.tar.xz (ignored by git; carried by the call), compiles
 # the tuning sweep's candidates into .gpu-pack/sweeps (kernels/sweep.py build), and prints
 # what the call will send: the working tree (tracked files and untracked ones git does not
@@ -37,7 +38,7 @@ for line in sys.stdin:
     t = m.get("target", {})
     if m.get("executable") and (
             (t.get("name") in ("cuda_kernels", "cuda_attention", "cuda_variants", "cuda_streams",
-                                "cuda_fixtures")
+                                "cuda_fixtures", "cuda_kv", "cuda_fp8")
              and t.get("kind") == ["test"])
             or (t.get("name") == "ferrum" and t.get("kind") == ["bin"] and not m["profile"]["test"])):
         print(t["name"], m["executable"])'
@@ -58,12 +59,12 @@ else
   cargo build --release --workspace --bin ferrum --bin ferrum-testdata
   while read -r name path; do exe[$name]=$path; done \
     < <(executables --release --test cuda_kernels --test cuda_attention --test cuda_variants \
-      --test cuda_streams --test cuda_fixtures)
+      --test cuda_streams --test cuda_fixtures --test cuda_kv --test cuda_fp8)
   exe[ferrum]="target/release/ferrum"
 fi
 exe[ferrum-testdata]="target/$profile/ferrum-testdata"
 for name in ferrum ferrum-testdata cuda_kernels cuda_attention cuda_variants cuda_streams \
-    cuda_fixtures; do
+    cuda_fixtures cuda_kv cuda_fp8; do
   if [[ ! -x "${exe[$name]:-}" ]]; then
     echo "pack: no $name executable (cargo gave: ${!exe[*]})" >&2
     exit 1
@@ -110,7 +111,7 @@ shared=0
 packed=$(du -sb "$pack" | cut -f1)
 total=$((tree + shared + packed))
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-echo "pack: ferrum, ferrum-testdata and the test binaries cuda_kernels, cuda_attention, cuda_variants, cuda_streams and cuda_fixtures ($profile): $(mib "$raw") -> $(mib "$packed") stripped and compressed in $pack/"
+echo "pack: ferrum, ferrum-testdata and the test binaries cuda_kernels, cuda_attention, cuda_variants, cuda_streams, cuda_fixtures, cuda_kv and cuda_fp8 ($profile): $(mib "$raw") -> $(mib "$packed") stripped and compressed in $pack/"
 echo "pack: the call sends the working tree $(mib "$tree") + shared/ $(mib "$shared") + carried $pack $(mib "$packed") = $(mib "$total") (limit $(mib "$limit"))"
 if [[ $dry -eq 1 ]]; then
   rm -rf "$pack"

@@ -44,7 +44,8 @@ pub struct ModelArgs {
     /// Element type of the KV cache. auto: f32 with --matmul-precision float; otherwise the
     /// checkpoint's half type (f16 for GGUF, as llama.cpp; bf16/f16 for a folder saved in it,
     /// as vLLM), f32 for an f32 folder. Half types halve the cache's memory and attention's
-    /// reads; int8 (CPU models) halves them again, with a scale per token and KV head.
+    /// reads; int8 (CPU models) and fp8 (e4m3, GPU models) halve them again, with a scale per
+    /// token and KV head.
     #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
     /// Compile and render the chat template in this process instead of a memory-capped worker
@@ -217,6 +218,9 @@ pub enum KvCacheDtype {
     Bf16,
     /// int8 with a scale per (token, KV head) row: half an f16 cache's bytes (CPU models).
     Int8,
+    /// fp8 (e4m3) with a scale per (token, KV head) row: about half an f16 cache's bytes
+    /// (GPU models).
+    Fp8,
 }
 
 impl KvCacheDtype {
@@ -228,6 +232,7 @@ impl KvCacheDtype {
             KvCacheDtype::F16 => Some(KvDtype::F16),
             KvCacheDtype::Bf16 => Some(KvDtype::Bf16),
             KvCacheDtype::Int8 => Some(KvDtype::Int8),
+            KvCacheDtype::Fp8 => Some(KvDtype::Fp8),
         }
     }
 }

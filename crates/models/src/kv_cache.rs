@@ -4,7 +4,9 @@
 //! `ferrum_runtime::cpu::paged_attention`); an int8 cache also holds the f16 scales of each
 //! row's groups of 32 keys and values, `[num_blocks, num_kv_heads, groups, block_size]` each
 //! (host memory only); on a GPU (made by the CUDA backend) each is
-//! `[num_blocks * block_size, num_kv_heads, head_dim]`, one row per slot. Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
+//! `[num_blocks * block_size, num_kv_heads, head_dim]`, one row per slot (f32, f16, bf16, or
+//! fp8 with each row's f32 scale in `[num_blocks * block_size, num_kv_heads]` buffers beside
+//! the keys and values). Block ids in a [`crate::ForwardBatch`] index the first dimension; which block belongs
 //! to which sequence is the scheduler's business, not the cache's.
 
 use crate::{ModelConfig, ModelError, Result};
@@ -20,7 +22,25 @@ enum Layers {
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
     Int8(Vec<ScaledLayer>),
     /// In a GPU's memory.
-    Device(KvDtype, SharedGpu, Vec<(DeviceBuffer, DeviceBuffer)>),
+    Device(KvDtype, SharedGpu, Vec<DeviceLayer>),
+}
+
+/// One layer of a GPU cache: keys and values, and for an fp8 cache their rows' scales
+/// (`[num_slots, num_kv_heads]` f32 each).
+#[derive(Debug)]
+struct DeviceLayer {
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    scales: Option<(DeviceBuffer, DeviceBuffer)>,
+}
+
+/// A GPU cache layer's device memory, as kernels take it: keys, values, and an fp8 cache's
+/// key and value scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceKvLayer {
+    pub k: DevicePtr,
+    pub v: DevicePtr,
+    pub scales: Option<(DevicePtr, DevicePtr)>,
 }
 
 /// One layer of an int8 cache: keys and values as the float types hold them, and the scales
@@ -163,6 +183,13 @@ impl KvCache {
         let per_layer = Self::check(config, num_blocks, block_size)?;
         let n = config.num_hidden_layers;
         let layers = match config.kv_cache_dtype {
+            KvDtype::Fp8 => {
+                return Err(ModelError::Invalid(
+                    "--kv-cache-dtype fp8 is a GPU cache (its attention runs in the GPU \
+                     kernels); a CPU model's quantized cache is int8"
+                        .into(),
+                ))
+            }
             KvDtype::F32 => Layers::F32(zeroed_layers(n, per_layer)),
             KvDtype::F16 => Layers::F16(zeroed_layers(n, per_layer)),
             KvDtype::Bf16 => Layers::Bf16(zeroed_layers(n, per_layer)),
@@ -187,14 +214,18 @@ impl KvCache {
         if config.kv_cache_dtype == KvDtype::Int8 {
             return Err(ModelError::Invalid(
                 "--kv-cache-dtype int8 is a CPU cache (its attention runs on the CPU); a GPU \
-                 model's cache is f32, f16 or bf16"
+                 model's cache is f32, f16, bf16 or fp8"
                     .into(),
             ));
         }
-        let bytes = per_layer * config.kv_cache_dtype.size();
+        let dtype = config.kv_cache_dtype;
+        let bytes = per_layer * dtype.size();
+        let scale_bytes = per_layer / config.head_dim.max(1)
+            * dtype.scales_per_row(config.head_dim)
+            * dtype.scale_bytes();
         let mut buffers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
-            let alloc = || {
+            let alloc = |bytes: usize| {
                 gpu.alloc(bytes).map_err(|e| {
                     ModelError::Invalid(format!(
                         "allocating the KV cache ({num_blocks} blocks of {block_size}, \
@@ -202,7 +233,16 @@ impl KvCache {
                     ))
                 })
             };
-            buffers.push((alloc()?, alloc()?));
+            let scales = if scale_bytes > 0 {
+                Some((alloc(scale_bytes)?, alloc(scale_bytes)?))
+            } else {
+                None
+            };
+            buffers.push(DeviceLayer {
+                k: alloc(bytes)?,
+                v: alloc(bytes)?,
+                scales,
+            });
         }
         let layers = Layers::Device(config.kv_cache_dtype, gpu.clone(), buffers);
         Ok(Self::with_layers(config, num_blocks, block_size, layers))
@@ -337,9 +377,36 @@ impl KvCache {
         self.block_size * self.num_kv_heads * self.head_dim * self.dtype().size()
     }
 
-    /// Bytes of one block's key (or value) scales (f16): none for the float types.
+    /// Bytes of one block's key (or value) scales (int8: f16, fp8: f32): none for the float
+    /// types.
     fn scale_region(&self) -> usize {
-        self.block_size * self.num_kv_heads * self.dtype().scales_per_row(self.head_dim) * 2
+        let dtype = self.dtype();
+        self.block_size
+            * self.num_kv_heads
+            * dtype.scales_per_row(self.head_dim)
+            * dtype.scale_bytes()
+    }
+
+    /// A GPU cache's block `block` as device ranges (address, bytes), in
+    /// [`KvCache::read_block`]'s order: per layer, keys, (key scales,) values, (value scales).
+    fn device_ranges(&self, l: &[DeviceLayer], block: usize) -> Result<Vec<(DevicePtr, usize)>> {
+        let (region, scales) = (self.block_region(), self.scale_region());
+        let mut parts = Vec::with_capacity(4 * l.len());
+        for layer in l {
+            let scale_of = |i: usize| {
+                layer
+                    .scales
+                    .as_ref()
+                    .map(|s| if i == 0 { &s.0 } else { &s.1 })
+            };
+            for (i, buf) in [&layer.k, &layer.v].into_iter().enumerate() {
+                parts.push((buf.at(block * region).map_err(device_err)?, region));
+                if let Some(s) = scale_of(i) {
+                    parts.push((s.at(block * scales).map_err(device_err)?, scales));
+                }
+            }
+        }
+        Ok(parts)
     }
 
     /// One block's byte ranges in an int8 layer's buffers, in block order: keys, key scales,
@@ -364,8 +431,8 @@ impl KvCache {
         Ok(())
     }
 
-    /// Block `block`'s K/V, every layer's keys then values in turn (an int8 layer's keys, key
-    /// scales, values, value scales), into `out` (replacing its contents):
+    /// Block `block`'s K/V, every layer's keys then values in turn (an int8 or fp8 layer's
+    /// keys, key scales, values, value scales), into `out` (replacing its contents):
     /// [`KvCache::block_bytes`] bytes, in [`KvCache::layout`]. On a GPU the copy waits for the
     /// work already issued.
     pub fn read_block(&self, block: usize, out: &mut Vec<u8>) -> Result<()> {
@@ -390,6 +457,16 @@ impl KvCache {
             }
             return Ok(());
         }
+        if let Layers::Device(_, gpu, l) = &self.layers {
+            let ranges = self.device_ranges(l, block)?;
+            let mut g = gpu.lock();
+            let mut at = 0;
+            for (ptr, len) in ranges {
+                g.read(ptr, &mut out[at..at + len]).map_err(device_err)?;
+                at += len;
+            }
+            return Ok(());
+        }
         let mut chunks = out.chunks_exact_mut(region);
         match &self.layers {
             Layers::F32(l) => host_blocks(l, block, &mut chunks),
@@ -397,18 +474,8 @@ impl KvCache {
             Layers::Bf16(l) => host_blocks(l, block, &mut chunks),
             // Copied above.
             Layers::Int8(_) => {}
-            Layers::Device(_, gpu, l) => {
-                let mut g = gpu.lock();
-                for (k, v) in l.iter() {
-                    for buf in [k, v] {
-                        let at = buf.at(block * region).map_err(device_err)?;
-                        let Some(chunk) = chunks.next() else {
-                            break;
-                        };
-                        g.read(at, chunk).map_err(device_err)?;
-                    }
-                }
-            }
+            // Copied above.
+            Layers::Device(..) => {}
         }
         Ok(())
     }
@@ -420,14 +487,7 @@ impl KvCache {
         let Layers::Device(_, gpu, l) = &self.layers else {
             return Ok(None);
         };
-        let region = self.block_region();
-        let mut parts = Vec::with_capacity(2 * l.len());
-        for (k, v) in l {
-            for buf in [k, v] {
-                parts.push((buf.at(block * region).map_err(device_err)?, region));
-            }
-        }
-        Ok(Some((gpu.clone(), parts)))
+        Ok(Some((gpu.clone(), self.device_ranges(l, block)?)))
     }
 
     /// Writes a block's K/V as [`KvCache::read_block`] gave it. The length must match.
@@ -458,6 +518,16 @@ impl KvCache {
             }
             return Ok(());
         }
+        if let Layers::Device(_, gpu, l) = &self.layers {
+            let ranges = self.device_ranges(l, block)?;
+            let mut g = gpu.lock();
+            let mut at = 0;
+            for (ptr, len) in ranges {
+                g.write(ptr, &data[at..at + len]).map_err(device_err)?;
+                at += len;
+            }
+            return Ok(());
+        }
         let mut chunks = data.chunks_exact(region);
         match &mut self.layers {
             Layers::F32(l) => host_blocks_mut(l, block, &mut chunks),
@@ -465,18 +535,8 @@ impl KvCache {
             Layers::Bf16(l) => host_blocks_mut(l, block, &mut chunks),
             // Copied above.
             Layers::Int8(_) => {}
-            Layers::Device(_, gpu, l) => {
-                let mut g = gpu.lock();
-                for (k, v) in l.iter() {
-                    for buf in [k, v] {
-                        let at = buf.at(block * region).map_err(device_err)?;
-                        let Some(chunk) = chunks.next() else {
-                            break;
-                        };
-                        g.write(at, chunk).map_err(device_err)?;
-                    }
-                }
-            }
+            // Copied above.
+            Layers::Device(..) => {}
         }
         Ok(())
     }
@@ -524,12 +584,16 @@ impl KvCache {
         })
     }
 
-    /// Key and value buffers of one layer, in a GPU's memory.
-    pub fn device_layer(&self, layer: usize) -> Result<(DevicePtr, DevicePtr)> {
+    /// Key and value buffers of one layer (and an fp8 cache's scales), in a GPU's memory.
+    pub fn device_layer(&self, layer: usize) -> Result<DeviceKvLayer> {
         match &self.layers {
             Layers::Device(_, _, l) => l
                 .get(layer)
-                .map(|(k, v)| (k.ptr(), v.ptr()))
+                .map(|d| DeviceKvLayer {
+                    k: d.k.ptr(),
+                    v: d.v.ptr(),
+                    scales: d.scales.as_ref().map(|(k, v)| (k.ptr(), v.ptr())),
+                })
                 .ok_or_else(|| ModelError::Invalid(format!("no KV cache layer {layer}"))),
             _ => Err(ModelError::Invalid(
                 "this KV cache is in host memory; the model runs on a GPU".into(),

@@ -12,15 +12,32 @@ mod common;
 use common::gpu::devices;
 use common::*;
 use ferrum_models::{load_model_on_gpu, KvCache, LoadOptions};
+use ferrum_runtime::cpu::KvDtype;
 
 #[test]
 fn block_copies_read_the_block_as_it_was_when_they_started() {
-    for gpu in devices() {
+    // The fixture's f32 cache, and an fp8 cache (whose blocks carry their rows' scales).
+    let fp8 = LoadOptions {
+        kv_cache_dtype: Some(KvDtype::Fp8),
+        ..Default::default()
+    };
+    for (gpu, opts) in devices()
+        .into_iter()
+        .flat_map(|g| [(g.clone(), LoadOptions::default()), (g, fp8.clone())])
+    {
         let dev = gpu.lock().describe();
-        let model = load_model_on_gpu(&fixtures().join("tiny-llama"), &LoadOptions::default(), gpu)
-            .unwrap();
+        let model = load_model_on_gpu(&fixtures().join("tiny-llama"), &opts, gpu).unwrap();
         let mut kv = model.backend().kv_cache(model.config(), 4, 16).unwrap();
+        let dev = format!("{dev} ({})", kv.layout());
         let n = kv.block_bytes();
+        let c = model.config();
+        // Keys and values of every layer, and an fp8 cache's f32 scale per slot and KV head.
+        let per_row = c.head_dim * kv.dtype().size() + 4 * usize::from(kv.dtype() == KvDtype::Fp8);
+        assert_eq!(
+            n,
+            2 * c.num_hidden_layers * c.num_key_value_heads * 16 * per_row,
+            "{dev}"
+        );
         let first: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
         let second: Vec<u8> = (0..n).map(|i| (i * 13 % 253) as u8).collect();
         kv.write_block(1, &first).unwrap();
@@ -70,12 +87,28 @@ fn block_copies_read_the_block_as_it_was_when_they_started() {
 /// is still pending is ordered after that copy.
 #[test]
 fn held_block_copies_go_back_by_uploads_ordered_after_pending_copies() {
-    for gpu in devices() {
+    // The fixture's f32 cache, and an fp8 cache (whose blocks carry their rows' scales).
+    let fp8 = LoadOptions {
+        kv_cache_dtype: Some(KvDtype::Fp8),
+        ..Default::default()
+    };
+    for (gpu, opts) in devices()
+        .into_iter()
+        .flat_map(|g| [(g.clone(), LoadOptions::default()), (g, fp8.clone())])
+    {
         let dev = gpu.lock().describe();
-        let model = load_model_on_gpu(&fixtures().join("tiny-llama"), &LoadOptions::default(), gpu)
-            .unwrap();
+        let model = load_model_on_gpu(&fixtures().join("tiny-llama"), &opts, gpu).unwrap();
         let mut kv = model.backend().kv_cache(model.config(), 4, 16).unwrap();
+        let dev = format!("{dev} ({})", kv.layout());
         let n = kv.block_bytes();
+        let c = model.config();
+        // Keys and values of every layer, and an fp8 cache's f32 scale per slot and KV head.
+        let per_row = c.head_dim * kv.dtype().size() + 4 * usize::from(kv.dtype() == KvDtype::Fp8);
+        assert_eq!(
+            n,
+            2 * c.num_hidden_layers * c.num_key_value_heads * 16 * per_row,
+            "{dev}"
+        );
         let first: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
         let second: Vec<u8> = (0..n).map(|i| (i * 13 % 253) as u8).collect();
         kv.write_block(1, &second).unwrap();

@@ -7,6 +7,9 @@
 //! f32 cache holding the rounded values, whatever the instruction set: the widening differs
 //! between builds (`vcvtph2ps` or plain code), its result does not.
 //!
+//! An fp8 cache ([`KvDtype::Fp8`], e4m3 with an f32 scale per row) is a GPU cache: no host
+//! element type implements it.
+//!
 //! An int8 cache ([`KvElem::SCALED`]) stores each head's key or value row `x` (head_dim values)
 //! in groups of [`SCALE_GROUP`] (32, llama.cpp's `q8_0` block) values: a group with largest
 //! magnitude `amax` gets the scale `s`, `amax / 127` rounded up to an f16, and its values
@@ -28,6 +31,9 @@ pub enum KvDtype {
     Bf16,
     /// int8 with an f16 scale per [`SCALE_GROUP`] values of each (token, KV head) row.
     Int8,
+    /// fp8 (e4m3) with an f32 scale per (token, KV head) row: a GPU cache (its kernels in
+    /// `kernels/ferrum_kernels/fp8.py`); the CPU's quantized cache is [`KvDtype::Int8`].
+    Fp8,
 }
 
 impl KvDtype {
@@ -36,31 +42,43 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 | KvDtype::Bf16 => 2,
-            KvDtype::Int8 => 1,
+            KvDtype::Int8 | KvDtype::Fp8 => 1,
         }
     }
 
     /// Scales stored beside each (token, KV head) row of `head_dim` keys or values: one per
-    /// [`SCALE_GROUP`] for int8, none for the float types.
+    /// [`SCALE_GROUP`] for int8, one for fp8, none for the float types.
     pub fn scales_per_row(self, head_dim: usize) -> usize {
         match self {
             KvDtype::Int8 => head_dim.div_ceil(SCALE_GROUP),
+            KvDtype::Fp8 => 1,
             KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
         }
     }
 
-    /// Bytes one token takes in one KV head's keys (or values), scales (f16) included.
-    pub fn row_bytes(self, head_dim: usize) -> usize {
-        head_dim * self.size() + 2 * self.scales_per_row(head_dim)
+    /// Bytes of one scale: an f16 for int8, an f32 for fp8 (none for the float types).
+    pub fn scale_bytes(self) -> usize {
+        match self {
+            KvDtype::Int8 => 2,
+            KvDtype::Fp8 => 4,
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
+        }
     }
 
-    /// The lower-case name used by flags and reports (`f32`, `f16`, `bf16`, `int8`).
+    /// Bytes one token takes in one KV head's keys (or values), scales included.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        head_dim * self.size() + self.scale_bytes() * self.scales_per_row(head_dim)
+    }
+
+    /// The lower-case name used by flags, reports and the GPU kernels' names (`f32`, `f16`,
+    /// `bf16`, `int8`, `fp8`).
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
             KvDtype::Int8 => "int8",
+            KvDtype::Fp8 => "fp8",
         }
     }
 }
@@ -236,7 +254,7 @@ pub fn zeroed_vec<E: KvElem>(len: usize) -> Vec<E> {
     match E::DTYPE {
         KvDtype::F32 => reinterpret(vec![0f32; len]),
         KvDtype::F16 | KvDtype::Bf16 => reinterpret(vec![0u16; len]),
-        KvDtype::Int8 => reinterpret(vec![0u8; len]),
+        KvDtype::Int8 | KvDtype::Fp8 => reinterpret(vec![0u8; len]),
     }
 }
 

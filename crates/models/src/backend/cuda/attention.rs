@@ -5,6 +5,24 @@
 //! beside prompt chunks take the decode kernels, not the tiles.
 
 use super::*;
+use crate::kv_cache::DeviceKvLayer;
+
+/// `before`, a layer's cache arguments (the key and value caches, then an fp8 cache's row
+/// scales: the `_fp8` kernels' parameters), then `after`.
+fn with_cache<'a>(
+    before: &[(&'a str, KernelArg)],
+    kv: DeviceKvLayer,
+    after: &[(&'a str, KernelArg)],
+) -> Vec<(&'a str, KernelArg)> {
+    let mut a = Vec::with_capacity(before.len() + 4 + after.len());
+    a.extend_from_slice(before);
+    a.extend(args![k_cache_ptr: p(kv.k), v_cache_ptr: p(kv.v)]);
+    if let Some((ks, vs)) = kv.scales {
+        a.extend(args![k_scale_ptr: p(ks), v_scale_ptr: p(vs)]);
+    }
+    a.extend_from_slice(after);
+    a
+}
 
 impl CudaBackend {
     /// Split-K decode attention of the tokens that attend one at a time: ranges of
@@ -12,7 +30,7 @@ impl CudaBackend {
     /// that took several (`attention_combine`). A token's result depends on its context only.
     pub(super) fn attend_split(
         &mut self,
-        (kc, vc): (DevicePtr, DevicePtr),
+        cache: DeviceKvLayer,
         kind: &str,
         shape: &AttentionShape,
         d: usize,
@@ -26,29 +44,30 @@ impl CudaBackend {
         let keys = i32_arg(self.split_keys, "split keys")?;
         let depth = i32_arg(splits, "attention splits")?;
         let ranges = i32_arg(ATTENTION_RANGES, "attention ranges")?;
-        let args = args![
-            q_ptr: p(self.buf(Buf::Q)?),
-            k_cache_ptr: p(kc),
-            v_cache_ptr: p(vc),
-            block_tables_ptr: p(self.index(self.at.block_tables)?),
-            bt_start_ptr: p(self.index(self.at.bt_start)?),
-            pos_ptr: p(self.index(self.at.positions)?),
-            tok_ptr: p(self.index(toks)?),
-            out_ptr: p(self.buf(Buf::Attn)?),
-            part_ptr: p(part),
-            q_stride: i32_arg(self.stride(Buf::Q), "row stride")?,
-            out_stride: i32_arg(self.stride(Buf::Attn), "row stride")?,
-            group: i32_arg(group, "GQA group")?,
-            num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
-            head_dim: i32_arg(shape.head_dim, "head_dim")?,
-            block_size: i32_arg(shape.block_size, "block size")?,
-            window: window,
-            scale: KernelArg::F32(shape.scale),
-            softcap: KernelArg::F32(shape.softcap.unwrap_or(0.0)),
-            split_keys: keys,
-            max_ranges: ranges,
-            max_splits: depth,
-        ];
+        let args = with_cache(
+            &args![q_ptr: p(self.buf(Buf::Q)?)],
+            cache,
+            &args![
+                block_tables_ptr: p(self.index(self.at.block_tables)?),
+                bt_start_ptr: p(self.index(self.at.bt_start)?),
+                pos_ptr: p(self.index(self.at.positions)?),
+                tok_ptr: p(self.index(toks)?),
+                out_ptr: p(self.buf(Buf::Attn)?),
+                part_ptr: p(part),
+                q_stride: i32_arg(self.stride(Buf::Q), "row stride")?,
+                out_stride: i32_arg(self.stride(Buf::Attn), "row stride")?,
+                group: i32_arg(group, "GQA group")?,
+                num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+                head_dim: i32_arg(shape.head_dim, "head_dim")?,
+                block_size: i32_arg(shape.block_size, "block size")?,
+                window: window,
+                scale: KernelArg::F32(shape.scale),
+                softcap: KernelArg::F32(shape.softcap.unwrap_or(0.0)),
+                split_keys: keys,
+                max_ranges: ranges,
+                max_splits: depth,
+            ],
+        );
         let name = format!("paged_attention_split_{kind}_d{d}");
         let heads = self.head_programs(&name, shape.num_kv_heads, group)?;
         self.launch(&name, [singles as u32, heads, splits as u32], &args)?;
@@ -145,7 +164,7 @@ impl CudaBackend {
         shape: &AttentionShape,
         _batch: &ForwardBatch,
     ) -> Result<()> {
-        let (kc, vc) = kv.device_layer(layer)?;
+        let cache = kv.device_layer(layer)?;
         let d = self.head_block(shape.head_dim)?;
         let name = format!("rope_kv_write_{}_d{d}", kv.dtype().name());
         let (u, runs) = self.rope_of(rope)?;
@@ -163,20 +182,24 @@ impl CudaBackend {
         let (slots, positions) = (self.index(self.at.slots)?, self.index(self.at.positions)?);
         for &(first, n, long) in runs {
             let freq = u.freq(long);
-            let args = args![
+            let before = args![
                 k_ptr: p(k.offset(4 * first * width)),
                 v_ptr: p(v.offset(4 * first * width)),
-                k_cache_ptr: p(kc),
-                v_cache_ptr: p(vc),
-                slot_ptr: p(slots.offset(4 * first)),
-                pos_ptr: p(positions.offset(4 * first)),
-                inv_freq_ptr: p(freq),
-                src_stride: i32_arg(width, "row stride")?,
-                num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
-                head_dim: i32_arg(hd, "head_dim")?,
-                rot_half: i32_arg(half, "rotary half")?,
-                scale: KernelArg::F32(u.mscale),
             ];
+            let args = with_cache(
+                &before,
+                cache,
+                &args![
+                    slot_ptr: p(slots.offset(4 * first)),
+                    pos_ptr: p(positions.offset(4 * first)),
+                    inv_freq_ptr: p(freq),
+                    src_stride: i32_arg(width, "row stride")?,
+                    num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+                    head_dim: i32_arg(hd, "head_dim")?,
+                    rot_half: i32_arg(half, "rotary half")?,
+                    scale: KernelArg::F32(u.mscale),
+                ],
+            );
             self.launch(&name, [n as u32, shape.num_kv_heads as u32, 1], &args)?;
         }
         Ok(())
@@ -189,19 +212,20 @@ impl CudaBackend {
         shape: &AttentionShape,
         _batch: &ForwardBatch,
     ) -> Result<()> {
-        let (kc, vc) = kv.device_layer(layer)?;
+        let cache = kv.device_layer(layer)?;
         let d = self.head_block(shape.head_dim)?;
         let name = format!("kv_write_{}_d{d}", kv.dtype().name());
-        let args = args![
-            k_ptr: p(self.buf(Buf::K)?),
-            v_ptr: p(self.buf(Buf::V)?),
-            k_cache_ptr: p(kc),
-            v_cache_ptr: p(vc),
-            slot_ptr: p(self.index(self.at.slots)?),
-            src_stride: i32_arg(self.stride(Buf::K), "row stride")?,
-            num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
-            head_dim: i32_arg(shape.head_dim, "head_dim")?,
-        ];
+        let before = args![k_ptr: p(self.buf(Buf::K)?), v_ptr: p(self.buf(Buf::V)?)];
+        let args = with_cache(
+            &before,
+            cache,
+            &args![
+                slot_ptr: p(self.index(self.at.slots)?),
+                src_stride: i32_arg(self.stride(Buf::K), "row stride")?,
+                num_kv_heads: i32_arg(shape.num_kv_heads, "kv heads")?,
+                head_dim: i32_arg(shape.head_dim, "head_dim")?,
+            ],
+        );
         let grid = [self.tokens as u32, shape.num_kv_heads as u32, 1];
         self.launch(&name, grid, &args)
     }
@@ -213,7 +237,7 @@ impl CudaBackend {
         shape: &AttentionShape,
         _batch: &ForwardBatch,
     ) -> Result<()> {
-        let (kc, vc) = kv.device_layer(layer)?;
+        let cache = kv.device_layer(layer)?;
         let d = self.head_block(shape.head_dim)?;
         let group = shape.num_heads / shape.num_kv_heads.max(1);
         let kind = kv.dtype().name();
@@ -247,16 +271,16 @@ impl CudaBackend {
             launches.push((name, indices, [singles as u32, heads, 1]));
         }
         if split {
-            self.attend_split((kc, vc), kind, shape, d, group)?;
+            self.attend_split(cache, kind, shape, d, group)?;
         }
         for (name, indices, grid) in launches {
-            let mut args = args![
-                q_ptr: p(self.buf(Buf::Q)?),
-                k_cache_ptr: p(kc),
-                v_cache_ptr: p(vc),
-                block_tables_ptr: p(self.index(self.at.block_tables)?),
-            ]
-            .to_vec();
+            let mut args = with_cache(
+                &args![q_ptr: p(self.buf(Buf::Q)?)],
+                cache,
+                &args![
+                    block_tables_ptr: p(self.index(self.at.block_tables)?),
+                ],
+            );
             args.extend(indices);
             args.extend(args![
                 out_ptr: p(self.buf(Buf::Attn)?),

@@ -8,14 +8,15 @@
 use super::*;
 
 /// What a graph was captured for: the padded batch size, each rope's frequency set (LongRoPE's
-/// long or short), and the KV cache it reads and writes (every layer's addresses, its block
+/// long or short), and the KV cache it reads and writes (every layer's addresses, an fp8
+/// cache's scales' included, its block
 /// size and type: a cache freed and another allocated in its place must not match unless all
 /// of them do).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct GraphKey {
     pub(super) tokens: usize,
     pub(super) long: Vec<bool>,
-    pub(super) kv: Vec<DevicePtr>,
+    pub(super) kv: Vec<crate::kv_cache::DeviceKvLayer>,
     /// The cache's block size and element type (launch arguments and kernel choice).
     pub(super) block_size: usize,
     pub(super) kv_dtype: &'static str,
@@ -199,10 +200,9 @@ impl CudaBackend {
                 _ => return Ok(GraphStep::Plain),
             }
         }
-        let mut layers = Vec::with_capacity(2 * kv.num_layers());
+        let mut layers = Vec::with_capacity(kv.num_layers());
         for l in 0..kv.num_layers() {
-            let (k, v) = kv.device_layer(l)?;
-            layers.extend([k, v]);
+            layers.push(kv.device_layer(l)?);
         }
         let key = GraphKey {
             tokens,
