@@ -145,7 +145,10 @@ def lt_matmul(memory, req):
         av = av.T
     if req["trans_b"]:
         bv = bv.T
-    out = np.matmul(av, bv, dtype=np.float32)
+    # Summed in f64, then rounded once: a row's result does not depend on how many rows share
+    # the product nor on the host's BLAS (an f32 product's blocking changes with the number of
+    # rows and the machine, and a graph's padded batch would then differ from a plain step's).
+    out = np.matmul(av.astype(np.float64), bv.astype(np.float64)).astype(np.float32)
     if req["output"] == "bf16":
         d[...] = interp._f32_to_bf16(out)
     else:

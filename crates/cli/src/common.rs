@@ -364,6 +364,9 @@ pub fn load_parts(
     if let Some(note) = model.gemm_note() {
         eprintln!("ferrum: {note}");
     }
+    if let Some(note) = model.kv_cache_note() {
+        eprintln!("ferrum: warning: {note}");
+    }
     Ok((model, text, load_time))
 }
 

@@ -182,8 +182,22 @@ fn bad_flags_get_clear_errors() {
                 "1",
                 "--kv-cache-dtype",
                 "fp8",
+                "--device",
+                "cpu",
             ],
-            "invalid value 'fp8' for '--kv-cache-dtype",
+            "--kv-cache-dtype fp8 is a GPU cache",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--kv-cache-dtype",
+                "fp4",
+            ],
+            "invalid value 'fp4' for '--kv-cache-dtype",
         ),
         (
             vec!["run", "--model", m, "--prompt", "hi"],

@@ -247,6 +247,12 @@ impl Model {
         }
     }
 
+    /// A line for the operator about the KV cache's type on this model
+    /// ([`KvCache::quality_note`]), printed at start.
+    pub fn kv_cache_note(&self) -> Option<String> {
+        KvCache::quality_note(self.config())
+    }
+
     /// Free and total memory of the model's device in bytes, when it is not the host (a GPU,
     /// with the weights loaded): what the KV cache is sized from.
     pub fn device_memory(&self) -> Result<Option<(u64, u64)>> {

@@ -43,6 +43,9 @@ fn fixture(name: &str) {
         let mut fp8 = load_model_on_gpu(&dir, &with_kv(KvDtype::Fp8), gpu).unwrap();
         let config = fp8.config().clone();
         assert_eq!(config.kv_cache_dtype, KvDtype::Fp8);
+        // The operator is told when the model's keys fare worse in fp8 (biased keys: Qwen2).
+        let note = KvCache::quality_note(&config);
+        assert_eq!(note.is_some(), name == "tiny-qwen2", "{dev}: {note:?}");
         let vocab = config.vocab_size;
         // About half an f16 cache's bytes: one byte per element and a 4-byte scale per row.
         let mut half = config.clone();
