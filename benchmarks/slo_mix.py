@@ -10,6 +10,9 @@
    `--tpot-ms` targets sent as `slo`, priority 0) and the batch class (open-loop at the rest of
    1.5x capacity, longer prompts, no target, priority 1).
 
+`--policies` picks them (default `fifo,slo`); `LABEL:POLICY=BINARY` serves one from another
+build, so two builds' scheduling are compared in one run.
+
 Prints one JSON object: the capacity, and per policy and round each class's report (goodput,
 refused, output tok/s, TTFT/TPOT percentiles, chunk gaps).
 
@@ -63,6 +66,10 @@ def bench(binary, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/ferrum")
+    ap.add_argument("--policies", default="fifo,slo",
+                    help="comma-separated policies, each POLICY or LABEL:POLICY=BINARY (that "
+                         "policy served by another build, reported as LABEL: an A/B of two "
+                         "builds' slo scheduling, say fifo,base:slo=/tmp/old,slo)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--duration", type=float, default=90)
@@ -87,16 +94,20 @@ def main():
                    f"tpot_ms={a.tpot_ms},slo=body,priority=0",
         "--class", f"name=batch,rate={batch:.4f},input=200,output=64,priority=1",
     ]
+    policies = []
+    for p in a.policies.split(","):
+        label, _, binary = p.partition("=")
+        policies.append((label, label.split(":")[-1], binary or a.bin))
     runs = []
     for r in range(a.rounds):
-        for policy in ("fifo", "slo"):
-            s = Server(a.bin, a.model, common + ["--scheduling", policy])
+        for label, policy, binary in policies:
+            s = Server(binary, a.model, common + ["--scheduling", policy])
             try:
                 rep = bench(a.bin, ["--base-url", s.base, "--tokenizer", a.model,
                                     "--duration", str(a.duration), *classes])
             finally:
                 s.stop()
-            runs.append({"round": r, "policy": policy, "report": rep})
+            runs.append({"round": r, "policy": label, "report": rep})
     print(json.dumps({"model": a.model.split("/")[-1], "capacity_rps": rps, "load": a.load,
                       "rates": {"interactive": inter, "batch": batch},
                       "targets": {"ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms},

@@ -773,6 +773,7 @@ impl EngineCore {
             m.preemptions = st.preemptions;
             m.cost = self.cost.coefficients();
             m.cost_ready = self.cost.is_ready();
+            m.cost_margin = self.cost.margin();
             m.pending_prefill_tokens = self.st.sched.pending_prefill_tokens();
             m.pending_prefill_by_priority = self.st.sched.pending_prefill_by_priority();
             m.priority_first = self.st.sched.config().policy.priority_first();

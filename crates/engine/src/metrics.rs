@@ -155,6 +155,10 @@ pub struct Metrics {
     /// token, per decode row, per KV block read; and whether it has seen enough steps.
     pub cost: [f64; 4],
     pub cost_ready: bool,
+    /// The factor on a prediction a step planned within a TPOT target is held to
+    /// ([`ferrum_scheduler::CostModel::margin`]: 1 plus the predictions' mean relative
+    /// error plus its deviation).
+    pub cost_margin: f64,
     /// What a new request's first token waits behind: prefill tokens still to compute,
     /// decoding sequences, the KV blocks they read, and the step's token budget.
     pub pending_prefill_tokens: usize,
@@ -205,6 +209,7 @@ impl Default for Metrics {
             tenant_computed_tokens: Vec::new(),
             cost: [0.0; 4],
             cost_ready: false,
+            cost_margin: 1.0,
             pending_prefill_tokens: 0,
             decoding: 0,
             kv_blocks_read: 0,

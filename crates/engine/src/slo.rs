@@ -165,10 +165,10 @@ mod tests {
             ..Slo::default()
         };
         assert!(admit(&m, 1000, 0, &tpot).is_ok());
-        // Strictly by priority: of the 900 tokens, 600 wait at priority 1 behind a request of
-        // priority 0 (running work, 100, and priority 0's, 200, are ahead of it).
+        // Strictly by priority: of the 900 tokens, 600 (running or waiting) are of priority 1
+        // and yield to a request of priority 0; priority 0's 300 are ahead of it.
         let by = Metrics {
-            pending_prefill_by_priority: vec![(i32::MIN, 100), (0, 200), (1, 600)],
+            pending_prefill_by_priority: vec![(0, 300), (1, 600)],
             priority_first: true,
             ..m.clone()
         };

@@ -406,15 +406,13 @@ impl KvCache {
         let (region, scales) = (self.block_region(), self.scale_region());
         let mut parts = Vec::with_capacity(4 * l.len());
         for layer in l {
-            let scale_of = |i: usize| {
-                layer
-                    .scales
-                    .as_ref()
-                    .map(|s| if i == 0 { &s.0 } else { &s.1 })
-            };
-            for (i, buf) in [&layer.k, &layer.v].into_iter().enumerate() {
+            let (ks, vs) = layer
+                .scales
+                .as_ref()
+                .map_or((None, None), |s| (Some(&s.0), Some(&s.1)));
+            for (buf, scale) in [(&layer.k, ks), (&layer.v, vs)] {
                 parts.push((buf.at(block * region).map_err(device_err)?, region));
-                if let Some(s) = scale_of(i) {
+                if let Some(s) = scale {
                     parts.push((s.at(block * scales).map_err(device_err)?, scales));
                 }
             }

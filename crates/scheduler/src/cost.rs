@@ -8,8 +8,16 @@
 //! term near its seed, until the steps have varied enough to tell the terms apart. The model is pure arithmetic: time is an input (the engine
 //! measures it), so tests drive it with a fake clock.
 //!
-//! Invariants: predictions are never negative; [`CostModel::is_ready`] is false until
-//! [`MIN_OBSERVATIONS`] steps were seen (callers then do not refuse anything on its word).
+//! The model also keeps how far its predictions missed, each made before the step it
+//! predicts was learned from (relative errors, forgetting like the fit): [`CostModel::upper`]
+//! is a prediction that a step exceeds about one time in six (the mean error plus one
+//! deviation), what a step planned within a target must use: planned at the plain prediction,
+//! steps would land above the target half the time, and so would a request's mean time per
+//! token.
+//!
+//! Invariants: predictions are never negative; [`CostModel::upper`] is never below
+//! [`CostModel::predict`]; [`CostModel::is_ready`] is false until [`MIN_OBSERVATIONS`] steps
+//! were seen (callers then do not refuse anything on its word).
 
 /// Steps seen before predictions are trusted.
 pub const MIN_OBSERVATIONS: u64 = 8;
@@ -24,6 +32,17 @@ const PRIOR_STEPS: f64 = 2.0;
 
 /// A typical step's features: one step, 256 prefill tokens, 16 decode rows, 1024 KV blocks.
 const TYPICAL: [f64; 4] = [1.0, 256.0, 16.0, 1024.0];
+
+/// Weight of a prediction's error relative to the next one's: the errors are remembered over
+/// about the last 50 steps (the machine's speed moves; so does the mix of shapes).
+const ERROR_DECAY: f64 = 0.98;
+
+/// The relative error assumed before any was seen, as a deviation (10%).
+const ERROR_PRIOR: f64 = 0.1;
+
+/// Largest relative error one step counts for: a step stalled by something else (the
+/// machine swapping, a debugger) says little of the next ones.
+const ERROR_CLAMP: f64 = 1.0;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -54,6 +73,10 @@ pub struct CostModel {
     xx: [[f64; 4]; 4],
     xt: [f64; 4],
     seen: u64,
+    /// Forgetting sums of the weights, the relative errors and their squares.
+    err_w: f64,
+    err_sum: f64,
+    err_sq: f64,
 }
 
 impl CostModel {
@@ -66,6 +89,9 @@ impl CostModel {
             xx: [[0.0; 4]; 4],
             xt: [0.0; 4],
             seen: 0,
+            err_w: 0.0,
+            err_sum: 0.0,
+            err_sq: 0.0,
         }
     }
 
@@ -85,6 +111,15 @@ impl CostModel {
     pub fn observe(&mut self, shape: StepShape, seconds: f64) {
         if !seconds.is_finite() || seconds < 0.0 {
             return;
+        }
+        // How far the model, as it stood, missed this step (once it is trusted: the seed's
+        // misses say nothing of the fit's).
+        let predicted = self.predict(shape);
+        if self.is_ready() && predicted > 0.0 {
+            let e = (seconds / predicted - 1.0).clamp(-ERROR_CLAMP, ERROR_CLAMP);
+            self.err_w = self.err_w * ERROR_DECAY + 1.0;
+            self.err_sum = self.err_sum * ERROR_DECAY + e;
+            self.err_sq = self.err_sq * ERROR_DECAY + e * e;
         }
         let x = shape.features();
         for i in 0..4 {
@@ -116,6 +151,22 @@ impl CostModel {
     pub fn predict(&self, shape: StepShape) -> f64 {
         let x = shape.features();
         (0..4).map(|i| self.coef[i] * x[i]).sum::<f64>().max(0.0)
+    }
+
+    /// The factor [`CostModel::upper`] puts on a prediction: 1 plus the predictions' mean
+    /// relative error plus its deviation (a prior worth two steps of [`ERROR_PRIOR`] keeps it
+    /// cautious while few errors are known), never below 1.
+    pub fn margin(&self) -> f64 {
+        let w = self.err_w + 2.0;
+        let mean = self.err_sum / w;
+        let var = ((self.err_sq + 2.0 * ERROR_PRIOR * ERROR_PRIOR) / w - mean * mean).max(0.0);
+        (1.0 + mean + var.sqrt()).max(1.0)
+    }
+
+    /// Seconds a step of `shape` takes at most, but about one time in six ([`CostModel::margin`]
+    /// times the prediction): what a step planned within a target is held to.
+    pub fn upper(&self, shape: StepShape) -> f64 {
+        self.margin() * self.predict(shape)
     }
 }
 
@@ -247,6 +298,40 @@ mod tests {
             ..StepShape::default()
         };
         assert!((m.predict(s) / 0.005 - 1.0).abs() < 0.1, "{}", m.predict(s));
+    }
+
+    /// The margin follows how far the predictions miss: steps 20% slower than predicted
+    /// (after the fit has settled, a change of speed) raise it, noisy steps raise it, exact
+    /// ones bring it back toward 1; it is never below 1.
+    #[test]
+    fn the_margin_follows_the_prediction_errors() {
+        let cost = |s: StepShape| 0.01 + 0.001 * s.prefill_tokens as f64;
+        let mut m = CostModel::new([0.01, 0.001, 0.0, 0.0]);
+        let shape = |i: usize| StepShape {
+            prefill_tokens: 16 * (i % 5),
+            ..StepShape::default()
+        };
+        // Exact steps: the margin falls from the prior's toward 1.
+        let start = m.margin();
+        assert!((start - 1.1).abs() < 1e-9, "{start}");
+        for i in 0..200 {
+            m.observe(shape(i), cost(shape(i)));
+        }
+        assert!(m.margin() < 1.03, "{}", m.margin());
+        // Alternately 30% fast and 30% slow: unbiased but noisy, about one deviation.
+        for i in 0..200 {
+            let k = if i % 2 == 0 { 0.7 } else { 1.3 };
+            m.observe(shape(i), k * cost(shape(i)));
+        }
+        assert!(m.margin() > 1.2 && m.margin() < 1.4, "{}", m.margin());
+        let s = shape(3);
+        assert!((m.upper(s) - m.margin() * m.predict(s)).abs() < 1e-12);
+        // Steps faster than predicted never make the margin less than 1.
+        let mut fast = CostModel::new([0.01, 0.001, 0.0, 0.0]);
+        for i in 0..100 {
+            fast.observe(shape(i), 0.5 * cost(shape(i)));
+        }
+        assert!(fast.margin() >= 1.0);
     }
 
     #[test]

@@ -11,7 +11,10 @@
 //! length; their slots are overwritten later. Blocks belong to the [`KvCacheManager`].
 //!
 //! Order within a step: running sequences that decode, running sequences still prefilling
-//! (chunked within the token budget), then waiting sequences by (priority, arrival). Given a
+//! (chunked within the token budget), then waiting sequences in the policy's order. Under a
+//! policy that goes by priority first (`priority`, `slo`), a waiting sequence of a better
+//! priority is admitted before a running prefill of a worse one takes its next chunk (a
+//! batch prompt half prefilled does not hold up an interactive one). Given a
 //! step cost model ([`Scheduler::schedule_with`]), the prefill tokens of a step are capped so
 //! the step is predicted to take no longer than the tightest time-per-output-token target of
 //! the decodes in it ([`Scheduler::set_tpot`]), but never below one block of prefill, so
@@ -431,6 +434,7 @@ impl Scheduler {
     pub fn schedule_with(&mut self, cost: Option<&crate::CostModel>) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
+        let priority_first = self.cfg.policy.priority_first();
         // Decodes, then prefill chunks, of running sequences.
         for decode_pass in [true, false] {
             if !decode_pass {
@@ -454,6 +458,15 @@ impl Scheduler {
                 if remaining == 0 || (remaining == 1) != decode_pass {
                     continue;
                 }
+                if !decode_pass && priority_first {
+                    // Waiting prompts of a better priority go before this one's next chunk.
+                    let priority = seq.priority;
+                    self.admit(&mut out, &mut budget, Some(priority));
+                    if budget == 0 || !self.seqs.get(&id).is_some_and(|s| s.running) {
+                        continue;
+                    }
+                }
+                let seq = &self.seqs[&id];
                 let (n, k) = seq.run(budget);
                 if let Some((n, k)) = self.reserve(id, n, k, &mut out, &mut budget) {
                     let seq = &self.seqs[&id];
@@ -464,24 +477,33 @@ impl Scheduler {
                         num_proposed: k,
                         samples: seq.num_computed + n - k == seq.num_final,
                     });
+                    // Counted for its tenant before anyone is admitted (the fair policy
+                    // admits the least served).
+                    self.waiting.charge(seq.tenant, n);
                     budget -= n;
                 }
             }
         }
-        // The running sequences' runs count for their tenants before anyone is admitted (the
-        // fair policy admits the least served).
-        for s in &out.seqs {
-            if let Some(seq) = self.seqs.get(&s.id) {
-                self.waiting.charge(seq.tenant, s.num_tokens);
-            }
-        }
-        // Admissions, unless this step had to preempt (memory is short: let running finish).
-        while out.preempted.is_empty() && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+        self.admit(&mut out, &mut budget, None);
+        out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
+        out.kv_loads = self.kv.take_loads();
+        out
+    }
+
+    /// Admits waiting sequences in the policy's order while their next chunk fits, those of a
+    /// priority better (lower) than `before` only when it is given; not in a step that had to
+    /// preempt (memory is short: let running finish).
+    fn admit(&mut self, out: &mut SchedulerOutput, budget: &mut usize, before: Option<i32>) {
+        while out.preempted.is_empty() && *budget > 0 && self.running.len() < self.cfg.max_num_seqs
+        {
             let Some(w) = self.waiting.first() else {
                 break;
             };
+            if before.is_some_and(|p| w.priority >= p) {
+                break;
+            }
             let id = w.id;
-            let Some((n, k)) = self.try_admit(id, budget) else {
+            let Some((n, k)) = self.try_admit(id, *budget) else {
                 break;
             };
             self.waiting.remove(&w);
@@ -502,11 +524,8 @@ impl Scheduler {
             });
             let tenant = seq.tenant;
             self.waiting.charge(tenant, n);
-            budget -= n;
+            *budget -= n;
         }
-        out.num_batched_tokens = out.seqs.iter().map(|s| s.num_tokens).sum();
-        out.kv_loads = self.kv.take_loads();
-        out
     }
 
     /// Gets blocks for a run of `n` more tokens of running sequence `id`, the last `k` of them

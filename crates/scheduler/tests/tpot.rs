@@ -211,7 +211,8 @@ fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
     assert!(s.set_tpot(5, 0.01).is_err(), "an unknown sequence");
 }
 
-/// What first-token predictions see: pending prefill by priority, running work first.
+/// What first-token predictions see: pending prefill by priority, running work under its own
+/// (a running prefill of a worse priority yields to a better waiting one).
 #[test]
 fn pending_prefill_is_reported_by_priority() {
     let cfg = SchedulerConfig {
@@ -229,10 +230,47 @@ fn pending_prefill_is_reported_by_priority() {
     s.add(1, &[2; 20], 0).unwrap();
     s.add(2, &[3; 8], 2).unwrap();
     s.add(3, &[4; 5], 0).unwrap();
-    // Running: 30 - 10 computed - 1; waiting: priority 0: 19 + 4, priority 2: 7.
+    // Running at priority 1: 30 - 10 computed - 1; waiting: priority 0: 19 + 4, priority 2: 7.
     assert_eq!(
         s.pending_prefill_by_priority(),
-        vec![(i32::MIN, 19), (0, 23), (2, 7)]
+        vec![(0, 23), (1, 19), (2, 7)]
     );
     assert_eq!(s.pending_prefill_tokens(), 49);
+}
+
+/// Under a priority-first policy a waiting prompt of a better priority takes the step's prefill
+/// budget before a running prefill of a worse one continues; one of the same priority waits
+/// behind it; under fifo the running prefill always goes first.
+#[test]
+fn a_better_priority_prompt_goes_before_a_running_worse_prefill() {
+    for policy in [
+        SchedulingPolicy::Priority,
+        SchedulingPolicy::Slo,
+        SchedulingPolicy::Fifo,
+    ] {
+        let cfg = SchedulerConfig {
+            num_blocks: 100,
+            block_size: 4,
+            max_num_batched_tokens: 8,
+            max_num_seqs: 4,
+            enable_prefix_caching: false,
+            policy: policy.clone(),
+        };
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.add(0, &[1; 40], 1).unwrap();
+        let out = s.schedule();
+        s.update(&out, &[]);
+        // A prompt of the same priority and one of a better one arrive while 0 prefills.
+        s.add(1, &[2; 6], 1).unwrap();
+        s.add(2, &[3; 6], 0).unwrap();
+        let out = s.schedule();
+        let runs: Vec<(RequestId, usize)> = out.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
+        if policy == SchedulingPolicy::Fifo {
+            assert_eq!(runs, vec![(0, 8)], "{policy:?}");
+        } else {
+            assert_eq!(runs, vec![(2, 6), (0, 2)], "{policy:?}");
+        }
+        s.update(&out, &[]);
+        s.check().unwrap();
+    }
 }

@@ -302,6 +302,13 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         );
     }
     o.metric(
+        "ferrum_cost_margin",
+        "gauge",
+        "Factor on a predicted step time that steps planned within a time-per-output-token \
+         target are held to (1 + the predictions' mean relative error + its deviation).",
+        m.cost_margin,
+    );
+    o.metric(
         "ferrum_cost_model_ready",
         "gauge",
         "1 once the step cost model has seen enough steps to refuse requests on its word.",

@@ -159,6 +159,10 @@ pub struct ClassReport {
     pub completed: usize,
     pub refused: usize,
     pub failed: usize,
+    /// Completed with the first token after the TTFT target; with a time per output token
+    /// over the TPOT target (a request may be both).
+    pub late_ttft: usize,
+    pub late_tpot: usize,
     /// Completed within both targets, over sent.
     pub goodput: f64,
     pub output_tokens: usize,
@@ -327,14 +331,14 @@ fn report<'a>(
     let tpot = |o: &Outcome| {
         (o.output_tokens > 1).then(|| (o.e2e_s - o.ttft_s) / (o.output_tokens - 1) as f64)
     };
-    let good = ok
-        .iter()
-        .filter(|o| {
-            c.ttft_ms.is_none_or(|t| o.ttft_s * 1e3 <= t)
-                && c.tpot_ms
-                    .is_none_or(|t| tpot(o).is_none_or(|x| x * 1e3 <= t))
-        })
-        .count();
+    let ttft_ok = |o: &Outcome| c.ttft_ms.is_none_or(|t| o.ttft_s * 1e3 <= t);
+    let tpot_ok = |o: &Outcome| {
+        c.tpot_ms
+            .is_none_or(|t| tpot(o).is_none_or(|x| x * 1e3 <= t))
+    };
+    let good = ok.iter().filter(|o| ttft_ok(o) && tpot_ok(o)).count();
+    let late_ttft = ok.iter().filter(|o| !ttft_ok(o)).count();
+    let late_tpot = ok.iter().filter(|o| !tpot_ok(o)).count();
     let output_tokens = ok.iter().map(|o| o.output_tokens).sum();
     let mut errors: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
     errors.dedup();
@@ -345,6 +349,8 @@ fn report<'a>(
         completed: ok.len(),
         refused,
         failed: errs.len() - refused,
+        late_ttft,
+        late_tpot,
         goodput: if outcomes.is_empty() {
             0.0
         } else {
@@ -363,21 +369,24 @@ fn report<'a>(
 /// The classes' table.
 pub fn table(r: &MixReport) -> String {
     let mut s = format!(
-        "{} at {}: {:.0} s of arrivals, {:.1} s in all\n{:<14} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "{} at {}: {:.0} s of arrivals, {:.1} s in all\n{:<14} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         r.model, r.base_url, r.duration_s, r.wall_s, "class", "sent", "done", "refus", "fail",
-        "goodput", "out tok/s", "ttft p50", "ttft p99", "tpot p50", "gap p50", "gap p99"
+        "lateT", "lateP", "goodput", "out tok/s", "ttft p50", "ttft p99", "tpot p50", "gap p50",
+        "gap p99"
     );
     let ms = |m: &Option<Millis>, f: fn(&Millis) -> f64| {
         m.as_ref().map_or("-".into(), |m| format!("{:.0}", f(m)))
     };
     for c in &r.classes {
         s.push_str(&format!(
-            "{:<14} {:>5} {:>5} {:>5} {:>5} {:>7.1}% {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "{:<14} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5} {:>7.1}% {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             c.name,
             c.sent,
             c.completed,
             c.refused,
             c.failed,
+            c.late_ttft,
+            c.late_tpot,
             100.0 * c.goodput,
             c.output_tok_s,
             ms(&c.ttft_ms, |m| m.p50),
@@ -473,6 +482,7 @@ mod tests {
         let r = report(&c, outcomes.iter(), 2.0);
         assert_eq!((r.sent, r.completed, r.refused, r.failed), (5, 3, 1, 1));
         assert!((r.goodput - 0.2).abs() < 1e-12);
+        assert_eq!((r.late_ttft, r.late_tpot), (1, 1));
         assert_eq!(r.output_tokens, 9);
         let gap = r.chunk_gap_ms.unwrap();
         assert!((gap.p50 - 10.0).abs() < 1e-9 && gap.p99 > 14.0);

@@ -39,15 +39,15 @@ impl Scheduler {
             .sum()
     }
 
-    /// [`Scheduler::pending_prefill_tokens`] by priority, ascending: waiting sequences under
-    /// their own priority, running ones (which go before any admission) under `i32::MIN`.
+    /// [`Scheduler::pending_prefill_tokens`] by priority, ascending. Under a policy that goes
+    /// by priority first, a new request waits behind the entries of its priority or better
+    /// only (running prefills of a worse priority yield to it; of its own, they go first).
     pub fn pending_prefill_by_priority(&self) -> Vec<(i32, usize)> {
         let mut by: std::collections::BTreeMap<i32, usize> = std::collections::BTreeMap::new();
         for q in self.seqs.values().filter(|q| !q.held) {
             let n = q.num_final.saturating_sub(q.num_computed + 1);
             if n > 0 {
-                let p = if q.running { i32::MIN } else { q.priority };
-                *by.entry(p).or_default() += n;
+                *by.entry(q.priority).or_default() += n;
             }
         }
         by.into_iter().collect()
@@ -79,11 +79,14 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The prefill tokens a step whose decodes are `out` may add and still be predicted
-    /// (`cost`) within the decodes' tightest TPOT target: `None` when no decode has one. At
-    /// least one block, so prefills progress even when the decodes alone take longer than the
-    /// target. The prefill's own reads of the KV cache are left out of the prediction (its
-    /// blocks are counted once it runs).
+    /// The prefill tokens a step whose decodes are `out` may add and still be within the
+    /// decodes' tightest TPOT target by `cost`'s cautious prediction ([`CostModel::upper`]:
+    /// planned at the plain one, the step would miss the target half the time): `None` when
+    /// no decode has one. At least one block, so prefills progress even when the decodes
+    /// alone take longer than the target. The prefill's own reads of the KV cache are left
+    /// out of the prediction (its blocks are counted once it runs).
+    ///
+    /// [`CostModel::upper`]: crate::CostModel::upper
     pub(super) fn prefill_cap(
         &self,
         out: &SchedulerOutput,
@@ -98,11 +101,12 @@ impl Scheduler {
             return None;
         }
         let floor = self.cfg.block_size;
-        let per_token = cost.coefficients()[1];
+        let margin = cost.margin();
+        let per_token = margin * cost.coefficients()[1];
         if per_token <= 0.0 {
             return None;
         }
-        let spare = target - cost.predict(self.step_shape(out));
+        let spare = target - cost.upper(self.step_shape(out));
         let fit = (spare / per_token).floor();
         let fit = if fit >= self.cfg.max_num_batched_tokens as f64 {
             self.cfg.max_num_batched_tokens
