@@ -154,7 +154,7 @@ impl CostModel {
     }
 
     /// The factor [`CostModel::upper`] puts on a prediction: 1 plus the predictions' mean
-    /// relative error plus its deviation (a prior worth two steps of [`ERROR_PRIOR`] keeps it
+    /// relative error plus its deviation (a prior worth two steps of a 10% error keeps it
     /// cautious while few errors are known), never below 1.
     pub fn margin(&self) -> f64 {
         let w = self.err_w + 2.0;
