@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend without a GPU: installs the pinned Triton (kernels/requirements.txt) into
 # target/triton-venv, checks that the embedded kernel binaries are what the sources give
-# (kernels/build.py --check), reads their resources and disassembly against the record
+# (kernels/build.py --check: the sources' digest, every binary's checksum, one specialization
+# of each kernel function compiled again; `--check --full` compiles all 724), reads their resources and disassembly against the record
 # (kernels/inspect_binaries.py: spills, load widths, pipelining, occupancy), runs every
 # kernel in the Triton interpreter against its numpy reference (kernels/tests), then the backend's device layer on the interpreted device
 # (crates/runtime/tests/cuda_kernels.rs: the Rust launches of every embedded kernel, executed
@@ -22,15 +23,15 @@ TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
 echo "== the shipped binaries, read statically (kernels/inspect_binaries.py)"
 "$venv/bin/python" kernels/inspect_binaries.py
 echo "== kernels in the Triton interpreter (kernels/tests)"
-# The two modules in two processes (the interpreter runs on one core), the second's output
-# printed after the first's.
+# Two processes of about equal length (the interpreter runs on one core): attention and
+# sampling, the rest; the first's output printed after the second's.
 sampling_log="$(mktemp)"
-(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_sampling) \
-    >"$sampling_log" 2>&1 &
+(cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_attention \
+    test_sampling) >"$sampling_log" 2>&1 &
 sampling=$!
 kernels_status=0
 (cd kernels/tests && TRITON_INTERPRET=1 "../../$venv/bin/python" -m unittest -v test_kernels test_fp8 \
-    test_worker test_sweep) \
+    test_worker test_sweep test_build_check) \
     || kernels_status=$?
 sampling_status=0
 wait "$sampling" || sampling_status=$?

@@ -88,7 +88,8 @@ FERRUM_REQUIRE_GPU=1 "$(test_bin ferrum-models cuda_fp8)" --test-threads=1 --noc
     || status=1
 
 echo "== kernel sources through Triton's JIT on the GPU (kernels/tests)"
-(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels test_fp8 test_sampling) || status=1
+(cd kernels/tests && FERRUM_KERNEL_RUNNER=cuda python3 -m unittest -v test_kernels test_attention test_fp8 \
+  test_sampling) || status=1
 
 echo "== OpenAI client tests against ferrum serve --device cuda (tests/openai)"
 if python3 -c 'import openai' 2>/dev/null; then

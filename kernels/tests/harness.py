@@ -8,6 +8,7 @@ a copy on the device, ``host(handle)`` brings it back as f32 (or the integer typ
 
 import os
 import sys
+import unittest
 
 import numpy as np
 
@@ -189,3 +190,22 @@ def assert_close(tc, what, got, want, tol):
     tc.assertLessEqual(err.flat[worst], tol,
                        f"{what}: element {np.unravel_index(worst, got.shape)} is {got.flat[worst]}, "
                        f"reference {want.flat[worst]} (error {err.flat[worst]:.2e} of max |ref|)")
+
+
+class KernelCase(unittest.TestCase):
+    """A test case with the runner (``self.r``), a generator seeded by the test's id, and
+    host-side helpers."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.r = runner()
+
+    def setUp(self):
+        self.rng = np.random.default_rng(abs(hash(self.id())) % (2**32))
+
+    def rand(self, *shape, scale=1.0):
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def nan(self, *shape):
+        """A device array of NaN (an output poisoned before its launch)."""
+        return self.r.dev(np.full(shape, np.nan, np.float32))
