@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend without a GPU: installs the pinned Triton (kernels/requirements.txt) into
-# target/triton-venv, checks that the embedded kernel binaries are what the sources give
+# target/triton-venv (scripts/triton-venv.sh), checks that the embedded kernel binaries are what the sources give
 # (kernels/build.py --check: the sources' digest, every binary's checksum, one specialization
 # of each kernel function compiled again; `--check --full` compiles all 724), reads their resources and disassembly against the record
 # (kernels/inspect_binaries.py: spills, load widths, pipelining, occupancy), runs every
@@ -10,14 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 venv=target/triton-venv
-if ! "$venv/bin/python" -c 'import triton, numpy' 2>/dev/null \
-    || ! cmp -s kernels/requirements.txt "$venv/requirements.txt"; then
-    echo "== installing the pinned Triton into $venv"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r kernels/requirements.txt
-    cp kernels/requirements.txt "$venv/requirements.txt"
-fi
+bash scripts/triton-venv.sh >/dev/null
 echo "== embedded kernels against their sources (kernels/build.py --check)"
 TRITON_CACHE_DIR="$(mktemp -d)" "$venv/bin/python" kernels/build.py --check
 echo "== the shipped binaries, read statically (kernels/inspect_binaries.py)"

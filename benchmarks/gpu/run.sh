@@ -48,23 +48,38 @@ case "${FERRUM_GPU_ROUND:-gpu}" in
 esac
 mkdir -p "$models"
 
-step() { # step NAME SECONDS OUTFILE COMMAND...: runs COMMAND with a limit, stdout to OUTFILE
+# On a GPU the steps run one at a time (a step's timings are its own). On the interpreted
+# device each step is one interpreter process, which keeps one core busy: two run at once, and
+# a failure is recorded in a file, as a step then runs in a subshell.
+at_once=1
+[[ "$device" == interpreted ]] && at_once=2
+rm -f "$res/failed-steps.txt"
+run_step() { # run_step NAME SECONDS OUTFILE COMMAND...: runs COMMAND with a limit, stdout to OUTFILE
     local name="$1" limit="$2" outfile="$3"
     shift 3
-    local t0=$SECONDS left=$((deadline - SECONDS - 15))
-    echo "== $name"
+    local t0=$SECONDS left=$((deadline - SECONDS - 15)) msg
+    msg="== $name"$'\n'
     if ((left < 10)); then
-        echo "   SKIPPED: the run's time budget is spent"
-        failed+=("$name(skipped)")
+        echo "${msg}   SKIPPED: the run's time budget is spent"
+        echo "$name(skipped)" >>"$res/failed-steps.txt"
         return
     fi
     ((limit > left)) && limit=$left
     if timeout "$limit" "$@" >"$res/$outfile" 2>"$res/$name.log"; then
-        echo "   ok in $((SECONDS - t0)) s"
+        echo "${msg}   ok in $((SECONDS - t0)) s"
     else
-        echo "   FAILED (exit $?) after $((SECONDS - t0)) s; last lines of $name.log:"
-        tail -n 5 "$res/$name.log" | sed 's/^/   /'
-        failed+=("$name")
+        local code=$?
+        echo "${msg}   FAILED (exit $code) after $((SECONDS - t0)) s; last lines of $name.log:"$'\n'"$(tail -n 5 "$res/$name.log" | sed 's/^/   /')"
+        echo "$name" >>"$res/failed-steps.txt"
+    fi
+}
+
+step() { # step NAME SECONDS OUTFILE COMMAND...: run_step, in the background where two run at once
+    if ((at_once > 1)); then
+        while (($(jobs -rp | wc -l) >= at_once)); do wait -n; done
+        run_step "$@" &
+    else
+        run_step "$@"
     fi
 }
 
@@ -139,6 +154,8 @@ step ferrum-8b-graph-256 150 ferrum-8b-graph-256.jsonl "${lat[@]}" --model "$m8"
     --batch-size "$large" --num-iters 1 --num-iters-warmup 1 --profile-kernels
 step ferrum-8b-plain-256 120 ferrum-8b-plain-256.jsonl "${lat[@]}" --model "$m8" \
     --no-cuda-graph --batch-size "$large" --num-iters 1 --num-iters-warmup 0 --profile-kernels
+wait
+[[ -s "$res/failed-steps.txt" ]] && mapfile -t -O "${#failed[@]}" failed <"$res/failed-steps.txt"
 cp "$m8/config.json" "$res/config-8b.json" 2>/dev/null
 cp "$m1/config.json" "$res/config-1b.json" 2>/dev/null
 printf '%s\n' "${failed[@]}" >"$res/failed.txt"

@@ -25,12 +25,19 @@ arrive on stdin as JSON lines, replies leave on stdout the same way (see
 
 Streams, events and host buffers live on the Rust side: the worker runs each request in the
 order it arrives. Any failure is answered ``{"error": "..."}`` and the worker carries on.
+
+With ``FERRUM_INTERP_PROFILE=PREFIX`` set, the worker keeps ``PREFIX.<pid>`` up to date (at
+most once a second, and when its input ends; the Rust side kills it at the end): one line per
+kernel and for the cuBLASLt stand-in, with seconds, launches and programs, slowest first. It
+shows where a test's time goes in the interpreter.
 """
 
 import bisect
 import importlib
 import json
+import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -155,7 +162,44 @@ def lt_matmul(memory, req):
         d[...] = out.astype(LT_TYPES[req["output"]][0])
 
 
+class Profile:
+    """Seconds, launches and programs per kernel (``FERRUM_INTERP_PROFILE``), or nothing."""
+
+    def __init__(self, prefix):
+        self.path = f"{prefix}.{os.getpid()}" if prefix else None
+        self.rows = {}  # name -> [seconds, launches, programs]
+        self.written = time.monotonic()
+
+    def add(self, name, seconds, programs):
+        if self.path:
+            row = self.rows.setdefault(name, [0.0, 0, 0])
+            row[0] += seconds
+            row[1] += 1
+            row[2] += programs
+            if time.monotonic() - self.written >= 1.0:
+                self.write()
+
+    def write(self):
+        if not self.path or not self.rows:
+            return
+        self.written = time.monotonic()
+        rows = sorted(self.rows.items(), key=lambda kv: -kv[1][0])
+        with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"# worker {os.getpid()}: {sum(r[0] for _, r in rows):.2f} s in kernels\n")
+            for name, (secs, launches, programs) in rows:
+                f.write(f"{secs:9.3f} s {launches:7d} launches {programs:9d} programs  {name}\n")
+        os.replace(self.path + ".tmp", self.path)
+
+
 def main():
+    profile = Profile(os.environ.get("FERRUM_INTERP_PROFILE"))
+    try:
+        serve(profile)
+    finally:
+        profile.write()
+
+
+def serve(profile):
     memory = Memory()
     kernels = []
     stdin = sys.stdin.buffer
@@ -202,11 +246,13 @@ def main():
                 why = lt_check(req)
                 reply({} if why is None else {"unsupported": why})
             elif op == "gemm":
+                start = time.perf_counter()
                 try:
                     lt_matmul(memory, req)
                 except LtError as e:
                     reply({"error": f"cuBLASLt product: {e}"})
                     continue
+                profile.add("cuBLASLt stand-in", time.perf_counter() - start, 1)
                 reply({})
             elif op == "load":
                 module = importlib.import_module(f"ferrum_kernels.{req['module']}")
@@ -236,11 +282,16 @@ def main():
                         args.append(interp.Ptr(value, ty[1:]))
                     else:
                         args.append(value)
+                start = time.perf_counter()
                 try:
                     interp.launch(fn, req["grid"], params, args, constexprs, memory.regions())
                 except interp.OutOfBounds as e:
                     reply({"error": f"kernel {name}: {e}"})
                     continue
+                programs = 1
+                for g in req["grid"]:
+                    programs *= int(g)
+                profile.add(name, time.perf_counter() - start, programs)
                 reply({})
             else:
                 reply({"error": f"unknown op {op!r}"})

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,9 +18,10 @@ import specs  # noqa: E402
 
 
 class Worker:
-    def __init__(self):
+    def __init__(self, env=None):
         self.p = subprocess.Popen([sys.executable, "-m", "ferrum_kernels.worker"], cwd=KERNELS,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  env=None if env is None else dict(os.environ, **env))
 
     def call(self, req):
         self.p.stdin.write(json.dumps(req).encode() + b"\n")
@@ -62,3 +64,29 @@ class AlignedHints(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Profile(unittest.TestCase):
+    def test_the_profile_counts_each_kernels_launches_and_programs(self):
+        spec = next(s for s in specs.all_specs() if s["name"] == "add_rows")
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = os.path.join(tmp, "prof")
+            w = Worker(env={"FERRUM_INTERP_PROFILE": prefix})
+            try:
+                handle = w.call({"op": "load", "name": spec["name"], "module": spec["module"],
+                                 "function": spec["function"], "params": spec["params"],
+                                 "constexprs": spec["constexprs"], "hints": []})["handle"]
+                x = w.call({"op": "alloc", "bytes": 4 * 64})["ptr"]
+                y = w.call({"op": "alloc", "bytes": 4 * 64})["ptr"]
+                for grid in ([2, 1, 1], [1, 1, 1]):
+                    launch = {"op": "launch", "handle": handle, "grid": grid,
+                              "args": [x, y, 32, 32, 32]}
+                    self.assertEqual(w.call(launch), {})
+            finally:
+                w.close()
+            (name,) = os.listdir(tmp)
+            self.assertEqual(name, f"prof.{w.p.pid}")
+            lines = open(os.path.join(tmp, name)).read().splitlines()
+            self.assertTrue(lines[0].startswith(f"# worker {w.p.pid}:"), lines)
+            fields = lines[1].split()
+            self.assertEqual(fields[2:7], ["2", "launches", "3", "programs", "add_rows"])

@@ -26,26 +26,35 @@ fn split_decode_attention_matches_one_pass() {
 }
 
 /// Split-K decode products (the fixtures' 64-column products in 4 ranges of 16 here, or 2 of
-/// 32 for Q8_0 blocks, summed in order) give the logits of unsplit products, f32, bf16 and
-/// Q8_0 weights, graphs on.
+/// 32 for Q8_0 blocks, summed in order) give the logits of unsplit products, graphs on: f32
+/// weights.
 #[test]
-fn split_k_decode_products_match_one_pass() {
-    use ferrum_models::backend::DecodeSplit;
-    let split = DecodeSplit {
-        programs: 64,
-        min_k: 16,
-    };
-    // bf16: a partial sum's last f32 bit can flip the bf16 rounding of an activation the next
-    // product reads (2^-9 of it), so the bound is the bf16 one, scaled down to one flip.
-    // Q8_0 (the GGUF file): ranges of two 32-element blocks.
-    for (name, tol) in [
-        ("tiny-llama", 1e-5),
-        ("tiny-llama-bf16", 2e-3),
-        ("tiny-smollm/model-q8_0.gguf", 1e-5),
-    ] {
-        decode_matches_plain(name, tol, |b| b.set_decode_split(split));
-    }
+fn split_k_decode_products_match_one_pass_f32() {
+    decode_matches_plain("tiny-llama", 1e-5, |b| b.set_decode_split(TEST_SPLIT));
 }
+
+/// As above, bf16 weights: a partial sum's last f32 bit can flip the bf16 rounding of an
+/// activation the next product reads (2^-9 of it), so the bound is the bf16 one, scaled down
+/// to one flip.
+#[test]
+fn split_k_decode_products_match_one_pass_bf16() {
+    decode_matches_plain("tiny-llama-bf16", 2e-3, |b| b.set_decode_split(TEST_SPLIT));
+}
+
+/// As above, Q8_0 weights (the GGUF file): ranges of two 32-element blocks.
+#[test]
+fn split_k_decode_products_match_one_pass_q8_0() {
+    decode_matches_plain("tiny-smollm/model-q8_0.gguf", 1e-5, |b| {
+        b.set_decode_split(TEST_SPLIT)
+    });
+}
+
+/// The split of the tests above: every decode product of the fixtures splits K. (One test per
+/// weight type, so that they run side by side.)
+const TEST_SPLIT: ferrum_models::backend::DecodeSplit = ferrum_models::backend::DecodeSplit {
+    programs: 64,
+    min_k: 16,
+};
 
 /// Three sequences' prefill, then 6 decode steps (the second captures, the rest replay), on a model tuned by `tune` (graphs on)
 /// against a plain one: logits within `tol` of the largest.
