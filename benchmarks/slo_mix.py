@@ -14,7 +14,8 @@
 build, so two builds' scheduling are compared in one run.
 
 Prints one JSON object: the capacity, and per policy and round each class's report (goodput,
-refused, output tok/s, TTFT/TPOT percentiles, chunk gaps).
+refused, output tok/s, TTFT/TPOT percentiles, chunk gaps, refusal latency and the waits asked;
+with `--retry-check`, how the waits compared with when the retries were served).
 
     python3 benchmarks/slo_mix.py --bin target/release/ferrum \\
         --model models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
@@ -78,6 +79,9 @@ def main():
     ap.add_argument("--interactive-share", type=float, default=0.5)
     ap.add_argument("--ttft-ms", type=int, default=1000)
     ap.add_argument("--tpot-ms", type=int, default=100)
+    ap.add_argument("--retry-check", action="store_true",
+                    help="retry the interactive class's refusals at half their wait, then at "
+                         "all of it (`bench serve`'s retry=check: are the waits within 2x?)")
     a = ap.parse_args()
     common = ["--threads", str(a.threads)]
     s = Server(a.bin, a.model, common + ["--scheduling", "fifo"])
@@ -91,7 +95,8 @@ def main():
     batch = a.load * rps * (1 - a.interactive_share)
     classes = [
         "--class", f"name=interactive,rate={inter:.4f},input=50,output=32,ttft_ms={a.ttft_ms},"
-                   f"tpot_ms={a.tpot_ms},slo=body,priority=0",
+                   f"tpot_ms={a.tpot_ms},slo=body,priority=0"
+                   + (",retry=check" if a.retry_check else ""),
         "--class", f"name=batch,rate={batch:.4f},input=200,output=64,priority=1",
     ]
     policies = []

@@ -83,7 +83,8 @@ pub struct ServeBenchArgs {
     /// A request class of a mixed workload, run instead of the concurrency levels
     /// (repeatable): name=N,(rate=R|concurrency=C),input=TOKENS,output=TOKENS and optionally
     /// ttft_ms=T,tpot_ms=T (the targets goodput counts), slo=body|class:NAME (how the server
-    /// hears of them), user=TENANT, priority=P, api_key=K.
+    /// hears of them), user=TENANT, priority=P, api_key=K, retry=check (a refusal is sent
+    /// again at half its Retry-After, then at all of it, to test the wait).
     #[arg(long = "class", value_name = "SPEC")]
     classes: Vec<String>,
     /// Seconds a mixed workload (--class) sends requests for.

@@ -43,6 +43,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 mod calibrate;
 mod lifecycle;
+mod publish;
 mod spec_steps;
 mod tiers;
 
@@ -64,6 +65,8 @@ pub(crate) struct NewRequest {
     pub arrived: Instant,
     /// The compiled constraint of a constrained request, in its initial state.
     pub guide: Option<Box<Guide>>,
+    /// Admission's first-token prediction and the target, in seconds, for its record.
+    pub predicted_ttft: Option<(f64, f64)>,
 }
 
 pub(crate) struct EngineCore {
@@ -116,6 +119,8 @@ pub(crate) struct EngineCore {
     prefill_cap: Option<usize>,
     /// The clock deadlines are counted on (`slo` scheduling).
     epoch: Instant,
+    /// Admission's first-token predictions against the first tokens observed.
+    first_tokens: crate::slo::FirstTokenRecord,
     shape: StepShape,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
@@ -210,6 +215,7 @@ impl EngineCore {
             cost: CostModel::new(crate::config::DEFAULT_COST_SEED),
             prefill_cap: None,
             epoch: Instant::now(),
+            first_tokens: crate::slo::FirstTokenRecord::default(),
             shape: StepShape::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
@@ -357,9 +363,11 @@ impl EngineCore {
             tx,
             arrived,
             guide,
+            predicted_ttft,
         } = new;
         let mut r = ReqState {
             guide,
+            predicted_ttft,
             usage: Usage {
                 prompt_tokens: request.prompt.len(),
                 ..Usage::default()
@@ -699,7 +707,12 @@ impl EngineCore {
             m.structured_mask_wait_seconds += c.wait_seconds;
             for l in &self.st.latencies {
                 match l {
-                    Latency::FirstToken(d) => m.time_to_first_token.observe(d.as_secs_f64()),
+                    Latency::FirstToken(d, predicted) => {
+                        m.time_to_first_token.observe(d.as_secs_f64());
+                        if let Some((p, target)) = *predicted {
+                            self.first_tokens.observe(p, d.as_secs_f64(), target);
+                        }
+                    }
                     Latency::InterToken(d) => m.inter_token_latency.observe(d.as_secs_f64()),
                 }
             }
@@ -756,41 +769,6 @@ impl EngineCore {
                 self.in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = r.tx.send(Event::Done { usage: r.usage });
             }
-        }
-    }
-
-    fn publish_metrics(&mut self) {
-        let st = self.st.sched.stats();
-        if let Ok(mut m) = self.metrics.lock() {
-            m.step_seconds += std::mem::take(&mut self.step_seconds);
-            m.num_running = st.num_running;
-            m.num_waiting = st.num_waiting;
-            m.kv_blocks_total = st.blocks_total;
-            m.kv_blocks_free = st.blocks_free;
-            m.kv_blocks_cached = st.blocks_cached;
-            m.prefix_cache_queries = st.prefix_queries;
-            m.prefix_cache_hits = st.prefix_hits;
-            m.preemptions = st.preemptions;
-            m.cost = self.cost.coefficients();
-            m.cost_ready = self.cost.is_ready();
-            m.cost_margin = self.cost.margin();
-            m.pending_prefill_tokens = self.st.sched.pending_prefill_tokens();
-            m.pending_prefill_by_priority = self.st.sched.pending_prefill_by_priority();
-            m.priority_first = self.st.sched.config().policy.priority_first();
-            m.decoding = self.st.sched.num_decoding();
-            m.kv_blocks_read = st.blocks_total - st.blocks_free;
-            // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions
-            // see the cap, while a decode that set it still runs (an idle engine has none).
-            let budget = self.st.sched.config().max_num_batched_tokens;
-            let cap = self.prefill_cap.filter(|_| m.decoding > 0);
-            m.max_num_batched_tokens = match cap {
-                Some(cap) => budget.min(m.decoding + cap),
-                None => budget,
-            };
-            m.prefill_cap = cap;
-            m.tenant_computed_tokens.clear();
-            m.tenant_computed_tokens
-                .extend_from_slice(self.tenants.computed());
         }
     }
 }

@@ -359,10 +359,13 @@ impl EngineHandle {
                 s.max_model_len
             )));
         }
-        if let Some(slo) = &request.slo {
-            let m = s.metrics.lock().unwrap_or_else(|p| p.into_inner());
-            crate::slo::admit(&m, request.prompt.len(), request.priority, slo)?;
-        }
+        let predicted_ttft = match &request.slo {
+            Some(slo) => {
+                let m = s.metrics.lock().unwrap_or_else(|p| p.into_inner());
+                crate::slo::admit(&m, request.prompt.len(), request.priority, slo)?
+            }
+            None => None,
+        };
         if !request.params.stop.is_empty() && s.tokenizer.is_none() {
             return Err(EngineError::Request(
                 "stop strings need a tokenizer, and this model has none".into(),
@@ -397,6 +400,7 @@ impl EngineHandle {
             tx: etx,
             arrived: Instant::now(),
             guide,
+            predicted_ttft,
         }));
         if tx.send(cmd).is_err() {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);

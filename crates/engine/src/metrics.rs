@@ -159,6 +159,11 @@ pub struct Metrics {
     /// ([`ferrum_scheduler::CostModel::margin`]: 1 plus the predictions' mean relative
     /// error plus its deviation).
     pub cost_margin: f64,
+    /// Admission's record of itself (`slo::FirstTokenRecord`): the median ratio of
+    /// observed to predicted first tokens of recent admitted requests with a target, and how
+    /// many it has observed.
+    pub ttft_ratio: f64,
+    pub ttft_observed: u64,
     /// What a new request's first token waits behind: prefill tokens still to compute,
     /// decoding sequences, the KV blocks they read, and the step's token budget.
     pub pending_prefill_tokens: usize,
@@ -210,6 +215,8 @@ impl Default for Metrics {
             cost: [0.0; 4],
             cost_ready: false,
             cost_margin: 1.0,
+            ttft_ratio: 1.0,
+            ttft_observed: 0,
             pending_prefill_tokens: 0,
             decoding: 0,
             kv_blocks_read: 0,

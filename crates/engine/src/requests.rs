@@ -24,7 +24,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 /// A latency observed during a step, recorded into the histograms once per step.
 pub(crate) enum Latency {
-    FirstToken(std::time::Duration),
+    /// With admission's prediction and the target, in seconds, when it made one.
+    FirstToken(std::time::Duration, Option<(f64, f64)>),
     InterToken(std::time::Duration),
 }
 
@@ -52,6 +53,8 @@ pub(crate) struct ReqState {
     pub(crate) usage: Usage,
     /// The constraint in its initial state; each sample follows a fork of it.
     pub(crate) guide: Option<Box<Guide>>,
+    /// Admission's first-token prediction and the target, in seconds, if it made one.
+    pub(crate) predicted_ttft: Option<(f64, f64)>,
 }
 
 /// The requests' side of the engine: the scheduler's sequences, the requests with their
@@ -217,7 +220,9 @@ impl Requests {
             let run_end = slice.query_start + slice.query_len;
             let proposals = &batch.token_ids[run_end - s.num_proposed..run_end];
             match seq.last_token_at {
-                None if seq.index == 0 => self.latencies.push(Latency::FirstToken(now - r.arrived)),
+                None if seq.index == 0 => self
+                    .latencies
+                    .push(Latency::FirstToken(now - r.arrived, r.predicted_ttft)),
                 Some(t) => self.latencies.push(Latency::InterToken(now - t)),
                 None => {}
             }

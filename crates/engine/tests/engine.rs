@@ -568,6 +568,10 @@ fn requests_that_would_miss_their_first_token_target_are_refused_up_front() {
     }
     collect(taken, 1);
     wait_for_idle(&e);
+    // The best-effort request was predicted: its first token went to admission's record (too
+    // few yet to move its ratio); the requests without a target did not.
+    let m = e.metrics();
+    assert_eq!((m.ttft_observed, m.ttft_ratio), (1, 1.0));
     e.shutdown();
 }
 

@@ -38,10 +38,14 @@ pub enum ServerError {
     /// The engine's queue is full (503 with `Retry-After`).
     #[error("{0}")]
     Overloaded(String),
-    /// The request's time-to-first-token target cannot be met now (429 with `Retry-After`,
-    /// in whole seconds, when it could be).
+    /// The request's time-to-first-token target cannot be met now (429 with when it could
+    /// be: `Retry-After` in whole seconds, `retry-after-ms` as the OpenAI and Anthropic
+    /// SDKs read it first).
     #[error("{msg}")]
-    TooSoon { msg: String, retry_after_secs: u64 },
+    TooSoon {
+        msg: String,
+        retry_after: std::time::Duration,
+    },
     /// The engine is stopping or has stopped (503).
     #[error("{0}")]
     Unavailable(String),
@@ -162,10 +166,9 @@ impl From<EngineError> for ServerError {
             EngineError::Config(msg) | EngineError::Internal(msg) => ServerError::Internal(msg),
             EngineError::Constraint { .. } => ServerError::bad(e.to_string()),
             EngineError::Overloaded(_) => ServerError::Overloaded(e.to_string()),
-            EngineError::Unmeetable { msg, retry_after } => ServerError::TooSoon {
-                msg,
-                retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
-            },
+            EngineError::Unmeetable { msg, retry_after } => {
+                ServerError::TooSoon { msg, retry_after }
+            }
             EngineError::Unavailable(msg) => ServerError::Unavailable(msg),
             EngineError::Model(_) | EngineError::Tokenizer(_) => {
                 ServerError::Internal(e.to_string())
@@ -180,6 +183,19 @@ impl From<ferrum_tokenizer::TokenizerError> for ServerError {
     }
 }
 
+/// `Retry-After` (whole seconds, rounded up, at least 1, as HTTP has it) and `retry-after-ms`
+/// (milliseconds, rounded up, at least 1: the precision a first-token target needs, and the
+/// header the OpenAI and Anthropic SDKs prefer) for a wait of `d`.
+pub(crate) fn insert_retry_after(headers: &mut axum::http::HeaderMap, d: std::time::Duration) {
+    let secs = d.as_secs_f64().ceil().max(1.0) as u64;
+    let ms = (d.as_secs_f64() * 1e3).ceil().max(1.0) as u64;
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(
+        header::HeaderName::from_static("retry-after-ms"),
+        HeaderValue::from(ms),
+    );
+}
+
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -188,12 +204,8 @@ impl IntoResponse for ServerError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }
-        if let ServerError::TooSoon {
-            retry_after_secs, ..
-        } = self
-        {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        if let ServerError::TooSoon { retry_after, .. } = self {
+            insert_retry_after(resp.headers_mut(), retry_after);
         }
         if matches!(self, ServerError::Unauthorized(_)) {
             resp.headers_mut()
@@ -220,7 +232,17 @@ mod tests {
         .into();
         assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(e.to_json()["error"]["code"], "slo_unmeetable");
-        assert_eq!(e.into_response().headers()[header::RETRY_AFTER], "3");
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(r.headers()["retry-after-ms"], "2300");
+        let e: ServerError = EngineError::Unmeetable {
+            msg: "late".into(),
+            retry_after: std::time::Duration::from_micros(120_400),
+        }
+        .into();
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(r.headers()["retry-after-ms"], "121");
         let e: ServerError = EngineError::Params(TypesError::InvalidParam {
             param: "top_p",
             msg: "2 is outside (0, 1]".into(),

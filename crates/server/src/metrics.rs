@@ -309,6 +309,20 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         m.cost_margin,
     );
     o.metric(
+        "ferrum_ttft_observed_over_predicted",
+        "gauge",
+        "Admission's record of itself: the median ratio of observed to predicted first tokens \
+         of recent admitted requests with a target, over predictions of at least a quarter of \
+         their target (1 until 8 are seen).",
+        m.ttft_ratio,
+    );
+    o.metric(
+        "ferrum_ttft_predictions_observed_total",
+        "counter",
+        "Admitted requests whose predicted first token was compared with the observed one.",
+        m.ttft_observed as f64,
+    );
+    o.metric(
         "ferrum_cost_model_ready",
         "gauge",
         "1 once the step cost model has seen enough steps to refuse requests on its word.",

@@ -14,7 +14,15 @@
 //! front), failed; goodput, the share of sent requests completed within both targets (TTFT at
 //! most `ttft_ms`, time per output token after the first at most `tpot_ms`); output tokens
 //! per second over the run; TTFT, TPOT and end-to-end percentiles; and the gaps between
-//! streamed chunks (their P50 and P99: a stream's jitter).
+//! streamed chunks (their P50 and P99: a stream's jitter). Of the refusals: how soon they
+//! came (the server's refusal latency) and the waits they asked for (`retry-after-ms`, else
+//! `Retry-After`).
+//!
+//! `retry=check` tests those waits: a refused request is sent again at half its wait and, if
+//! refused again, at its whole wait. Admitted at half, the wait was over twice too long
+//! (`early`); refused at half and admitted at the whole, it was within a factor of 2 of when
+//! the server would serve it (`within`); refused both times, too short (`short`). The
+//! retries count apart from the class's goodput, which stays over first sends.
 
 use super::prompts;
 use super::request::{self, Outcome, Target};
@@ -59,6 +67,8 @@ pub struct ClassSpec {
     pub user: Option<String>,
     pub priority: Option<i64>,
     pub api_key: Option<String>,
+    /// `retry=check` (see the module docs).
+    pub retry_check: bool,
 }
 
 impl std::str::FromStr for ClassSpec {
@@ -78,6 +88,7 @@ impl std::str::FromStr for ClassSpec {
             user: None,
             priority: None,
             api_key: None,
+            retry_check: false,
         };
         for kv in spec.split(',') {
             let (k, v) = kv
@@ -115,6 +126,7 @@ impl std::str::FromStr for ClassSpec {
                     )
                 }
                 "api_key" if !v.is_empty() => c.api_key = Some(v.to_string()),
+                "retry" if v == "check" => c.retry_check = true,
                 _ => return Err(bad(format!("unknown or empty key {k:?}"))),
             }
         }
@@ -172,7 +184,92 @@ pub struct ClassReport {
     pub e2e_ms: Option<Millis>,
     /// Gaps between streamed chunks with text.
     pub chunk_gap_ms: Option<Millis>,
+    /// Refusals: from sending to the refusal, and the wait each asked for.
+    pub refusal_ms: Option<Millis>,
+    pub retry_after_ms: Option<Millis>,
+    /// With `retry=check`: how the waits compared with when the server served the retries.
+    pub retry_check: Option<RetryReport>,
     pub errors: Vec<String>,
+}
+
+/// `retry=check`'s counts (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RetryReport {
+    /// Refusals that asked for a wait, and so were retried.
+    pub checked: usize,
+    pub early: usize,
+    pub within: usize,
+    pub short: usize,
+    /// A retry failed otherwise than by a refusal.
+    pub failed: usize,
+    /// Admitted retries within both targets (counted from the retry's own send).
+    pub in_time: usize,
+}
+
+/// What a refused request's retries showed of its wait.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    Early(Outcome),
+    Within(Outcome),
+    Short,
+    Failed,
+}
+
+/// One sent request: its outcome, its refusal's details, and the retries' verdict.
+#[derive(Debug, Clone)]
+struct Sent {
+    outcome: std::result::Result<Outcome, String>,
+    refusal: Option<request::Refusal>,
+    verdict: Option<Verdict>,
+}
+
+/// Sends one request of a class and, with `retry=check`, retries a refusal that asked for a
+/// wait at half of it and then at all of it.
+async fn send_one(
+    client: &reqwest::Client,
+    target: &Target,
+    body: &Value,
+    prompt_tokens: usize,
+    check: bool,
+) -> Sent {
+    let f = match request::send_detailed(client, target, body, prompt_tokens).await {
+        Ok(o) => {
+            return Sent {
+                outcome: Ok(o),
+                refusal: None,
+                verdict: None,
+            }
+        }
+        Err(f) => f,
+    };
+    let refused_at = Instant::now();
+    let wait = f.refusal.and_then(|r| r.retry_after_s);
+    let verdict = match wait {
+        Some(wait) if check => {
+            let again = |frac: f64| async move {
+                tokio::time::sleep_until(
+                    (refused_at + Duration::from_secs_f64(wait * frac)).into(),
+                )
+                .await;
+                request::send_detailed(client, target, body, prompt_tokens).await
+            };
+            Some(match again(0.5).await {
+                Ok(o) => Verdict::Early(o),
+                Err(e) if e.refusal.is_none() => Verdict::Failed,
+                Err(_) => match again(1.0).await {
+                    Ok(o) => Verdict::Within(o),
+                    Err(e) if e.refusal.is_none() => Verdict::Failed,
+                    Err(_) => Verdict::Short,
+                },
+            })
+        }
+        _ => None,
+    };
+    Sent {
+        outcome: Err(f.message),
+        refusal: f.refusal,
+        verdict,
+    }
 }
 
 /// The whole run.
@@ -187,7 +284,7 @@ pub struct MixReport {
 }
 
 /// What one request of a class came to.
-type Done = (usize, std::result::Result<Outcome, String>);
+type Done = (usize, Sent);
 
 /// Runs the classes for `duration` and reports (arrivals stop then; requests in flight end).
 #[allow(clippy::too_many_arguments)]
@@ -241,9 +338,10 @@ pub async fn run(
                     }
                     let (client, target, (body, n)) = (client.clone(), Arc::clone(&target), take());
                     let when = start + Duration::from_secs_f64(at);
+                    let check = c.retry_check;
                     tasks.spawn(async move {
                         tokio::time::sleep_until(when.into()).await;
-                        vec![(ci, request::send(&client, &target, &body, n).await)]
+                        vec![(ci, send_one(&client, &target, &body, n, check).await)]
                     });
                 }
             }
@@ -251,11 +349,12 @@ pub async fn run(
                 for _ in 0..n {
                     let (client, target, take) =
                         (client.clone(), Arc::clone(&target), take.clone());
+                    let check = c.retry_check;
                     tasks.spawn(async move {
                         let mut done = Vec::new();
                         while start.elapsed() < duration {
                             let (body, n) = take();
-                            done.push((ci, request::send(&client, &target, &body, n).await));
+                            done.push((ci, send_one(&client, &target, &body, n, check).await));
                         }
                         done
                     });
@@ -319,12 +418,9 @@ fn is_refusal(e: &str) -> bool {
     e.starts_with("HTTP 429") || e.starts_with("HTTP 503")
 }
 
-fn report<'a>(
-    c: &ClassSpec,
-    outcomes: impl Iterator<Item = &'a std::result::Result<Outcome, String>>,
-    wall: f64,
-) -> ClassReport {
-    let outcomes: Vec<_> = outcomes.collect();
+fn report<'a>(c: &ClassSpec, sent: impl Iterator<Item = &'a Sent>, wall: f64) -> ClassReport {
+    let sent: Vec<&Sent> = sent.collect();
+    let outcomes: Vec<_> = sent.iter().map(|s| &s.outcome).collect();
     let ok: Vec<&Outcome> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
     let errs: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
     let refused = errs.iter().filter(|e| is_refusal(e)).count();
@@ -340,6 +436,35 @@ fn report<'a>(
     let late_ttft = ok.iter().filter(|o| !ttft_ok(o)).count();
     let late_tpot = ok.iter().filter(|o| !tpot_ok(o)).count();
     let output_tokens = ok.iter().map(|o| o.output_tokens).sum();
+    let refusals: Vec<request::Refusal> = sent.iter().filter_map(|s| s.refusal).collect();
+    let retry_check = c.retry_check.then(|| {
+        let mut r = RetryReport::default();
+        for v in sent.iter().filter_map(|s| s.verdict.as_ref()) {
+            r.checked += 1;
+            let admitted = match v {
+                Verdict::Early(o) => {
+                    r.early += 1;
+                    Some(o)
+                }
+                Verdict::Within(o) => {
+                    r.within += 1;
+                    Some(o)
+                }
+                Verdict::Short => {
+                    r.short += 1;
+                    None
+                }
+                Verdict::Failed => {
+                    r.failed += 1;
+                    None
+                }
+            };
+            if admitted.is_some_and(|o| ttft_ok(o) && tpot_ok(o)) {
+                r.in_time += 1;
+            }
+        }
+        r
+    });
     let mut errors: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
     errors.dedup();
     errors.truncate(3);
@@ -362,6 +487,9 @@ fn report<'a>(
         tpot_ms: Millis::of(ok.iter().filter_map(|o| tpot(o)).collect()),
         e2e_ms: Millis::of(ok.iter().map(|o| o.e2e_s).collect()),
         chunk_gap_ms: Millis::of(ok.iter().flat_map(|o| o.itl_s.iter().copied()).collect()),
+        refusal_ms: Millis::of(refusals.iter().map(|r| r.after_s).collect()),
+        retry_after_ms: Millis::of(refusals.iter().filter_map(|r| r.retry_after_s).collect()),
+        retry_check,
         errors,
     }
 }
@@ -395,6 +523,24 @@ pub fn table(r: &MixReport) -> String {
             ms(&c.chunk_gap_ms, |m| m.p50),
             ms(&c.chunk_gap_ms, |m| m.p99),
         ));
+    }
+    for c in r.classes.iter().filter(|c| c.refusal_ms.is_some()) {
+        s.push_str(&format!(
+            "{}: refused after {} ms p50, {} ms p99; waits asked {} ms p50, {} ms p99",
+            c.name,
+            ms(&c.refusal_ms, |m| m.p50),
+            ms(&c.refusal_ms, |m| m.p99),
+            ms(&c.retry_after_ms, |m| m.p50),
+            ms(&c.retry_after_ms, |m| m.p99),
+        ));
+        if let Some(k) = &c.retry_check {
+            s.push_str(&format!(
+                "; of {} retried: {} within 2x, {} over 2x too long, {} too short, {} failed; \
+                 {} in time",
+                k.checked, k.within, k.early, k.short, k.failed, k.in_time
+            ));
+        }
+        s.push('\n');
     }
     s
 }
@@ -479,12 +625,81 @@ mod tests {
             Err("HTTP 429 Too Many Requests: later".to_string()),
             Err("the stream broke".to_string()),
         ];
-        let r = report(&c, outcomes.iter(), 2.0);
+        let sent: Vec<Sent> = outcomes
+            .into_iter()
+            .map(|outcome| Sent {
+                outcome,
+                refusal: None,
+                verdict: None,
+            })
+            .collect();
+        let r = report(&c, sent.iter(), 2.0);
         assert_eq!((r.sent, r.completed, r.refused, r.failed), (5, 3, 1, 1));
+        assert!(r.retry_check.is_none() && r.refusal_ms.is_none());
         assert!((r.goodput - 0.2).abs() < 1e-12);
         assert_eq!((r.late_ttft, r.late_tpot), (1, 1));
         assert_eq!(r.output_tokens, 9);
         let gap = r.chunk_gap_ms.unwrap();
         assert!((gap.p50 - 10.0).abs() < 1e-9 && gap.p99 > 14.0);
+    }
+
+    /// Refusals' latencies and waits are summarised; `retry=check`'s verdicts are counted, and
+    /// an admitted retry within both targets is in time.
+    #[test]
+    fn refusals_and_their_retries_are_reported() {
+        let c: ClassSpec = "name=x,rate=1,input=1,output=2,ttft_ms=100,retry=check"
+            .parse()
+            .unwrap();
+        assert!(c.retry_check);
+        assert!("name=x,rate=1,input=1,output=2,retry=yes"
+            .parse::<ClassSpec>()
+            .is_err());
+        let o = |ttft: f64| Outcome {
+            ttft_s: ttft,
+            itl_s: vec![0.01],
+            e2e_s: ttft + 0.01,
+            output_tokens: 2,
+            prompt_tokens: 1,
+            usage: true,
+        };
+        let refused = |after_s: f64, wait: Option<f64>, verdict: Option<Verdict>| Sent {
+            outcome: Err("HTTP 429 Too Many Requests: late".into()),
+            refusal: Some(request::Refusal {
+                after_s,
+                retry_after_s: wait,
+            }),
+            verdict,
+        };
+        let sent = [
+            Sent {
+                outcome: Ok(o(0.05)),
+                refusal: None,
+                verdict: None,
+            },
+            refused(0.002, Some(0.5), Some(Verdict::Within(o(0.05)))),
+            refused(0.004, Some(1.5), Some(Verdict::Early(o(0.5)))),
+            refused(0.006, Some(0.2), Some(Verdict::Short)),
+            refused(0.008, None, None),
+        ];
+        let r = report(&c, sent.iter(), 1.0);
+        assert_eq!((r.sent, r.completed, r.refused), (5, 1, 4));
+        let k = r.retry_check.clone().unwrap();
+        assert_eq!(
+            (k.checked, k.within, k.early, k.short, k.failed, k.in_time),
+            (3, 1, 1, 1, 0, 1)
+        );
+        let lat = r.refusal_ms.clone().unwrap();
+        assert!((lat.mean - 5.0).abs() < 1e-9, "{lat:?}");
+        let waits = r.retry_after_ms.clone().unwrap();
+        assert!((waits.p50 - 500.0).abs() < 1e-9, "{waits:?}");
+        let t = table(&MixReport {
+            label: String::new(),
+            base_url: "b".into(),
+            model: "m".into(),
+            duration_s: 1.0,
+            wall_s: 1.0,
+            classes: vec![r],
+        });
+        assert!(t.contains("of 3 retried: 1 within 2x"), "{t}");
     }
 }

@@ -26,6 +26,39 @@ pub struct Outcome {
     pub usage: bool,
 }
 
+/// A request the server declined up front (HTTP 429 or 503).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Refusal {
+    /// Seconds from sending to the refusal's status line.
+    pub after_s: f64,
+    /// When the server said to come back, in seconds: `retry-after-ms` (the precise header
+    /// the OpenAI and Anthropic SDKs prefer), else `Retry-After` in seconds.
+    pub retry_after_s: Option<f64>,
+}
+
+/// A failed request: what went wrong, and the refusal's details when it was one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub message: String,
+    pub refusal: Option<Refusal>,
+}
+
+/// The wait a refusal's headers ask for (see [`Refusal::retry_after_s`]).
+fn retry_after(h: &reqwest::header::HeaderMap) -> Option<f64> {
+    let num = |name: &str| {
+        h.get(name)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+    };
+    num("retry-after-ms")
+        .map(|ms| ms / 1e3)
+        .or_else(|| num("retry-after"))
+}
+
 /// What the request needs besides its body.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -74,6 +107,22 @@ pub async fn send(
     body: &Value,
     prompt_tokens: usize,
 ) -> Result<Outcome, String> {
+    send_detailed(client, target, body, prompt_tokens)
+        .await
+        .map_err(|f| f.message)
+}
+
+/// [`send`], with a refusal's timing and requested wait.
+pub async fn send_detailed(
+    client: &reqwest::Client,
+    target: &Target,
+    body: &Value,
+    prompt_tokens: usize,
+) -> Result<Outcome, Failure> {
+    let fail = |message: String| Failure {
+        message,
+        refusal: None,
+    };
     let mut req = client
         .post(&target.url)
         .timeout(target.timeout)
@@ -83,26 +132,38 @@ pub async fn send(
         req = req.bearer_auth(key);
     }
     let start = Instant::now();
-    let mut resp = req.send().await.map_err(|e| describe(&e, target.timeout))?;
+    let mut resp = req
+        .send()
+        .await
+        .map_err(|e| fail(describe(&e, target.timeout)))?;
     let status = resp.status();
     if !status.is_success() {
+        let refused = status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            || status == reqwest::StatusCode::SERVICE_UNAVAILABLE;
+        let refusal = refused.then(|| Refusal {
+            after_s: start.elapsed().as_secs_f64(),
+            retry_after_s: retry_after(resp.headers()),
+        });
         let text = resp.text().await.unwrap_or_default();
         let detail = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v.get("error").map(error_message))
             .unwrap_or_else(|| clip(&text, 300));
-        return Err(format!("HTTP {status}: {detail}"));
+        return Err(Failure {
+            message: format!("HTTP {status}: {detail}"),
+            refusal,
+        });
     }
     let mut stream = StreamState::default();
     let mut parser = SseParser::default();
     let mut events = Vec::new();
     loop {
         let piece = resp.chunk().await.map_err(|e| {
-            format!(
+            fail(format!(
                 "the stream broke after {} chunks: {}",
                 stream.chunks,
                 describe(&e, target.timeout)
-            )
+            ))
         })?;
         match &piece {
             Some(bytes) => parser.push(bytes, &mut events),
@@ -110,14 +171,14 @@ pub async fn send(
         }
         let now = start.elapsed().as_secs_f64();
         for ev in events.drain(..) {
-            stream.take(ev, now)?;
+            stream.take(ev, now).map_err(fail)?;
         }
         if piece.is_none() {
             break;
         }
     }
     let e2e_s = start.elapsed().as_secs_f64();
-    stream.outcome(e2e_s, prompt_tokens)
+    stream.outcome(e2e_s, prompt_tokens).map_err(fail)
 }
 
 /// What the stream has said so far; times in seconds since the request was sent.
@@ -259,6 +320,24 @@ mod tests {
         assert!(err(&[(r#"{"error":{"message":"engine died"}}"#, 0.1)]).contains("engine died"));
         assert!(err(&[(r#"{"choices":[{"text":"a"}]}"#, 0.1)]).contains("neither"));
         assert!(err(&[("[DONE]", 0.1)]).contains("no text"));
+    }
+
+    #[test]
+    fn the_wait_prefers_milliseconds() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(2.0));
+        h.insert("retry-after-ms", HeaderValue::from_static("1250"));
+        assert_eq!(retry_after(&h), Some(1.25));
+        h.insert("retry-after-ms", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h), Some(2.0));
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&h), None);
     }
 
     #[test]

@@ -147,6 +147,7 @@ impl EngineCore {
                 tx,
                 arrived: Instant::now(),
                 guide: None,
+                predicted_ttft: None,
             });
         }
         while self.st.sched.has_unfinished() {

@@ -60,12 +60,8 @@ impl IntoResponse for AnthropicError {
                 HeaderValue::from(crate::error::RETRY_AFTER_SECS),
             );
         }
-        if let ServerError::TooSoon {
-            retry_after_secs, ..
-        } = self.0
-        {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        if let ServerError::TooSoon { retry_after, .. } = self.0 {
+            crate::error::insert_retry_after(r.headers_mut(), retry_after);
         }
         r
     }
