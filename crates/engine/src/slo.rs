@@ -35,18 +35,30 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Observations kept by [`FirstTokenRecord`] (the most recent).
-pub(crate) const RECORD_LEN: usize = 64;
+const RECORD_LEN: usize = 64;
 /// Observations [`FirstTokenRecord`] needs before its ratio departs from 1.
-pub(crate) const RECORD_MIN: usize = 8;
+const RECORD_MIN: usize = 8;
 /// The ratio's bounds: a record this far off says the model is, not the queue.
 const RATIO_RANGE: (f64, f64) = (0.5, 8.0);
 
 /// Admission's record of its first-token predictions against what followed (see the module
-/// docs): `(predicted, observed, target)` seconds of the last [`RECORD_LEN`] admitted requests.
-#[derive(Debug, Default, Clone)]
+/// docs): `(predicted, observed, target)` seconds of the last [`RECORD_LEN`] admitted requests,
+/// and their ratio, computed when one comes (the engine reads it every step).
+#[derive(Debug, Clone)]
 pub(crate) struct FirstTokenRecord {
     seen: VecDeque<(f64, f64, f64)>,
     total: u64,
+    ratio: f64,
+}
+
+impl Default for FirstTokenRecord {
+    fn default() -> Self {
+        FirstTokenRecord {
+            seen: VecDeque::new(),
+            total: 0,
+            ratio: 1.0,
+        }
+    }
 }
 
 impl FirstTokenRecord {
@@ -62,6 +74,7 @@ impl FirstTokenRecord {
         }
         self.seen.push_back((predicted, observed, target));
         self.total += 1;
+        self.ratio = self.median_ratio();
     }
 
     /// Observations recorded so far.
@@ -70,10 +83,15 @@ impl FirstTokenRecord {
     }
 
     /// The median of observed over predicted, over the recent predictions of at least a
-    /// quarter of their target (where refusals are decided; short predictions' fixed
+    /// quarter of their target (where a target is at stake; short predictions' fixed
     /// overheads would overstate it), or over all when fewer than [`RECORD_MIN`] are; 1 with
     /// fewer than [`RECORD_MIN`] in all; within [`RATIO_RANGE`].
     pub(crate) fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// [`FirstTokenRecord::ratio`], computed from the record.
+    fn median_ratio(&self) -> f64 {
         if self.seen.len() < RECORD_MIN {
             return 1.0;
         }
