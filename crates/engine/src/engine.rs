@@ -121,6 +121,8 @@ pub(crate) struct EngineCore {
     epoch: Instant,
     /// Admission's first-token predictions against the first tokens observed.
     first_tokens: crate::slo::FirstTokenRecord,
+    /// The first-token targets in play and the step limit they set (`slo` scheduling only).
+    step_limit: Option<crate::step_limit::StepLimit>,
     shape: StepShape,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: crate::config::FaultInjection,
@@ -174,6 +176,7 @@ impl EngineCore {
         metrics: Arc<Mutex<Metrics>>,
         in_flight: Arc<AtomicUsize>,
     ) -> EngineCore {
+        let slo = sched.config().policy == ferrum_scheduler::SchedulingPolicy::Slo;
         EngineCore {
             model,
             kv,
@@ -216,6 +219,7 @@ impl EngineCore {
             prefill_cap: None,
             epoch: Instant::now(),
             first_tokens: crate::slo::FirstTokenRecord::default(),
+            step_limit: slo.then(Default::default),
             shape: StepShape::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
@@ -365,6 +369,9 @@ impl EngineCore {
             guide,
             predicted_ttft,
         } = new;
+        if let Some(limit) = &mut self.step_limit {
+            limit.observe_request(request.slo, predicted_ttft, Instant::now());
+        }
         let mut r = ReqState {
             guide,
             predicted_ttft,
@@ -453,7 +460,11 @@ impl EngineCore {
             self.finish_pending()?;
         }
         self.propose()?;
-        // Prefill chunks sized for the decodes' TPOT targets once the cost model is trusted.
+        // Prefill chunks sized for the decodes' TPOT targets and the step limit once the cost
+        // model is trusted.
+        if let Some(limit) = &mut self.step_limit {
+            limit.apply(&mut self.st.sched, Instant::now(), &self.cost)?;
+        }
         let out = (self.st.sched).schedule_with(self.cost.is_ready().then_some(&self.cost));
         self.prefill_cap = out.prefill_cap;
         if out.seqs.is_empty() {

@@ -19,6 +19,7 @@ pub mod sampler;
 mod single;
 mod slo;
 pub mod spec;
+mod step_limit;
 mod tenants;
 pub mod tier;
 

@@ -170,8 +170,12 @@ pub struct Metrics {
     pub decoding: usize,
     pub kv_blocks_read: usize,
     pub max_num_batched_tokens: usize,
-    /// The last step's prefill tokens allowed by its decodes' TPOT targets, if one applied.
+    /// The last step's prefill tokens allowed by its decodes' TPOT targets and the step limit,
+    /// if one applied.
     pub prefill_cap: Option<usize>,
+    /// The longest a step may be planned, in seconds, under `slo` scheduling while a
+    /// first-token target is in play.
+    pub step_limit: Option<f64>,
     /// `pending_prefill_tokens` by priority, ascending (running sequences first, under
     /// `i32::MIN`), and whether the policy admits strictly by priority: a new request then
     /// waits only behind work of its own priority or better.
@@ -222,6 +226,7 @@ impl Default for Metrics {
             kv_blocks_read: 0,
             max_num_batched_tokens: 0,
             prefill_cap: None,
+            step_limit: None,
             pending_prefill_by_priority: Vec::new(),
             priority_first: false,
         }

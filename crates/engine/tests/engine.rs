@@ -699,3 +699,77 @@ fn a_calibrated_engine_judges_targets_from_the_first_request() {
     assert_eq!(got.0, want.0);
     e.shutdown();
 }
+
+/// Under `slo` scheduling a first-token target in play limits every step to a quarter of it
+/// (published): with a fake cost of 10 ms a prefill token, a 2 s target limits steps to
+/// 0.5 s, so a long prompt without a target is prefilled in chunks shorter than it (about 45
+/// tokens; the fit may move the cost a little) and answers
+/// as on an engine without targets; under `fifo` a target sets no limit.
+#[test]
+fn a_first_token_target_limits_the_steps_under_slo() {
+    use ferrum_engine::Slo;
+    use ferrum_scheduler::SchedulingPolicy;
+    let p = greedy_exactly;
+    let other: Vec<TokenId> = (0..300).map(|j| 5 + j % 190).collect();
+    let want = {
+        let plain = engine("tiny-qwen2", EngineConfig::default());
+        let w = collect(
+            plain
+                .generate(GenerateRequest::new(other.clone(), p(4)))
+                .unwrap(),
+            1,
+        );
+        plain.shutdown();
+        w.0
+    };
+    for scheduling in [SchedulingPolicy::Slo, SchedulingPolicy::Fifo] {
+        let e = engine(
+            "tiny-qwen2",
+            EngineConfig {
+                cost_seed: [0.0, 0.01, 0.0, 0.0],
+                scheduling: scheduling.clone(),
+                ..EngineConfig::default()
+            },
+        );
+        collect(
+            e.generate(GenerateRequest::new(vec![5, 6, 7], p(12)))
+                .unwrap(),
+            1,
+        );
+        assert!(e.metrics().cost_ready);
+        assert_eq!(e.metrics().step_limit, None);
+        let targeted = GenerateRequest {
+            slo: Some(Slo {
+                ttft: Some(Duration::from_secs(2)),
+                ..Slo::default()
+            }),
+            ..GenerateRequest::new(vec![5, 6, 7], p(2))
+        };
+        collect(e.generate(targeted).unwrap(), 1);
+        let got = collect(
+            e.generate(GenerateRequest::new(other.clone(), p(4)))
+                .unwrap(),
+            1,
+        );
+        assert_eq!(
+            got.0, want,
+            "{scheduling:?}: chunked or not, the same tokens"
+        );
+        let m = e.metrics();
+        if scheduling == SchedulingPolicy::Slo {
+            assert!(
+                m.step_limit.is_some_and(|l| (l - 0.5).abs() < 1e-9),
+                "{:?}",
+                m.step_limit
+            );
+            assert!(
+                m.prefill_cap.is_some_and(|c| c < 300),
+                "{:?}",
+                m.prefill_cap
+            );
+        } else {
+            assert_eq!((m.step_limit, m.prefill_cap), (None, None));
+        }
+        e.shutdown();
+    }
+}

@@ -12,13 +12,16 @@
 //!
 //! Order within a step: running sequences that decode, running sequences still prefilling
 //! (chunked within the token budget), then waiting sequences in the policy's order. Under a
-//! policy that goes by priority first (`priority`, `slo`), a waiting sequence of a better
-//! priority is admitted before a running prefill of a worse one takes its next chunk (a
+//! policy that goes by priority first (`priority`, `slo`), running prefills continue by
+//! priority (then, under `slo`, slack) rather than by admission, and a waiting sequence of a
+//! better priority is admitted before a running prefill of a worse one takes its next chunk (a
 //! batch prompt half prefilled does not hold up an interactive one). Given a
 //! step cost model ([`Scheduler::schedule_with`]), the prefill tokens of a step are capped so
 //! the step is predicted to take no longer than the tightest time-per-output-token target of
-//! the decodes in it ([`Scheduler::set_tpot`]), but never below one block of prefill, so
-//! waiting requests always progress. Admission
+//! the decodes in it ([`Scheduler::set_tpot`]) and than the caller's step limit
+//! ([`Scheduler::set_step_limit`]: a step cannot be interrupted, so a prompt with a first-token
+//! deadline that arrives while one runs waits for all of it), but never below one block of
+//! prefill, so waiting requests always progress. Admission
 //! stops at the first waiting sequence that does not fit, so equal priorities are served first
 //! come first served. When a running sequence needs a block and none is free, the running
 //! sequence with the lowest priority (largest value) that was admitted last is preempted: its
@@ -33,7 +36,8 @@
 //!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
 //! - only final tokens enter the prefix cache;
 //! - with a cost model, a step's predicted seconds exceed its decodes' tightest TPOT target
-//!   only by what the decodes alone and one block of prefill take.
+//!   (and the step limit, when one is set) only by what the decodes alone and one block of
+//!   prefill take.
 
 mod budget;
 
@@ -116,8 +120,9 @@ pub struct SchedulerOutput {
     /// Sequences preempted in this step (their K/V is gone; they wait for recompute).
     pub preempted: Vec<RequestId>,
     pub num_batched_tokens: usize,
-    /// The prefill tokens this step was allowed under its decodes' TPOT targets, when a cost
-    /// model and a target limited it ([`Scheduler::schedule_with`]).
+    /// The prefill tokens this step was allowed under its decodes' TPOT targets and the step
+    /// limit, when a cost model and a target or a limit bounded it
+    /// ([`Scheduler::schedule_with`]).
     pub prefill_cap: Option<usize>,
 }
 
@@ -201,6 +206,8 @@ pub struct Scheduler {
     next_arrival: u64,
     next_admission: u64,
     stats: SchedulerStats,
+    /// The longest a step may be planned, in seconds ([`Scheduler::set_step_limit`]).
+    step_limit: Option<f64>,
     /// Scratch for `schedule` and `update`.
     order: Vec<RequestId>,
     new_tokens: Vec<TokenId>,
@@ -218,6 +225,7 @@ impl Scheduler {
             next_arrival: 0,
             next_admission: 0,
             stats: SchedulerStats::default(),
+            step_limit: None,
             order: Vec::new(),
             new_tokens: Vec::new(),
         })
@@ -430,7 +438,8 @@ impl Scheduler {
     }
 
     /// Plans the next step; with `cost` (the step cost model, fitted by the caller), the
-    /// prefill tokens are capped for the decodes' TPOT targets (`budget.rs`).
+    /// prefill tokens are capped for the decodes' TPOT targets and the step limit
+    /// (`budget.rs`).
     pub fn schedule_with(&mut self, cost: Option<&crate::CostModel>) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens;
@@ -446,6 +455,17 @@ impl Scheduler {
             // Preemption changes `running`; walk a snapshot and skip the preempted.
             self.order.clear();
             self.order.extend_from_slice(&self.running);
+            if !decode_pass && priority_first {
+                // Running prefills continue in the policy's order, not in admission order: an
+                // interactive prompt admitted with a first chunk goes on before a batch prompt
+                // admitted earlier takes the step's prefill budget.
+                let slo = self.cfg.policy == SchedulingPolicy::Slo;
+                let seqs = &self.seqs;
+                self.order.sort_by_key(|id| {
+                    seqs.get(id)
+                        .map(|q| (q.priority, if slo { q.latest_start } else { 0 }, q.admitted))
+                });
+            }
             for k in 0..self.order.len() {
                 if budget == 0 {
                     break;

@@ -1,7 +1,8 @@
 //! Time-per-output-token targets on a simulated clock: with a known step cost, every step
-//! whose decodes carry a target is predicted within the tightest one unless its decodes alone
-//! (with one block of prefill) already exceed it; prefills still progress, so every request
-//! finishes; without targets the plan is the plain one. And the pending prefill work by
+//! whose decodes carry a target (or planned under a step limit) is predicted within the
+//! tightest one unless its decodes alone (with one block of prefill) already exceed it;
+//! prefills still progress, so every request finishes; without targets or a limit the plan is
+//! the plain one. And the pending prefill work by
 //! priority that first-token predictions read.
 #![allow(clippy::unwrap_used)]
 
@@ -39,15 +40,17 @@ const COST: [f64; 4] = [0.004, 0.0002, 0.001, 0.000002];
 /// Each step's plan: (sequence, tokens) of its runs.
 type Plans = Vec<Vec<(RequestId, usize)>>;
 
-/// Runs `reqs` to the end, checking each step against its decodes' targets; returns the steps
-/// taken and each step's plan.
+/// Runs `reqs` to the end, checking each step against its decodes' targets and the step
+/// limit (seconds); returns the steps taken and each step's plan.
 fn simulate(
     cfg: &SchedulerConfig,
     reqs: &[Req],
     cost: Option<&CostModel>,
     targets: bool,
+    limit: Option<f64>,
 ) -> Result<(usize, Plans), TestCaseError> {
     let mut s = Scheduler::new(cfg.clone()).unwrap();
+    s.set_step_limit(limit).unwrap();
     let mut outs: Vec<Vec<TokenId>> = vec![Vec::new(); reqs.len()];
     let mut arrived = vec![false; reqs.len()];
     let mut seen = vec![false; reqs.len()];
@@ -80,9 +83,11 @@ fn simulate(
         let tightest = decodes
             .iter()
             .filter_map(|x| reqs[x.id as usize].tpot.filter(|_| targets))
-            .min();
+            .map(|ms| ms as f64 / 1e3)
+            .chain(limit)
+            .reduce(f64::min);
         match (cost, tightest) {
-            (Some(_), Some(ms)) => {
+            (Some(_), Some(bound)) => {
                 let cap = out.prefill_cap;
                 prop_assert!(cap.is_some_and(|c| prefill <= c), "{prefill} over {cap:?}");
                 let kv: usize = decodes
@@ -94,11 +99,11 @@ fn simulate(
                     + COST[2] * decodes.len() as f64
                     + COST[3] * kv as f64;
                 prop_assert!(
-                    predicted <= ms as f64 / 1e3 + 1e-12 || prefill <= cfg.block_size,
-                    "step {}: predicted {} s over the target {} ms with {} prefill tokens",
+                    predicted <= bound + 1e-12 || prefill <= cfg.block_size,
+                    "step {}: predicted {} s over the bound {} s with {} prefill tokens",
                     step,
                     predicted,
-                    ms,
+                    bound,
                     prefill
                 );
             }
@@ -152,7 +157,18 @@ proptest! {
         reqs in prop::collection::vec(req(), 1..16),
     ) {
         let cost = CostModel::new(COST);
-        simulate(&cfg, &reqs, Some(&cost), true)?;
+        simulate(&cfg, &reqs, Some(&cost), true, None)?;
+    }
+
+    #[test]
+    fn steps_keep_to_the_step_limit_and_everything_finishes(
+        cfg in config(),
+        reqs in prop::collection::vec(req(), 1..16),
+        limit_ms in 1..40u32,
+        targets in any::<bool>(),
+    ) {
+        let cost = CostModel::new(COST);
+        simulate(&cfg, &reqs, Some(&cost), targets, Some(limit_ms as f64 / 1e3))?;
     }
 
     #[test]
@@ -161,8 +177,8 @@ proptest! {
         reqs in prop::collection::vec(req(), 1..16),
     ) {
         let cost = CostModel::new(COST);
-        let (_, with_cost) = simulate(&cfg, &reqs, Some(&cost), false)?;
-        let (_, plain) = simulate(&cfg, &reqs, None, false)?;
+        let (_, with_cost) = simulate(&cfg, &reqs, Some(&cost), false, None)?;
+        let (_, plain) = simulate(&cfg, &reqs, None, false, None)?;
         prop_assert_eq!(with_cost, plain);
     }
 }
@@ -209,6 +225,45 @@ fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
     s.add(0, &[1], 0).unwrap();
     assert!(s.set_tpot(0, 0.0).is_err() && s.set_tpot(0, f64::NAN).is_err());
     assert!(s.set_tpot(5, 0.01).is_err(), "an unknown sequence");
+}
+
+/// A step limit caps a prompt's chunks with no decode running (4 ms a step, 0.2 ms a token,
+/// planned at 1.1x for the cost model's prior error: 20 ms leaves 70 tokens), and is lifted
+/// again; a limit that is not a positive time is refused.
+#[test]
+fn a_step_limit_caps_prefill_chunks() {
+    let cfg = SchedulerConfig {
+        num_blocks: 200,
+        block_size: 4,
+        max_num_batched_tokens: 512,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+        policy: SchedulingPolicy::Slo,
+    };
+    let cost = CostModel::new(COST);
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    s.add(0, &(0..400).collect::<Vec<TokenId>>(), 1).unwrap();
+    s.set_step_limit(Some(0.020)).unwrap();
+    assert_eq!(s.step_limit(), Some(0.020));
+    // Without a cost model the limit cannot be turned into tokens: the plain plan.
+    assert_eq!(s.clone().schedule().seqs[0].num_tokens, 400);
+    let out = s.schedule_with(Some(&cost));
+    assert_eq!(out.prefill_cap, Some(70));
+    assert_eq!(out.seqs[0].num_tokens, 70);
+    assert!(cost.predict(s.step_shape(&out)) <= 0.020);
+    s.update(&out, &[]);
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(s.set_step_limit(Some(bad)).is_err(), "{bad}");
+    }
+    assert_eq!(
+        s.step_limit(),
+        Some(0.020),
+        "a refused limit changes nothing"
+    );
+    s.set_step_limit(None).unwrap();
+    let out = s.schedule_with(Some(&cost));
+    assert_eq!((out.seqs[0].num_tokens, out.prefill_cap), (330, None));
+    s.check().unwrap();
 }
 
 /// What first-token predictions see: pending prefill by priority, running work under its own
@@ -272,5 +327,46 @@ fn a_better_priority_prompt_goes_before_a_running_worse_prefill() {
         }
         s.update(&out, &[]);
         s.check().unwrap();
+    }
+}
+
+/// Running prefills continue by priority under a priority-first policy: a batch prompt admitted
+/// first and an interactive one admitted after it with a first chunk, the interactive one takes
+/// the next step's budget first; under fifo, admission order.
+#[test]
+fn running_prefills_continue_by_priority() {
+    for policy in [
+        SchedulingPolicy::Priority,
+        SchedulingPolicy::Slo,
+        SchedulingPolicy::Fifo,
+    ] {
+        let cfg = SchedulerConfig {
+            num_blocks: 100,
+            block_size: 4,
+            max_num_batched_tokens: 8,
+            max_num_seqs: 4,
+            enable_prefix_caching: false,
+            policy: policy.clone(),
+        };
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.add(0, &[1; 40], 1).unwrap();
+        s.add(1, &[2; 20], 1).unwrap();
+        let out = s.schedule();
+        s.update(&out, &[]);
+        // 0 took the whole first step; 2 (better) comes and is admitted before 0's next chunk.
+        s.add(2, &[3; 20], 0).unwrap();
+        let out = s.schedule();
+        let runs: Vec<(RequestId, usize)> = out.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
+        s.update(&out, &[]);
+        let next = s.schedule();
+        let next: Vec<(RequestId, usize)> =
+            next.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
+        if policy == SchedulingPolicy::Fifo {
+            assert_eq!((runs, next), (vec![(0, 8)], vec![(0, 8)]), "{policy:?}");
+        } else {
+            // 2 was admitted with all 8 tokens; then, running behind 0 in admission order, it
+            // still goes first.
+            assert_eq!((runs, next), (vec![(2, 8)], vec![(2, 8)]), "{policy:?}");
+        }
     }
 }

@@ -332,8 +332,15 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
         "ferrum_step_prefill_cap_tokens",
         "gauge",
         "Prefill tokens the last step allowed so its decodes keep their time-per-output-token \
-         targets (-1: no target limited it).",
+         targets and the step its limit (-1: nothing limited it).",
         m.prefill_cap.map_or(-1.0, |c| c as f64),
+    );
+    o.metric(
+        "ferrum_step_limit_seconds",
+        "gauge",
+        "The longest a step is planned under slo scheduling: a share of the tightest \
+         first-token target seen in the last minute (-1: no limit).",
+        m.step_limit.unwrap_or(-1.0),
     );
     o.metric(
         "ferrum_pending_prefill_tokens",

@@ -32,9 +32,11 @@ impl EngineCore {
             m.decoding = self.st.sched.num_decoding();
             m.kv_blocks_read = st.blocks_total - st.blocks_free;
             // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions
-            // see the cap, while a decode that set it still runs (an idle engine has none).
+            // see the cap, while a decode that set it still runs (an idle engine has none) or
+            // a step limit is in force.
             let budget = self.st.sched.config().max_num_batched_tokens;
-            let cap = self.prefill_cap.filter(|_| m.decoding > 0);
+            m.step_limit = self.st.sched.step_limit();
+            let cap = (self.prefill_cap).filter(|_| m.decoding > 0 || m.step_limit.is_some());
             m.max_num_batched_tokens = match cap {
                 Some(cap) => budget.min(m.decoding + cap),
                 None => budget,

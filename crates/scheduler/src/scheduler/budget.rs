@@ -79,10 +79,30 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Sets the longest a step may be planned, in seconds (`None`: no limit). With a cost model,
+    /// a step's prefill is then capped as for a TPOT target of that length
+    /// ([`Scheduler::schedule_with`]): the `slo` engine sets a share of the tightest
+    /// first-token target in play, so a prompt arriving while a step runs waits for at most
+    /// that. `seconds` must be positive and finite.
+    pub fn set_step_limit(&mut self, seconds: Option<f64>) -> Result<()> {
+        if let Some(s) = seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
+            return Err(SchedulerError::Config(format!(
+                "a step limit of {s} s: expected a positive time"
+            )));
+        }
+        self.step_limit = seconds;
+        Ok(())
+    }
+
+    /// The step limit in force ([`Scheduler::set_step_limit`]).
+    pub fn step_limit(&self) -> Option<f64> {
+        self.step_limit
+    }
+
     /// The prefill tokens a step whose decodes are `out` may add and still be within the
-    /// decodes' tightest TPOT target by `cost`'s cautious prediction ([`CostModel::upper`]:
-    /// planned at the plain one, the step would miss the target half the time): `None` when
-    /// no decode has one. At least one block, so prefills progress even when the decodes
+    /// decodes' tightest TPOT target and the step limit, by `cost`'s cautious prediction
+    /// ([`CostModel::upper`]: planned at the plain one, the step would miss the target half
+    /// the time): `None` when no decode has a target and no limit is set. At least one block, so prefills progress even when the decodes
     /// alone take longer than the target. The prefill's own reads of the KV cache are left
     /// out of the prediction (its blocks are counted once it runs).
     ///
@@ -96,6 +116,7 @@ impl Scheduler {
             .seqs
             .iter()
             .filter_map(|s| self.seqs.get(&s.id)?.tpot)
+            .chain(self.step_limit)
             .fold(f64::INFINITY, f64::min);
         if !target.is_finite() {
             return None;
