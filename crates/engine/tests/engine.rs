@@ -489,6 +489,20 @@ fn greedy_exactly(n: usize) -> SamplingParams {
     }
 }
 
+/// The tokens a default engine (no targets, no limits) answers `prompt` with, greedy, `n` of
+/// them.
+fn plain_tokens(prompt: &[TokenId], n: usize) -> Vec<Vec<TokenId>> {
+    let plain = engine("tiny-qwen2", EngineConfig::default());
+    let got = collect(
+        plain
+            .generate(GenerateRequest::new(prompt.to_vec(), greedy_exactly(n)))
+            .unwrap(),
+        1,
+    );
+    plain.shutdown();
+    got.0
+}
+
 /// Admission by prediction with a fake cost (a second per prefill token, which the tiny
 /// model's own quick steps barely move: no step of theirs prefills much): behind waiting
 /// prompts, a request whose first-token target cannot be met is refused when submitted, with
@@ -617,18 +631,7 @@ fn a_tpot_target_caps_the_prefill_beside_its_decode() {
     assert!(cap < 100 && cap < budget, "cap {cap} of {budget}");
     // A long prompt, against the tokens of an engine without any target.
     let other: Vec<TokenId> = (0..300).map(|j| 5 + j % 190).collect();
-    let want = {
-        let plain = engine("tiny-qwen2", EngineConfig::default());
-        let w = collect(
-            plain
-                .generate(GenerateRequest::new(other.clone(), p(4)))
-                .unwrap(),
-            1,
-        )
-        .0;
-        plain.shutdown();
-        w
-    };
+    let want = plain_tokens(&other, 4);
     let beside = collect(e.generate(GenerateRequest::new(other, p(4))).unwrap(), 1).0;
     assert_eq!(beside, want, "chunked or not, the same tokens");
     drop(decode);
@@ -711,17 +714,7 @@ fn a_first_token_target_limits_the_steps_under_slo() {
     use ferrum_scheduler::SchedulingPolicy;
     let p = greedy_exactly;
     let other: Vec<TokenId> = (0..300).map(|j| 5 + j % 190).collect();
-    let want = {
-        let plain = engine("tiny-qwen2", EngineConfig::default());
-        let w = collect(
-            plain
-                .generate(GenerateRequest::new(other.clone(), p(4)))
-                .unwrap(),
-            1,
-        );
-        plain.shutdown();
-        w.0
-    };
+    let want = plain_tokens(&other, 4);
     for scheduling in [SchedulingPolicy::Slo, SchedulingPolicy::Fifo] {
         let e = engine(
             "tiny-qwen2",

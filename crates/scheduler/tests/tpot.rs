@@ -188,17 +188,9 @@ proptest! {
 /// decode's steps stay within it; without the target the prompt takes the whole budget.
 #[test]
 fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
-    let cfg = SchedulerConfig {
-        num_blocks: 200,
-        block_size: 4,
-        max_num_batched_tokens: 512,
-        max_num_seqs: 4,
-        enable_prefix_caching: false,
-        policy: SchedulingPolicy::Priority,
-    };
     let cost = CostModel::new(COST);
     for target in [Some(0.010), None] {
-        let mut s = Scheduler::new(cfg.clone()).unwrap();
+        let mut s = sized(200, 512, SchedulingPolicy::Priority);
         s.add(0, &[1, 2, 3], 0).unwrap();
         if let Some(t) = target {
             s.set_tpot(0, t).unwrap();
@@ -221,7 +213,7 @@ fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
             None => assert_eq!((chunk, out.prefill_cap), (400, None)),
         }
     }
-    let mut s = Scheduler::new(cfg).unwrap();
+    let mut s = sized(200, 512, SchedulingPolicy::Priority);
     s.add(0, &[1], 0).unwrap();
     assert!(s.set_tpot(0, 0.0).is_err() && s.set_tpot(0, f64::NAN).is_err());
     assert!(s.set_tpot(5, 0.01).is_err(), "an unknown sequence");
@@ -232,16 +224,8 @@ fn a_long_prompt_is_chunked_to_keep_a_decode_within_its_target() {
 /// again; a limit that is not a positive time is refused.
 #[test]
 fn a_step_limit_caps_prefill_chunks() {
-    let cfg = SchedulerConfig {
-        num_blocks: 200,
-        block_size: 4,
-        max_num_batched_tokens: 512,
-        max_num_seqs: 4,
-        enable_prefix_caching: false,
-        policy: SchedulingPolicy::Slo,
-    };
     let cost = CostModel::new(COST);
-    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut s = sized(200, 512, SchedulingPolicy::Slo);
     s.add(0, &(0..400).collect::<Vec<TokenId>>(), 1).unwrap();
     s.set_step_limit(Some(0.020)).unwrap();
     assert_eq!(s.step_limit(), Some(0.020));
@@ -293,80 +277,56 @@ fn pending_prefill_is_reported_by_priority() {
     assert_eq!(s.pending_prefill_tokens(), 49);
 }
 
+/// A scheduler of `num_blocks` blocks of 4, `budget` tokens a step and 4 sequences, under
+/// `policy`.
+fn sized(num_blocks: usize, budget: usize, policy: SchedulingPolicy) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        num_blocks,
+        block_size: 4,
+        max_num_batched_tokens: budget,
+        max_num_seqs: 4,
+        enable_prefix_caching: false,
+        policy,
+    })
+    .unwrap()
+}
+
 /// Under a priority-first policy a waiting prompt of a better priority takes the step's prefill
-/// budget before a running prefill of a worse one continues; one of the same priority waits
-/// behind it; under fifo the running prefill always goes first.
+/// budget before a running prefill of a worse one continues (one of the same priority waits
+/// behind it), and once admitted with a first chunk it continues before that prefill too
+/// (running prefills go by priority, not admission); under fifo the running prefill always
+/// goes first.
 #[test]
-fn a_better_priority_prompt_goes_before_a_running_worse_prefill() {
+fn better_priorities_prefill_first() {
+    let runs = |out: &ferrum_scheduler::SchedulerOutput| -> Vec<(RequestId, usize)> {
+        out.seqs.iter().map(|q| (q.id, q.num_tokens)).collect()
+    };
     for policy in [
         SchedulingPolicy::Priority,
         SchedulingPolicy::Slo,
         SchedulingPolicy::Fifo,
     ] {
-        let cfg = SchedulerConfig {
-            num_blocks: 100,
-            block_size: 4,
-            max_num_batched_tokens: 8,
-            max_num_seqs: 4,
-            enable_prefix_caching: false,
-            policy: policy.clone(),
-        };
-        let mut s = Scheduler::new(cfg).unwrap();
+        let fifo = policy == SchedulingPolicy::Fifo;
+        let mut s = sized(100, 8, policy.clone());
         s.add(0, &[1; 40], 1).unwrap();
         let out = s.schedule();
         s.update(&out, &[]);
         // A prompt of the same priority and one of a better one arrive while 0 prefills.
         s.add(1, &[2; 6], 1).unwrap();
-        s.add(2, &[3; 6], 0).unwrap();
+        s.add(2, &[3; 14], 0).unwrap();
         let out = s.schedule();
-        let runs: Vec<(RequestId, usize)> = out.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
-        if policy == SchedulingPolicy::Fifo {
-            assert_eq!(runs, vec![(0, 8)], "{policy:?}");
-        } else {
-            assert_eq!(runs, vec![(2, 6), (0, 2)], "{policy:?}");
-        }
+        let want = if fifo { vec![(0, 8)] } else { vec![(2, 8)] };
+        assert_eq!(runs(&out), want, "{policy:?}");
         s.update(&out, &[]);
-        s.check().unwrap();
-    }
-}
-
-/// Running prefills continue by priority under a priority-first policy: a batch prompt admitted
-/// first and an interactive one admitted after it with a first chunk, the interactive one takes
-/// the next step's budget first; under fifo, admission order.
-#[test]
-fn running_prefills_continue_by_priority() {
-    for policy in [
-        SchedulingPolicy::Priority,
-        SchedulingPolicy::Slo,
-        SchedulingPolicy::Fifo,
-    ] {
-        let cfg = SchedulerConfig {
-            num_blocks: 100,
-            block_size: 4,
-            max_num_batched_tokens: 8,
-            max_num_seqs: 4,
-            enable_prefix_caching: false,
-            policy: policy.clone(),
+        // 2, running behind 0 in admission order, still goes first; then 0 takes the rest.
+        let out = s.schedule();
+        let want = if fifo {
+            vec![(0, 8)]
+        } else {
+            vec![(2, 6), (0, 2)]
         };
-        let mut s = Scheduler::new(cfg).unwrap();
-        s.add(0, &[1; 40], 1).unwrap();
-        s.add(1, &[2; 20], 1).unwrap();
-        let out = s.schedule();
-        s.update(&out, &[]);
-        // 0 took the whole first step; 2 (better) comes and is admitted before 0's next chunk.
-        s.add(2, &[3; 20], 0).unwrap();
-        let out = s.schedule();
-        let runs: Vec<(RequestId, usize)> = out.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
-        s.update(&out, &[]);
-        let next = s.schedule();
-        let next: Vec<(RequestId, usize)> =
-            next.seqs.iter().map(|q| (q.id, q.num_tokens)).collect();
-        if policy == SchedulingPolicy::Fifo {
-            assert_eq!((runs, next), (vec![(0, 8)], vec![(0, 8)]), "{policy:?}");
-        } else {
-            // 2 was admitted with all 8 tokens; then, running behind 0 in admission order, it
-            // still goes first.
-            assert_eq!((runs, next), (vec![(2, 8)], vec![(2, 8)]), "{policy:?}");
-        }
+        assert_eq!(runs(&out), want, "{policy:?}");
+        s.update(&out, &[(2, 9)]);
+        s.check().unwrap();
     }
 }
