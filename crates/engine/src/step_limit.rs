@@ -13,10 +13,11 @@
 //! a CPU, `docs/benchmarks.md`); with no target seen for [`IN_PLAY`], steps are unlimited again.
 //!
 //! Invariants: the limit is never below [`MIN_STEPS_FIXED_COST`] times the step's fixed cost
-//! (a client's tiny target cannot make the engine run steps that are mostly overhead); a
-//! target counts only for a request admitted as meetable (a best-effort request whose target
-//! was already predicted lost does not tighten every step); the window's minimum is kept in a
-//! monotonic queue, so the memory is bounded by distinct decreasing targets, not arrivals.
+//! (a client's tiny target cannot make the engine run steps that are mostly overhead) nor
+//! [`MIN_LIMIT`]; a best-effort request whose target admission predicted lost does not count
+//! (before the cost model is trusted nothing is predicted, and every target counts); the
+//! window's minimum is kept in a monotonic queue (targets strictly increasing from the front),
+//! so it holds at most one entry per distinct target seen in the window.
 
 use ferrum_scheduler::{CostModel, Scheduler};
 use std::collections::VecDeque;
@@ -25,6 +26,9 @@ use std::time::{Duration, Instant};
 /// Share of the tightest first-token target in play that one step may last: a request waits
 /// at most this for the step in flight, leaving the rest for the work ahead of it and its own.
 pub(crate) const STEP_SHARE: f64 = 0.25;
+
+/// The least limit, whatever the targets and the fitted cost.
+pub(crate) const MIN_LIMIT: f64 = 0.001;
 
 /// How long a first-token target stays in play after the last request that carried it.
 pub(crate) const IN_PLAY: Duration = Duration::from_secs(60);
@@ -81,12 +85,12 @@ impl StepLimit {
     }
 
     /// The longest a step may be planned at `now`, in seconds: [`STEP_SHARE`] of the
-    /// tightest target in play, at least [`MIN_STEPS_FIXED_COST`] times `cost`'s fixed term;
-    /// `None` with no target in play.
+    /// tightest target in play, at least [`MIN_STEPS_FIXED_COST`] times `cost`'s fixed term and
+    /// [`MIN_LIMIT`]; `None` with no target in play.
     pub(crate) fn limit(&mut self, now: Instant, cost: &CostModel) -> Option<f64> {
         let t = self.tightest(now)?;
         let floor = MIN_STEPS_FIXED_COST * cost.coefficients()[0];
-        Some((t.as_secs_f64() * STEP_SHARE).max(floor))
+        Some((t.as_secs_f64() * STEP_SHARE).max(floor).max(MIN_LIMIT))
     }
 
     /// Sets the scheduler's step limit for the step planned at `now`.
@@ -96,7 +100,8 @@ impl StepLimit {
         now: Instant,
         cost: &CostModel,
     ) -> crate::Result<()> {
-        let limit = self.limit(now, cost).filter(|l| l.is_finite() && *l > 0.0);
+        // Finite and at least `MIN_LIMIT` unless the fitted fixed cost is not finite.
+        let limit = self.limit(now, cost).filter(|l| l.is_finite());
         sched
             .set_step_limit(limit)
             .map_err(|e| crate::EngineError::Internal(e.to_string()))
@@ -133,9 +138,12 @@ mod tests {
         assert_eq!(at(&mut s, 150_001), Some(0.125));
         assert_eq!(at(&mut s, 161_000), Some(0.75));
         assert_eq!(s.window.len(), 1);
-        // A tiny target: the limit stays at four steps' fixed cost.
+        // A tiny target: the limit stays at four steps' fixed cost, and at `MIN_LIMIT` when
+        // the fit gives no fixed cost.
         s.observe(ms(1), t0 + ms(170_000));
         assert_eq!(at(&mut s, 170_001), Some(0.08));
+        let free = CostModel::new([0.0, 0.002, 0.0005, 0.0]);
+        assert_eq!(s.limit(t0 + ms(170_001), &free), Some(MIN_LIMIT));
     }
 
     /// Many arrivals of one target keep one entry.

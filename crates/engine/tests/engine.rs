@@ -715,6 +715,7 @@ fn a_first_token_target_limits_the_steps_under_slo() {
     let p = greedy_exactly;
     let other: Vec<TokenId> = (0..300).map(|j| 5 + j % 190).collect();
     let want = plain_tokens(&other, 4);
+    let mut steps = Vec::new();
     for scheduling in [SchedulingPolicy::Slo, SchedulingPolicy::Fifo] {
         let e = engine(
             "tiny-qwen2",
@@ -739,6 +740,8 @@ fn a_first_token_target_limits_the_steps_under_slo() {
             ..GenerateRequest::new(vec![5, 6, 7], p(2))
         };
         collect(e.generate(targeted).unwrap(), 1);
+        wait_for_idle(&e);
+        let before = e.metrics().steps;
         let got = collect(
             e.generate(GenerateRequest::new(other.clone(), p(4)))
                 .unwrap(),
@@ -748,13 +751,16 @@ fn a_first_token_target_limits_the_steps_under_slo() {
             got.0, want,
             "{scheduling:?}: chunked or not, the same tokens"
         );
+        wait_for_idle(&e);
         let m = e.metrics();
+        steps.push(m.steps - before);
         if scheduling == SchedulingPolicy::Slo {
             assert!(
                 m.step_limit.is_some_and(|l| (l - 0.5).abs() < 1e-9),
                 "{:?}",
                 m.step_limit
             );
+            // What the limit lets the next (idle) step prefill.
             assert!(
                 m.prefill_cap.is_some_and(|c| c < 300),
                 "{:?}",
@@ -765,4 +771,6 @@ fn a_first_token_target_limits_the_steps_under_slo() {
         }
         e.shutdown();
     }
+    // The prompt went in one step under fifo, in several under the limit.
+    assert!(steps[0] > steps[1] + 1, "steps under slo, fifo: {steps:?}");
 }

@@ -36,8 +36,8 @@
 //!   exactly the tokens their hash names), and `num_computed <= num_final` between steps;
 //! - only final tokens enter the prefix cache;
 //! - with a cost model, a step's predicted seconds exceed its decodes' tightest TPOT target
-//!   (and the step limit, when one is set) only by what the decodes alone and one block of
-//!   prefill take.
+//!   only by what the decodes alone and one block of prefill take, and the step limit only
+//!   when its prefill takes at most half the limit (or one block).
 
 mod budget;
 
@@ -459,11 +459,15 @@ impl Scheduler {
                 // Running prefills continue in the policy's order, not in admission order: an
                 // interactive prompt admitted with a first chunk goes on before a batch prompt
                 // admitted earlier takes the step's prefill budget.
+                // Under `slo`, by slack while the first token is owed (as the victim rule).
                 let slo = self.cfg.policy == SchedulingPolicy::Slo;
                 let seqs = &self.seqs;
-                self.order.sort_by_key(|id| {
-                    seqs.get(id)
-                        .map(|q| (q.priority, if slo { q.latest_start } else { 0 }, q.admitted))
+                self.order.sort_unstable_by_key(|id| {
+                    seqs.get(id).map(|q| {
+                        let owed = slo && q.num_final == q.prompt_len;
+                        let slack = if owed { q.latest_start } else { NO_DEADLINE };
+                        (q.priority, slack, q.admitted)
+                    })
                 });
             }
             for k in 0..self.order.len() {

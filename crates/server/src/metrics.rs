@@ -331,8 +331,9 @@ pub fn render(m: &Metrics, model_name: &str) -> String {
     o.metric(
         "ferrum_step_prefill_cap_tokens",
         "gauge",
-        "Prefill tokens the last step allowed so its decodes keep their time-per-output-token \
-         targets and the step its limit (-1: nothing limited it).",
+        "Prefill tokens a step may take: the last step's, so its decodes keep their \
+         time-per-output-token targets and it keeps to the step limit, or, with nothing \
+         decoding, what the step limit allows (-1: no target or limit applies).",
         m.prefill_cap.map_or(-1.0, |c| c as f64),
     );
     o.metric(

@@ -1,7 +1,7 @@
 //! The snapshot the engine publishes after each step: what `/metrics` shows, and what
 //! admission ([`crate::slo::admit`]) reads on the caller's thread to predict a new request's
 //! first token (the work queued ahead, the running decodes, the step cost model, the prefill cap
-//! a TPOT target set), with admission's record of its own predictions.
+//! a TPOT target or the step limit set), with admission's record of its own predictions.
 //!
 //! Invariant: one lock per step; a reader sees one step's values together.
 
@@ -31,12 +31,18 @@ impl EngineCore {
             m.priority_first = self.st.sched.config().policy.priority_first();
             m.decoding = self.st.sched.num_decoding();
             m.kv_blocks_read = st.blocks_total - st.blocks_free;
-            // Under a TPOT cap a step takes fewer prefill tokens: first-token predictions
-            // see the cap, while a decode that set it still runs (an idle engine has none) or
-            // a step limit is in force.
+            // Under a TPOT cap or a step limit a step takes fewer prefill tokens: first-token
+            // predictions see the last step's cap while decodes run, and what the step limit
+            // alone allows when none does (an idle engine's next step has no decodes).
             let budget = self.st.sched.config().max_num_batched_tokens;
             m.step_limit = self.st.sched.step_limit();
-            let cap = (self.prefill_cap).filter(|_| m.decoding > 0 || m.step_limit.is_some());
+            let cap = if m.decoding > 0 {
+                self.prefill_cap
+            } else if self.cost.is_ready() {
+                self.st.sched.idle_prefill_cap(&self.cost)
+            } else {
+                None
+            };
             m.max_num_batched_tokens = match cap {
                 Some(cap) => budget.min(m.decoding + cap),
                 None => budget,

@@ -1,8 +1,10 @@
 //! What the cost model sees of the scheduler, and the step budget it sets: the shape of a
 //! planned step, the prefill work pending (by priority, for first-token predictions), and the
-//! prefill cap that keeps a step's decodes within their time-per-output-token targets.
+//! prefill cap that keeps a step's decodes within their time-per-output-token targets and the
+//! step within the caller's limit.
 //!
-//! Invariant: the cap is never below one block, so waiting prompts always progress.
+//! Invariants: the cap is never below one block, so waiting prompts always progress; under a
+//! step limit the prefill keeps at least half of the limit.
 
 use super::{Scheduler, SchedulerOutput};
 use crate::{Result, SchedulerError};
@@ -102,9 +104,13 @@ impl Scheduler {
     /// The prefill tokens a step whose decodes are `out` may add and still be within the
     /// decodes' tightest TPOT target and the step limit, by `cost`'s cautious prediction
     /// ([`CostModel::upper`]: planned at the plain one, the step would miss the target half
-    /// the time): `None` when no decode has a target and no limit is set. At least one block, so prefills progress even when the decodes
-    /// alone take longer than the target. The prefill's own reads of the KV cache are left
-    /// out of the prediction (its blocks are counted once it runs).
+    /// the time): `None` when neither applies. At least one block, so prefills progress even
+    /// when the decodes alone take longer than the target; under the step limit, at least what
+    /// fits in half of it (when the decodes alone take about as long as the limit, cutting the
+    /// prefill further would slow the prompts, a deadline's own included, more than it
+    /// shortens the step: such a step may run to one and a half times the limit). The
+    /// prefill's own reads of the KV cache are left out of the prediction (its blocks are
+    /// counted once it runs).
     ///
     /// [`CostModel::upper`]: crate::CostModel::upper
     pub(super) fn prefill_cap(
@@ -112,30 +118,40 @@ impl Scheduler {
         out: &SchedulerOutput,
         cost: &crate::CostModel,
     ) -> Option<usize> {
-        let target = out
-            .seqs
-            .iter()
-            .filter_map(|s| self.seqs.get(&s.id)?.tpot)
-            .chain(self.step_limit)
-            .fold(f64::INFINITY, f64::min);
-        if !target.is_finite() {
-            return None;
-        }
-        let floor = self.cfg.block_size;
-        let margin = cost.margin();
-        let per_token = margin * cost.coefficients()[1];
+        let per_token = cost.margin() * cost.coefficients()[1];
         if per_token <= 0.0 {
             return None;
         }
-        let spare = target - cost.upper(self.step_shape(out));
-        let fit = (spare / per_token).floor();
-        let fit = if fit >= self.cfg.max_num_batched_tokens as f64 {
-            self.cfg.max_num_batched_tokens
-        } else if fit > 0.0 {
-            fit as usize
-        } else {
-            0
+        let floor = self.cfg.block_size;
+        // Prefill tokens that take `secs` (possibly none).
+        let tokens_in = |secs: f64| {
+            let n = (secs / per_token).floor();
+            if n >= self.cfg.max_num_batched_tokens as f64 {
+                self.cfg.max_num_batched_tokens
+            } else if n > 0.0 {
+                n as usize
+            } else {
+                0
+            }
         };
-        Some(fit.max(floor))
+        let decodes = cost.upper(self.step_shape(out));
+        let tpot = out
+            .seqs
+            .iter()
+            .filter_map(|s| self.seqs.get(&s.id)?.tpot)
+            .reduce(f64::min)
+            .map(|t| tokens_in(t - decodes).max(floor));
+        let limit =
+            (self.step_limit).map(|l| tokens_in(l - decodes).max(tokens_in(l / 2.0)).max(floor));
+        match (tpot, limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The prefill cap a step without decodes would get ([`Scheduler::set_step_limit`]'s):
+    /// what a request arriving at an idle engine is prefilled by.
+    pub fn idle_prefill_cap(&self, cost: &crate::CostModel) -> Option<usize> {
+        self.prefill_cap(&SchedulerOutput::default(), cost)
     }
 }
