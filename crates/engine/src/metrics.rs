@@ -170,8 +170,9 @@ pub struct Metrics {
     pub decoding: usize,
     pub kv_blocks_read: usize,
     pub max_num_batched_tokens: usize,
-    /// The last step's prefill tokens allowed by its decodes' TPOT targets and the step limit,
-    /// if one applied.
+    /// The prefill tokens a step may take: the last step's cap (its decodes' TPOT targets, the
+    /// step limit) while decodes run, else what the step limit alone allows; `None` when
+    /// neither applies.
     pub prefill_cap: Option<usize>,
     /// The longest a step may be planned, in seconds, under `slo` scheduling while a
     /// first-token target is in play.

@@ -48,7 +48,7 @@ pub(crate) struct StepLimit {
 
 impl StepLimit {
     /// A request with first-token target `ttft` arrived at `now` (calls in time order).
-    pub(crate) fn observe(&mut self, ttft: Duration, now: Instant) {
+    fn observe(&mut self, ttft: Duration, now: Instant) {
         while self.window.back().is_some_and(|&(_, t)| t >= ttft) {
             self.window.pop_back();
         }
@@ -73,7 +73,7 @@ impl StepLimit {
     }
 
     /// The tightest target seen within [`IN_PLAY`] of `now`, if any.
-    pub(crate) fn tightest(&mut self, now: Instant) -> Option<Duration> {
+    fn tightest(&mut self, now: Instant) -> Option<Duration> {
         while self
             .window
             .front()
@@ -146,9 +146,10 @@ mod tests {
         assert_eq!(s.limit(t0 + ms(170_001), &free), Some(MIN_LIMIT));
     }
 
-    /// Many arrivals of one target keep one entry.
+    /// Many arrivals of one target keep one entry; of a run of looser ones after it, only
+    /// the last stays.
     #[test]
-    fn the_window_holds_distinct_decreasing_targets_only() {
+    fn the_window_holds_one_entry_per_distinct_target_at_most() {
         let t0 = Instant::now();
         let mut s = StepLimit::default();
         for i in 0..10_000u64 {
